@@ -1,0 +1,67 @@
+// Data pipeline stages: pull-based, each stage owns its upstream.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor.hpp"
+
+namespace kiln {
+
+class ConfigNode;
+
+// One element flowing through a pipeline: a single example (batch == 0, x without batch dim) or a batch
+// (x and y with a leading dim of `batch`).
+struct Element {
+  HostTensor x;  // features
+  HostTensor y;  // labels: class index as float (shape () or (N)), or targets (shape (k) or (N, k))
+  int64_t batch = 0;
+};
+
+// Saved position of a stage (and, recursively, its upstream), as opaque bytes.
+using StageState = std::vector<uint8_t>;
+
+struct StageStats {
+  std::string name;
+  uint64_t elements = 0;
+  double busy_seconds = 0;  // time producing elements (its own work)
+  double wait_seconds = 0;  // time waiting on upstream
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  Stage() = default;
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  virtual std::string name() const = 0;
+  // The next element, or nullopt at the end of the epoch. Throws DataError naming the file and offset.
+  virtual std::optional<Element> next() = 0;
+  // Starts epoch `epoch` (0-based) from its beginning; shuffles reseed from (seed, epoch).
+  virtual void reset(uint64_t epoch) = 0;
+  // Feature and label shapes of one example (without batch dim).
+  virtual Shape example_shape() const = 0;
+  virtual Shape label_shape() const = 0;
+  // Number of examples per epoch if known (sources), else -1.
+  virtual int64_t size_hint() const { return -1; }
+  // Exact position (within the epoch) so a resumed run sees the same elements.
+  virtual StageState save() const = 0;
+  virtual void restore(const StageState& s) = 0;
+  virtual void collect_stats(std::vector<StageStats>& out) const { (void)out; }
+};
+
+// Context a stage factory receives.
+struct StageContext {
+  std::unique_ptr<Stage> upstream;  // null for sources
+  std::string base_dir;             // relative file paths resolve against it
+  int64_t global_batch = 0;         // [train] batch_size
+  uint64_t seed = 0;                // [run] seed
+};
+
+using StageFactory = std::function<std::unique_ptr<Stage>(const ConfigNode& cfg, StageContext ctx)>;
+
+}  // namespace kiln

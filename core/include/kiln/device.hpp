@@ -1,0 +1,124 @@
+// Backends and devices: what a compute plugin implements.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/ops.hpp"
+
+namespace kiln {
+
+// One raw allocation made by a device. `ptr` is host-addressable memory for the CPU backend and a device
+// address for CUDA; `native` is a backend handle (a VkBuffer for Vulkan). Owned by the device that made it.
+struct Block {
+  void* ptr = nullptr;
+  void* native = nullptr;
+  size_t bytes = 0;
+  uint64_t id = 0;
+};
+
+// A byte range inside a block.
+struct BufferView {
+  const Block* block = nullptr;
+  size_t offset = 0;
+  size_t bytes = 0;
+
+  // Host pointer for backends whose blocks are host-addressable (CPU).
+  float* host() const { return reinterpret_cast<float*>(static_cast<char*>(block->ptr) + offset); }
+  bool overlaps(const BufferView& o) const {
+    return block == o.block && offset < o.offset + o.bytes && o.offset < offset + bytes;
+  }
+};
+
+// One op bound to buffers, ready to run. `workspace` is scratch of at least Device::workspace_bytes(call).
+struct OpCall {
+  OpKind kind{};
+  OpAttrs attrs;
+  std::vector<BufferView> in;
+  std::vector<BufferView> out;
+  BufferView workspace;
+};
+
+struct Support {
+  bool yes = true;
+  std::string reason;  // why not, when !yes
+};
+
+struct DeviceInfo {
+  std::string backend;      // "cpu", "vulkan", "cuda"
+  int index = 0;            // index within its backend
+  std::string name;         // "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.7, 256 bits)"
+  std::string hardware_id;  // PCI bus id or UUID; stable across backends for the same hardware
+  size_t total_memory = 0;  // bytes, as the driver reports
+  size_t free_memory = 0;   // bytes, as the driver reports (other processes included)
+  std::vector<std::string> processes;  // processes using the device, where the driver tells
+
+  std::string label() const { return backend + ":" + std::to_string(index); }
+};
+
+// A device: raw memory, copies, a stream of ops. Ops and copies are enqueued in order on the device's one
+// stream; synchronize() waits for all of them. Memory is managed by the core Allocator on top of
+// allocate_block/free_block; devices never pool memory themselves.
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual const DeviceInfo& info() const = 0;
+  // Free memory now, as the driver reports (refreshes info().free_memory's notion).
+  virtual size_t query_free_memory() { return info().free_memory; }
+
+  // A new raw block of exactly `bytes`, or nullptr when the device has no memory for it (never throws for OOM).
+  virtual Block* allocate_block(size_t bytes) = 0;
+  virtual void free_block(Block* b) noexcept = 0;
+
+  virtual void copy_from_host(const void* src, const BufferView& dst) = 0;
+  virtual void copy_to_host(const BufferView& src, void* dst) = 0;  // waits until the bytes are on the host
+  virtual void copy_on_device(const BufferView& src, const BufferView& dst) = 0;
+
+  virtual Support supports(OpKind kind, const OpAttrs& attrs) const = 0;
+  // Scratch bytes the op needs; the executor hands a workspace at least this big.
+  virtual size_t workspace_bytes(const OpCall&) const { return 0; }
+  virtual void run(const OpCall& call) = 0;
+  virtual void synchronize() = 0;
+
+  // Optional hooks around a training step, so a backend can record and replay it (Vulkan command buffers,
+  // CUDA graphs). `step_id` identifies the op sequence: equal ids mean the same calls with the same buffers.
+  virtual void begin_sequence(uint64_t /*step_id*/) {}
+  virtual void end_sequence() {}
+
+  // Optional, backend-specific features looked up by name (e.g. "cuda.stream"); nullptr when absent.
+  virtual void* extension(std::string_view /*name*/) { return nullptr; }
+};
+
+// Options a backend may read when it opens devices ([device] table keys it understands).
+struct BackendOptions {
+  int virtual_devices = 1;  // CPU backend: logical devices sharing the host
+  int threads = 0;          // CPU backend: 0 = all cores
+  bool validation = false;  // Vulkan: enable the Khronos validation layer
+};
+
+// A compute backend: enumerates and opens its devices.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;
+  // Devices present. An empty list comes with unavailable_reason() saying why (no driver, no device).
+  virtual std::vector<DeviceInfo> enumerate() = 0;
+  virtual std::string unavailable_reason() const { return {}; }
+  // Opens device `index` of enumerate(); throws DeviceError naming the index and the devices present.
+  virtual std::unique_ptr<Device> open(int index) = 0;
+};
+
+using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions&);
+
+}  // namespace kiln

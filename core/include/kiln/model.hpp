@@ -1,0 +1,71 @@
+// A model as configured: layers (sequential or a DAG), outputs with losses, optimizer, and graph building.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/graph.hpp"
+#include "kiln/layer.hpp"
+
+namespace kiln {
+
+class ConfigNode;
+class Registry;
+
+struct LayerSpec {
+  std::string name, type;
+  std::vector<std::string> inputs;  // layer names or "input"
+  std::string device;               // model-parallel placement ("" = strategy decides)
+  std::unique_ptr<Layer> layer;
+};
+
+enum class LossKind : uint8_t { softmax_cross_entropy, mse, binary_cross_entropy };
+struct OutputSpec {
+  std::string layer;  // which layer's output
+  LossKind loss = LossKind::softmax_cross_entropy;
+  float weight = 1.f;
+  bool from_logits = true;  // binary cross-entropy
+};
+
+enum class OptimizerKind : uint8_t { sgd, adam, rmsprop };
+enum class ScheduleKind : uint8_t { constant, exponential, step, cosine };
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::constant;
+  double decay_rate = 0.96;  // exponential: lr * rate^(step/decay_steps); step: lr * rate^floor(step/decay_steps)
+  int64_t decay_steps = 1000;
+  bool staircase = false;
+  int64_t total_steps = 0;   // cosine: steps to reach alpha*lr (0 = the whole run)
+  double alpha = 0.0;        // cosine floor as a fraction of lr
+};
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::adam;
+  double lr = 1e-3, momentum = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-7, rho = 0.9, weight_decay = 0;
+  bool nesterov = false;
+  ScheduleSpec schedule;
+  double ema_decay = 0;  // 0 = no EMA
+  double learning_rate_at(int64_t step) const;  // step is 0-based
+  size_t state_tensors_per_param() const;       // adam 2, rmsprop 1 or 2, sgd 0 or 1
+};
+
+struct ModelSpec {
+  Shape input_shape;  // per example
+  Shape label_shape;  // per example; () for class indices
+  std::vector<LayerSpec> layers;
+  std::vector<OutputSpec> outputs;
+  uint32_t seed = 0;
+};
+
+// Reads [model] (layers, outputs/loss) using the layer factories in `reg`. Throws ConfigError.
+ModelSpec parse_model(const ConfigNode& model, const Registry& reg);
+OptimizerSpec parse_optimizer(const ConfigNode& opt);
+
+struct GraphOptions {
+  int64_t batch = 32;
+  bool training = true;      // false: forward + losses only, dropout off
+  bool use_ema = false;      // eval: read the EMA shadow instead of the parameters
+  const OptimizerSpec* optimizer = nullptr;  // training: append update nodes
+};
+// Forward (+ backward + update when training). Persistent tensors are named so several graphs share them.
+Graph build_graph(const ModelSpec& m, const GraphOptions& o);
+
+}  // namespace kiln

@@ -1,0 +1,193 @@
+// The op set: every computation a backend runs. Each op has exact semantics written here; the core's
+// reference implementation (reference.hpp) is the oracle every backend is checked against.
+//
+// Conventions for all ops:
+//  - f32, row-major, dense. Images are NCHW; convolution filters are KCRS (out, in, kh, kw).
+//  - An op reads its `in` buffers and writes its `out` buffers. An output listed as "read-write" is read
+//    before it is written (optimizer state, Axpby). Unless an op says "may alias", inputs and outputs do
+//    not overlap. Every output element is written (no op leaves stale data), except where stated.
+//  - Backward ops overwrite their outputs; the graph adds gradients explicitly (Add) where a tensor has
+//    several consumers.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kiln {
+
+enum class OpKind : uint16_t {
+  // y(m,n) = alpha * op(A) * op(B) + beta * y. in: A, B; out: y (read when beta != 0).
+  // op(A) is A(m,k) or, with trans_a, A stored as (k,m); likewise B(k,n) or (n,k).
+  Gemm,
+  // y[o,c,i] = x[o,c,i] + b[c]. in: x, b; out: y (may alias x).
+  BiasAdd,
+  // db[c] = sum_{o,i} dy[o,c,i]. in: dy; out: db.
+  BiasGrad,
+  // y(n,k,oh,ow) = sum_{c,r,s} x(n,c,oh*sh - ph + r, ow*sw - pw + s) * w(k,c,r,s); x outside the image is 0.
+  // in: x, w; out: y.
+  Conv2dForward,
+  // dx = gradient of Conv2dForward w.r.t. x. in: dy(n,k,oh,ow), w; out: dx(n,c,h,w).
+  Conv2dBackwardData,
+  // dw = gradient of Conv2dForward w.r.t. w. in: x, dy; out: dw(k,c,r,s).
+  Conv2dBackwardFilter,
+  // y(n,c,oy,ox) = max over the window rows oy*sh-ph .. +kh-1, cols ox*sw-pw .. +kw-1, clipped to the
+  // image (padding never wins). A window with no valid element gives 0. in: x; out: y.
+  MaxPoolForward,
+  // dx = 0, then for each output, dy is added to the first position (row-major window order) whose x equals
+  // the output y. in: x, y, dy; out: dx.
+  MaxPoolBackward,
+  // Average over the valid (non-padding) elements of each window; an empty window gives 0. in: x; out: y.
+  AvgPoolForward,
+  // dx = 0, then dy/count is added to each valid element of the window. in: dy; out: dx.
+  AvgPoolBackward,
+  // y = f(x) elementwise, f in {relu, sigmoid, tanh}. in: x; out: y (may alias x).
+  ActivationForward,
+  // dx = dy * f'(via y): relu: y > 0 ? dy : 0; sigmoid: dy*y*(1-y); tanh: dy*(1-y*y).
+  // in: y, dy; out: dx (may alias dy).
+  ActivationBackward,
+  // Row-wise softmax over `cols`, max-subtracted. in: x(rows, cols); out: y.
+  SoftmaxForward,
+  // dx = y * (dy - sum_j dy_j * y_j) per row. in: y, dy; out: dx.
+  SoftmaxBackward,
+  // Fused forward+backward sparse softmax cross-entropy from logits. in: logits(rows, cols), labels(rows) holding
+  // class indices as floats in [0, cols). out: loss(1) = scale * sum_r -log softmax(x_r)[label_r];
+  // dlogits(rows, cols) = scale * (softmax(x_r) - onehot(label_r)). An out-of-range label gives a NaN loss.
+  SoftmaxCrossEntropy,
+  // Fused MSE. in: pred(rows, cols), target(rows, cols). out: loss(1) = scale/cols * sum (p-t)^2;
+  // dpred = scale/cols * 2 (p - t).
+  MeanSquaredError,
+  // Fused binary cross-entropy. in: pred(rows, cols), target(rows, cols). With from_logits (z = pred):
+  // loss = scale/cols * sum max(z,0) - z*t + log(1+exp(-|z|)), dz = scale/cols * (sigmoid(z) - t).
+  // Otherwise p = clamp(pred, 1e-7, 1-1e-7): loss = scale/cols * sum -(t log p + (1-t) log(1-p)),
+  // dp = scale/cols * (p - t) / (p (1 - p)).
+  BinaryCrossEntropy,
+  // y = alpha*a + beta*b. in: a, b; out: y (may alias a or b).
+  Add,
+  // y = a * b. in: a, b; out: y (may alias a or b).
+  Mul,
+  // y = alpha*x + beta*y. in: x; out: y (read-write).
+  Axpby,
+  // y = alpha * x. in: x; out: y (may alias x).
+  Scale,
+  // y = alpha. out: y.
+  Fill,
+  // y = x. in: x; out: y.
+  Copy,
+  // y(o,i) = sum_r x(o,r,i). in: x(outer, reduce, inner); out: y(outer, inner).
+  ReduceSum,
+  // Concatenate along an axis: inputs x_j(outer, sizes[j], inner); out: y(outer, sum sizes, inner).
+  Concat,
+  // The inverse of Concat: in: y(outer, sum sizes, inner); outs: x_j(outer, sizes[j], inner).
+  Split,
+  // keep_i = dropout_uniform(seed, counter, i) >= rate; y_i = keep_i ? x_i / (1 - rate) : 0.
+  // in: x; out: y (may alias x). dropout_uniform is defined in reference.hpp (counter-based, same bits on
+  // every backend).
+  DropoutForward,
+  // dx_i = keep_i ? dy_i / (1 - rate) : 0 with the same (seed, counter, i). in: dy; out: dx (may alias dy).
+  DropoutBackward,
+  // PyTorch SGD: g' = g + wd*w; v = momentum*v + g'; d = nesterov ? g' + momentum*v : v (d = g' when
+  // momentum == 0, v then untouched); w -= lr*d. in: g; out: w, v (read-write).
+  SgdUpdate,
+  // PyTorch Adam (L2 weight decay): g' = g + wd*w; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
+  // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t >= 1. in: g; out: w, m, v (read-write).
+  AdamUpdate,
+  // PyTorch RMSprop: sq = rho*sq + (1-rho) g^2; with momentum > 0: buf = momentum*buf + g/(sqrt(sq)+eps),
+  // w -= lr*buf; else w -= lr*g/(sqrt(sq)+eps) (buf untouched). in: g; out: w, sq, buf (read-write).
+  RmspropUpdate,
+  // shadow = decay*shadow + (1-decay)*w. in: w; out: shadow (read-write).
+  EmaUpdate,
+  Count_
+};
+
+enum class Activation : uint8_t { relu, sigmoid, tanh };
+
+struct GemmAttrs {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.f, beta = 0.f;
+};
+// BiasAdd, BiasGrad: tensors viewed as (outer, channels, inner).
+struct BiasAttrs {
+  int64_t outer = 0, channels = 0, inner = 1;
+};
+struct ConvAttrs {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  int64_t k = 0, r = 0, s = 0;         // filters (k, c, r, s)
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;  // top/left padding; bottom/right follows from oh, ow
+  int64_t oh = 0, ow = 0;
+};
+struct PoolAttrs {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kh = 0, kw = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t oh = 0, ow = 0;
+};
+struct ActivationAttrs {
+  Activation act = Activation::relu;
+  int64_t count = 0;
+};
+struct SoftmaxAttrs {
+  int64_t rows = 0, cols = 0;
+};
+struct LossAttrs {
+  int64_t rows = 0, cols = 0;
+  float scale = 1.f;  // loss weight / batch size
+  bool from_logits = true;  // BinaryCrossEntropy only
+};
+// Add, Mul, Axpby, Scale, Fill, Copy.
+struct ElementwiseAttrs {
+  int64_t count = 0;
+  float alpha = 1.f, beta = 1.f;
+};
+struct ReduceAttrs {
+  int64_t outer = 1, reduce = 0, inner = 1;
+};
+struct ConcatAttrs {
+  int64_t outer = 1, inner = 1;
+  std::vector<int64_t> sizes;  // per input (Concat) or output (Split)
+};
+struct DropoutAttrs {
+  int64_t count = 0;
+  float rate = 0.f;
+  uint32_t seed = 0;
+  uint32_t counter = 0;  // the executor sets it to the step number
+};
+struct SgdAttrs {
+  int64_t count = 0;
+  float lr = 0.01f, momentum = 0.f, weight_decay = 0.f;
+  bool nesterov = false;
+};
+struct AdamAttrs {
+  int64_t count = 0;
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-7f, weight_decay = 0.f;
+  int64_t step = 1;  // t, set by the executor
+};
+struct RmspropAttrs {
+  int64_t count = 0;
+  float lr = 1e-3f, rho = 0.9f, eps = 1e-7f, momentum = 0.f;
+};
+struct EmaAttrs {
+  int64_t count = 0;
+  float decay = 0.999f;
+};
+
+using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
+                             ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
+                             RmspropAttrs, EmaAttrs>;
+
+// Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML.
+std::string_view op_name(OpKind k);
+std::string_view activation_name(Activation a);
+
+// Number of f32 elements of each input / output buffer of an op with these attrs (checked by executors and
+// the conformance suite).
+struct OpArity {
+  std::vector<int64_t> in, out;
+};
+OpArity op_arity(OpKind k, const OpAttrs& a);
+
+}  // namespace kiln

@@ -1,0 +1,98 @@
+// Plugins: shared libraries that register factories in the host's Registry.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/data.hpp"
+#include "kiln/device.hpp"
+#include "kiln/layer.hpp"
+#include "kiln/strategy.hpp"
+
+namespace kiln {
+
+// Bumped on any change of a public interface a plugin compiles against.
+inline constexpr int kApiVersion = 1;
+#ifndef KILN_VERSION_STRING
+#define KILN_VERSION_STRING "0.1.0"
+#endif
+// Compiler and standard library of this build: a plugin built differently is refused.
+#define KILN_BUILD_FINGERPRINT_STR2(x) #x
+#define KILN_BUILD_FINGERPRINT_STR(x) KILN_BUILD_FINGERPRINT_STR2(x)
+#if defined(__clang__)
+#define KILN_BUILD_FINGERPRINT "clang-" KILN_BUILD_FINGERPRINT_STR(__clang_major__) "/libstdc++" KILN_BUILD_FINGERPRINT_STR(_GLIBCXX_RELEASE)
+#elif defined(__GNUC__)
+#define KILN_BUILD_FINGERPRINT "gcc-" KILN_BUILD_FINGERPRINT_STR(__GNUC__) "/libstdc++" KILN_BUILD_FINGERPRINT_STR(_GLIBCXX_RELEASE)
+#else
+#define KILN_BUILD_FINGERPRINT "unknown"
+#endif
+
+struct PluginDescriptor {
+  const char* name;
+  const char* version;
+  int api_version;
+  const char* fingerprint;
+  const char* description;
+};
+
+// Where factories live. The host owns it; plugins add to it from their entry point.
+class Registry {
+ public:
+  void add_backend(const std::string& name, std::function<std::unique_ptr<Backend>(const BackendOptions&)> f);
+  void add_layer(const std::string& type, LayerFactory f);
+  void add_strategy(const std::string& type, StrategyFactory f);
+  void add_stage(const std::string& type, StageFactory f);
+  void add_communicator(const std::string& name, CommunicatorFactory f);
+
+  // Lookups throw ConfigError listing what is registered when `name` is unknown.
+  const std::function<std::unique_ptr<Backend>(const BackendOptions&)>& backend(const std::string& name) const;
+  const LayerFactory& layer(const std::string& type) const;
+  const StrategyFactory& strategy(const std::string& type) const;
+  const StageFactory& stage(const std::string& type) const;
+  const CommunicatorFactory& communicator(const std::string& name) const;
+  bool has_communicator(const std::string& n) const { return communicators_.count(n) != 0; }
+  bool has_backend(const std::string& n) const { return backends_.count(n) != 0; }
+  bool has_layer(const std::string& n) const { return layers_.count(n) != 0; }
+  bool has_stage(const std::string& n) const { return stages_.count(n) != 0; }
+  bool has_strategy(const std::string& n) const { return strategies_.count(n) != 0; }
+  std::vector<std::string> backend_names() const;
+  std::vector<std::string> layer_names() const;
+  std::vector<std::string> stage_names() const;
+  std::vector<std::string> strategy_names() const;
+
+  // The plugin currently registering (for "what each provides" in `kiln plugins`).
+  void set_current_plugin(const std::string& p) { current_ = p; }
+  const std::map<std::string, std::vector<std::string>>& provided() const { return provided_; }
+
+  // The registry with the core's built-in layers and the `single` strategy.
+  static Registry with_builtins();
+
+ private:
+  void note(const std::string& what);
+  std::map<std::string, std::function<std::unique_ptr<Backend>(const BackendOptions&)>> backends_;
+  std::map<std::string, LayerFactory> layers_;
+  std::map<std::string, StrategyFactory> strategies_;
+  std::map<std::string, StageFactory> stages_;
+  std::map<std::string, CommunicatorFactory> communicators_;
+  std::string current_ = "core";
+  std::map<std::string, std::vector<std::string>> provided_;
+};
+
+// The one symbol a plugin exports. Use KILN_PLUGIN(desc, register_fn) in exactly one source file.
+struct PluginEntry {
+  const PluginDescriptor* (*descriptor)();
+  void (*register_all)(Registry&);
+};
+
+}  // namespace kiln
+
+#include <boost/dll/alias.hpp>
+
+// Defines the plugin's exported entry `kiln_plugin` (Boost.DLL alias).
+#define KILN_PLUGIN(DESCRIPTOR_FN, REGISTER_FN)                                   \
+  namespace kiln_plugin_entry_ns {                                                \
+  extern "C" const ::kiln::PluginEntry kiln_plugin_entry_v = {DESCRIPTOR_FN, REGISTER_FN}; \
+  }                                                                               \
+  BOOST_DLL_ALIAS(kiln_plugin_entry_ns::kiln_plugin_entry_v, kiln_plugin)

@@ -1,0 +1,96 @@
+// Strategies turn a model + devices into a Runner that executes training and evaluation steps.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/allocator.hpp"
+#include "kiln/data.hpp"
+#include "kiln/model.hpp"
+
+namespace kiln {
+
+class ConfigNode;
+
+// A device opened for a run, with its allocator.
+struct DeviceContext {
+  Device* device = nullptr;
+  Allocator* allocator = nullptr;
+};
+
+struct StepScalars {
+  int64_t step = 0;  // 0-based global step
+  float lr = 0.f;
+};
+
+struct StepResult {
+  std::vector<float> losses;  // per output, weighted
+  float total_loss = 0.f;
+};
+
+struct EvalResult {
+  std::vector<float> losses;                  // per output, summed over the batch's examples (not averaged)
+  std::vector<HostTensor> outputs;            // per output: predictions/logits (N, ...)
+};
+
+// Memory needs of one device's step, as planned before anything is allocated.
+struct DevicePlan {
+  std::string device;  // label
+  size_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, workspace = 0, input_data = 0;
+  size_t total() const { return parameters + gradients + optimizer_state + activations + workspace + input_data; }
+  std::vector<std::string> notes;  // placement, copies, ...
+};
+
+// Executes steps. Parameters are identical on every replica after each step.
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual StepResult train_step(const Element& batch, const StepScalars& s) = 0;
+  virtual EvalResult eval_batch(const Element& batch, bool use_ema) = 0;
+  // Persistent state (parameters, optimizer state, EMA) by name, for checkpoints.
+  virtual std::map<std::string, HostTensor> save_state() = 0;
+  virtual void load_state(const std::map<std::string, HostTensor>& state) = 0;
+  // First layer (in model order) whose forward output is non-finite for this batch, or "" (used after a NaN loss).
+  virtual std::string find_nonfinite_layer(const Element& batch) = 0;
+  virtual std::vector<DevicePlan> plan() const = 0;
+  virtual std::string report() const { return {}; }  // placement and per-replica notes
+};
+
+struct RunnerContext {
+  const ModelSpec* model = nullptr;
+  const OptimizerSpec* optimizer = nullptr;
+  std::vector<DeviceContext> devices;
+  int64_t global_batch = 0;
+  uint32_t seed = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+  // Memory plan only: nothing is allocated.
+  virtual std::vector<DevicePlan> plan(const RunnerContext& ctx) const = 0;
+  virtual std::unique_ptr<Runner> create(const RunnerContext& ctx) = 0;
+};
+
+// Reads strategy-specific keys from the [strategy] table.
+using StrategyFactory = std::function<std::unique_ptr<Strategy>(const ConfigNode& cfg)>;
+
+// Collectives across devices (in-process ring, NCCL, MPI).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int size() const = 0;
+  // In-place sum over all ranks of `bufs[r]` (one buffer per device of this process, same byte size).
+  virtual void all_reduce_sum(std::span<const BufferView> bufs, std::span<Device* const> devices) = 0;
+  virtual void broadcast(std::span<const BufferView> bufs, std::span<Device* const> devices, int root) = 0;
+};
+
+// Creates a communicator over these devices (all of one backend for NCCL; any mix for the host ring).
+using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(std::span<Device* const> devices)>;
+
+}  // namespace kiln

@@ -1,0 +1,56 @@
+// Shapes, dtypes and host tensors.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+enum class DType : uint8_t { f32 };
+
+inline constexpr size_t dtype_size(DType) { return 4; }
+
+// A row-major shape; dims are >= 0. A scalar has no dims.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> d) : dims_(d) {}
+  explicit Shape(std::vector<int64_t> d) : dims_(std::move(d)) {}
+
+  size_t rank() const { return dims_.size(); }
+  int64_t operator[](size_t i) const { return dims_[i]; }
+  int64_t& operator[](size_t i) { return dims_[i]; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : dims_) n *= d;
+    return n;
+  }
+  // The shape without its first (batch) dim.
+  Shape tail() const { return Shape(std::vector<int64_t>(dims_.begin() + (dims_.empty() ? 0 : 1), dims_.end())); }
+  // The shape with `n` prepended as batch dim.
+  Shape with_batch(int64_t n) const {
+    std::vector<int64_t> d{n};
+    d.insert(d.end(), dims_.begin(), dims_.end());
+    return Shape(std::move(d));
+  }
+  bool operator==(const Shape&) const = default;
+  std::string str() const;  // "(32, 1, 28, 28)"
+
+ private:
+  std::vector<int64_t> dims_;
+};
+
+// A dense f32 tensor in host memory (data stages, checkpoints, tests).
+struct HostTensor {
+  Shape shape;
+  std::vector<float> data;
+
+  HostTensor() = default;
+  explicit HostTensor(Shape s, float v = 0.f) : shape(std::move(s)), data(static_cast<size_t>(shape.numel()), v) {}
+  size_t bytes() const { return data.size() * sizeof(float); }
+};
+
+}  // namespace kiln
