@@ -36,6 +36,9 @@ class ConfigNode {
   std::vector<int64_t> get_int_list(const std::string& key) const;
   std::vector<int64_t> get_int_list(const std::string& key, std::vector<int64_t> dflt) const;
   std::vector<std::string> get_string_list(const std::string& key, std::vector<std::string> dflt) const;
+  // A list of numbers (integers are accepted), e.g. "mean = [0.4914, 0.4822, 0.4465]".
+  std::vector<double> get_float_list(const std::string& key) const;
+  std::vector<double> get_float_list(const std::string& key, std::vector<double> dflt) const;
   // An int or a list of two ints ("kernel = 3" or "kernel = [3, 5]").
   std::pair<int64_t, int64_t> get_pair(const std::string& key, std::pair<int64_t, int64_t> dflt) const;
   // Either a string or an integer, returned as text ("1200MiB", "60%", 1048576).

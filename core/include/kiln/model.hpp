@@ -1,5 +1,6 @@
 // A model as configured: layers (sequential or a DAG), outputs with losses, optimizer, and graph building.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,8 @@ struct GraphOptions {
   bool training = true;      // false: forward + losses only, dropout off
   bool use_ema = false;      // eval: read the EMA shadow instead of the parameters
   const OptimizerSpec* optimizer = nullptr;  // training: append update nodes
+  // Model-parallel placement: the device index (into the strategy's list) of each layer; null = all on 0.
+  std::function<int(const LayerSpec&)> place;
 };
 // Forward (+ backward + update when training). Persistent tensors are named so several graphs share them.
 Graph build_graph(const ModelSpec& m, const GraphOptions& o);

@@ -88,13 +88,14 @@ enum class OpKind : uint16_t {
   // dx_i = keep_i ? dy_i / (1 - rate) : 0 with the same (seed, counter, i). in: dy; out: dx (may alias dy).
   DropoutBackward,
   // PyTorch SGD: g' = g + wd*w; v = momentum*v + g'; d = nesterov ? g' + momentum*v : v (d = g' when
-  // momentum == 0, v then untouched); w -= lr*d. in: g; out: w, v (read-write).
+  // momentum == 0, v then untouched and may be
+  // any buffer, e.g. w itself); w -= lr*d. in: g; out: w, v (read-write).
   SgdUpdate,
   // PyTorch Adam (L2 weight decay): g' = g + wd*w; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
   // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t >= 1. in: g; out: w, m, v (read-write).
   AdamUpdate,
   // PyTorch RMSprop: sq = rho*sq + (1-rho) g^2; with momentum > 0: buf = momentum*buf + g/(sqrt(sq)+eps),
-  // w -= lr*buf; else w -= lr*g/(sqrt(sq)+eps) (buf untouched). in: g; out: w, sq, buf (read-write).
+  // w -= lr*buf; else w -= lr*g/(sqrt(sq)+eps) (buf untouched, may be any buffer). in: g; out: w, sq, buf (read-write).
   RmspropUpdate,
   // shadow = decay*shadow + (1-decay)*w. in: w; out: shadow (read-write).
   EmaUpdate,

@@ -55,7 +55,7 @@ class Runner {
   virtual std::map<std::string, HostTensor> save_state() = 0;
   virtual void load_state(const std::map<std::string, HostTensor>& state) = 0;
   // First layer (in model order) whose forward output is non-finite for this batch, or "" (used after a NaN loss).
-  virtual std::string find_nonfinite_layer(const Element& batch) = 0;
+  virtual std::string find_nonfinite_layer(const Element& batch, int64_t step) = 0;
   virtual std::vector<DevicePlan> plan() const = 0;
   virtual std::string report() const { return {}; }  // placement and per-replica notes
 };
@@ -72,6 +72,11 @@ class Strategy {
  public:
   virtual ~Strategy() = default;
   virtual std::string name() const = 0;
+  // How many of the `visible` devices the host should open for this strategy.
+  virtual int device_count(int visible) const {
+    (void)visible;
+    return 1;
+  }
   // Memory plan only: nothing is allocated.
   virtual std::vector<DevicePlan> plan(const RunnerContext& ctx) const = 0;
   virtual std::unique_ptr<Runner> create(const RunnerContext& ctx) = 0;

@@ -1,0 +1,143 @@
+// kiln train / plan / devices / plugins.
+#include "commands.hpp"
+
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/memory_report.hpp"
+#include "kiln/session.hpp"
+#include "kiln/trainer.hpp"
+
+namespace kiln::app {
+
+namespace fs = std::filesystem;
+
+void load_plugins(const Options& o, PluginLoader& loader, Registry& reg, const std::string& config_file) {
+  std::vector<std::string> dirs = PluginLoader::default_dirs();
+  for (const auto& d : o.plugin_dirs) dirs.push_back(d);
+  std::vector<std::string> files, required;
+  if (!config_file.empty()) {
+    Config cfg = Config::load_file(config_file, o.overrides);
+    if (auto p = cfg.root().table("plugins")) {
+      for (auto d : p->get_string_list("dirs", {})) {
+        if (fs::path(d).is_relative()) d = (fs::path(cfg.base_dir()) / d).string();
+        if (!fs::is_directory(d)) p->fail("dirs", "\"" + d + "\" is not a directory");
+        dirs.push_back(d);
+      }
+      for (auto f : p->get_string_list("load", {})) {
+        if (fs::path(f).is_relative()) f = (fs::path(cfg.base_dir()) / f).string();
+        files.push_back(f);
+      }
+      required = p->get_string_list("require", {});
+      p->finish();
+    }
+  }
+  for (const auto& d : dirs) loader.load_dir(d, reg);
+  for (const auto& f : files) loader.load(f, reg);  // named explicitly: failures are errors
+  for (const auto& r : required) {
+    bool ok = false;
+    std::string why;
+    for (const auto& p : loader.plugins()) {
+      if (p.error.empty() && p.descriptor.name && r == p.descriptor.name) ok = true;
+      if (!p.error.empty() && fs::path(p.path).filename().string() == "libkiln_" + r + ".so") why = p.error;
+    }
+    if (!ok)
+      throw PluginError(config_file + ": [plugins] require lists \"" + r + "\" but it is not loaded" +
+                        (why.empty() ? " (no libkiln_" + r + ".so in the plugin directories)" : ": " + why));
+  }
+}
+
+int cmd_train(const Options& o) {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  load_plugins(o, loader, reg, o.config);
+  auto overrides = o.overrides;
+  if (o.resume) overrides.push_back("train.resume=true");
+  Config cfg = Config::load_file(o.config, overrides);
+  Session s(cfg, reg);
+  Trainer t(s, std::cout);
+  auto rep = t.run();
+  std::cout << "done: " << rep.steps << " steps in " << std::fixed << std::setprecision(1) << rep.seconds << " s";
+  if (!rep.epochs.empty() && rep.epochs.back().test_accuracy >= 0)
+    std::cout << ", final test accuracy " << std::setprecision(4) << rep.epochs.back().test_accuracy;
+  std::cout << "; metrics in " << s.train().output_dir << "/metrics.jsonl\n";
+  return 0;
+}
+
+int cmd_plan(const Options& o) {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  load_plugins(o, loader, reg, o.config);
+  Config cfg = Config::load_file(o.config, o.overrides);
+  Session s(cfg, reg);
+  if (auto train = s.make_pipeline("train")) s.model().label_shape = train->label_shape();
+  std::cout << "model: " << s.run_name() << " (input " << s.model().input_shape.str() << ", batch " << s.train().batch_size << ")\n";
+  std::cout << format_layer_table(layer_table(s.model()));
+  s.open_devices();
+  auto ctx = s.runner_context();
+  auto plans = s.strategy().plan(ctx);
+  std::vector<size_t> limits;
+  for (auto& d : ctx.devices) limits.push_back(d.allocator->limit());
+  bool fits = true;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    size_t limit = limits.at(std::min(i, limits.size() - 1));
+    std::cout << format_device_plan(plans[i], limit);
+    fits = fits && plans[i].total() <= limit;
+  }
+  int64_t best = largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size);
+  std::cout << "largest batch size that fits: " << best << "\n";
+  return fits ? 0 : 1;
+}
+
+int cmd_devices(const Options& o) {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  load_plugins(o, loader, reg);
+  for (const auto& name : reg.backend_names()) {
+    if (!o.backend.empty() && name != o.backend) continue;
+    auto b = reg.backend(name)(BackendOptions{});
+    auto list = b->enumerate();
+    std::cout << "backend " << name << ": " << list.size() << " device(s)";
+    if (list.empty()) std::cout << " (" << b->unavailable_reason() << ")";
+    std::cout << "\n";
+    for (const auto& d : list) {
+      std::cout << "  " << d.label() << "  " << d.name << "\n"
+                << "      hardware id " << d.hardware_id << ", memory " << format_bytes(d.free_memory) << " free of "
+                << format_bytes(d.total_memory) << "\n";
+      for (const auto& p : d.processes) std::cout << "      used by " << p << "\n";
+    }
+  }
+  return 0;
+}
+
+int cmd_plugins(const Options& o) {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  load_plugins(o, loader, reg);
+  std::cout << "kiln " << KILN_VERSION_STRING << ", plugin API " << kApiVersion << ", " << KILN_BUILD_FINGERPRINT << "\n";
+  std::cout << "plugin directories:";
+  auto dirs = PluginLoader::default_dirs();
+  for (const auto& d : o.plugin_dirs) dirs.push_back(d);
+  for (const auto& d : dirs) std::cout << " " << d;
+  std::cout << "\n\ncore (built in):";
+  if (reg.provided().count("core"))
+    for (const auto& w : reg.provided().at("core")) std::cout << "\n    " << w;
+  std::cout << "\n";
+  for (const auto& p : loader.plugins()) {
+    if (!p.error.empty()) {
+      std::cout << "\nFAILED " << p.path << "\n    " << p.error << "\n";
+      continue;
+    }
+    std::cout << "\n" << p.descriptor.name << " " << p.descriptor.version << " (API " << p.descriptor.api_version << ") "
+              << p.path << "\n    " << (p.descriptor.description ? p.descriptor.description : "");
+    if (reg.provided().count(p.descriptor.name))
+      for (const auto& w : reg.provided().at(p.descriptor.name)) std::cout << "\n    " << w;
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+}  // namespace kiln::app

@@ -1,0 +1,33 @@
+// The host app's subcommands.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kiln/plugin.hpp"
+#include "kiln/plugin_loader.hpp"
+
+namespace kiln::app {
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::vector<std::string> plugin_dirs;
+  bool resume = false;
+  bool sweep = false;
+  std::string sweep_out;
+  std::string backend;
+  int device_index = 0;
+  std::string op_filter, case_id, report, matrix;
+};
+
+// Loads plugins from the default dirs, --plugin-dir, and (when given) the config's [plugins] table.
+// A plugin the config names explicitly must load; others that fail are listed by `kiln plugins`.
+void load_plugins(const Options& o, PluginLoader& loader, Registry& reg, const std::string& config_file = {});
+
+int cmd_train(const Options& o);
+int cmd_plan(const Options& o);
+int cmd_devices(const Options& o);
+int cmd_plugins(const Options& o);
+int cmd_conformance(const Options& o);
+
+}  // namespace kiln::app

@@ -1,0 +1,108 @@
+// Memory planning and execution of a static graph on one device.
+#pragma once
+#include <algorithm>
+#include <functional>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/allocator.hpp"
+#include "kiln/graph.hpp"
+#include "kiln/strategy.hpp"
+
+namespace kiln {
+
+// Where a tensor's storage lives. Persistent tensors have their own allocations; the rest share regions.
+enum class Region : uint8_t { none, persistent, gradients, arena, input, workspace };
+
+struct MemoryPlan {
+  std::vector<Region> region;   // per tensor (aliases: their root's)
+  std::vector<size_t> offset;   // per tensor root: offset inside its region
+  size_t persistent_by_tag[kMemoryTagCount] = {};
+  size_t gradients = 0;         // one region holding every parameter gradient, in backward order
+  size_t arena = 0;             // activations and backward intermediates, overlapped by liveness
+  size_t input = 0;             // the batch's features and labels
+  size_t workspace = 0;         // the largest per-op scratch the device asks for
+  size_t activations_unplanned = 0;  // sum of arena tensors without reuse (what liveness saved against)
+  DevicePlan summary(const std::string& label) const;
+};
+
+struct PlanOptions {
+  int device = 0;                    // plan only tensors and nodes of this device index
+  std::vector<TensorId> keep_alive;  // tensors whose storage must survive to the end of the step
+  size_t alignment = 256;
+};
+
+// Liveness-based plan. `dev` (may be null) is asked for per-op workspace sizes.
+MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o = {});
+
+// Bytes an allocator with this alignment actually takes for `bytes`.
+inline size_t aligned_size(size_t bytes, size_t alignment = 256) {
+  return std::max(alignment, (bytes + alignment - 1) / alignment * alignment);
+}
+
+// Persistent tensors (parameters, optimizer state, EMA) and the shared scratch regions of one device. Several
+// graphs (training, evaluation, other batch sizes) run against one DeviceState.
+class DeviceState {
+ public:
+  DeviceState(DeviceContext ctx, uint32_t seed) : ctx_(ctx), seed_(seed) {}
+
+  // Allocates and initializes every persistent tensor of `g` that does not exist yet.
+  void ensure_persistent(const Graph& g, int device_index);
+  // Grows the shared regions to at least these sizes (bumps generation() when anything moved).
+  void reserve_regions(const MemoryPlan& p);
+  const BufferView& persistent(const std::string& name) const;
+  bool has(const std::string& name) const { return persistent_.count(name) != 0; }
+  BufferView region(Region r) const;
+  uint64_t generation() const { return generation_; }
+  DeviceContext& context() { return ctx_; }
+  std::map<std::string, HostTensor> read_all();
+  void write(const std::string& name, const HostTensor& t);  // throws Error on unknown name or shape mismatch
+
+ private:
+  struct Entry {
+    Allocation mem;
+    Shape shape;
+  };
+  DeviceContext ctx_;
+  uint32_t seed_;
+  std::map<std::string, Entry> persistent_;
+  Allocation gradients_, arena_, input_, workspace_;
+  uint64_t generation_ = 0;
+};
+
+// Runs one graph's nodes for device `device_index` against a DeviceState. Calls are bound once (a flat array of
+// prepared OpCalls); per-step scalars (learning rate, Adam's t, dropout counters) are patched in place.
+class Executor {
+ public:
+  Executor(Graph g, DeviceState& state, const PlanOptions& o = {});
+
+  void load_batch(const Element& batch);  // copies features and labels into the input region
+  void run(const StepScalars& s);          // all nodes
+  // Runs nodes [begin, end) (strategies that interleave communication with compute).
+  void run_range(size_t begin, size_t end, const StepScalars& s);
+  size_t first_node_of(Phase p) const;     // index of the first node of a phase (size() when none)
+  size_t size() const { return calls_.size(); }
+  float read_scalar(TensorId t);
+  HostTensor read(TensorId t);
+  BufferView view(TensorId t) const;
+  const Graph& graph() const { return g_; }
+  const MemoryPlan& plan() const { return plan_; }
+
+ private:
+  void bind();
+  void patch(const StepScalars& s);
+  Graph g_;
+  DeviceState& state_;
+  PlanOptions opts_;
+  MemoryPlan plan_;
+  std::vector<OpCall> calls_;
+  std::vector<size_t> node_index_;  // calls_[i] runs g_.nodes()[node_index_[i]]
+  uint64_t bound_generation_ = ~0ull;
+  int64_t patched_step_ = -1;
+  float patched_lr_ = -1.f;
+};
+
+}  // namespace kiln

@@ -1,0 +1,87 @@
+// A run as configured: the validated TOML, opened devices with their allocators, data pipelines and the strategy.
+// `kiln train` and `kiln plan` both start here.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/allocator.hpp"
+#include "kiln/config.hpp"
+#include "kiln/data.hpp"
+#include "kiln/model.hpp"
+#include "kiln/plugin.hpp"
+#include "kiln/strategy.hpp"
+
+namespace kiln {
+
+struct DeviceSettings {
+  std::string backend = "cpu";          // "auto" | "cpu" | "vulkan" | "cuda" | any registered backend
+  std::vector<int64_t> visible;         // indices within the backend; empty = all
+  std::string memory_limit;             // "1200MiB", "60%", "" = the whole device
+  bool growth = true;
+  std::string fallback = "error";       // "error" | "cpu"
+  std::string select = "first";         // "first" | "most_free_memory"
+  int64_t count = 0;                    // how many devices to open (0 = 1 for single, all visible otherwise)
+  BackendOptions options;
+  int fail_block_request = 0;           // fault injection for tests
+};
+
+struct TrainSettings {
+  int64_t epochs = 1;
+  int64_t batch_size = 32;
+  int64_t steps_per_epoch = 0;    // 0 = the whole pipeline
+  bool evaluate = true;           // evaluate on [data.test] after every epoch
+  std::string progress = "auto";  // "auto" | "bar" | "lines" | "none"
+  std::string output_dir;         // metrics.jsonl and checkpoints; default runs/<name>
+  int64_t checkpoint_every = 1;   // epochs; 0 = never
+  bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists
+  std::string memory_policy = "strict";  // "strict": refuse up front if the plan does not fit
+};
+
+class Session {
+ public:
+  // Parses and validates every section. Nothing is allocated; devices are not opened.
+  Session(const Config& cfg, Registry& reg);
+  ~Session();
+
+  // Opens the configured devices (with allocators) through the backend. Throws DeviceError/ConfigError.
+  void open_devices();
+  const std::vector<DeviceContext>& devices() const { return device_ctx_; }
+  RunnerContext runner_context() const;
+  Strategy& strategy() { return *strategy_; }
+
+  // A data pipeline ("train" or "test"); nullptr when [data.<which>] is absent. Appends a batch stage if none.
+  std::unique_ptr<Stage> make_pipeline(const std::string& which) const;
+  bool has_pipeline(const std::string& which) const;
+
+  const ModelSpec& model() const { return model_; }
+  ModelSpec& model() { return model_; }
+  const OptimizerSpec& optimizer() const { return optimizer_; }
+  OptimizerSpec& optimizer() { return optimizer_; }
+  const TrainSettings& train() const { return train_; }
+  const DeviceSettings& device_settings() const { return device_; }
+  const std::string& run_name() const { return name_; }
+  uint32_t seed() const { return seed_; }
+  const Config& config() const { return cfg_; }
+  Registry& registry() { return reg_; }
+  std::vector<std::string> warnings() const { return warnings_; }
+
+ private:
+  Config cfg_;
+  Registry& reg_;
+  std::string name_;
+  uint32_t seed_ = 42;
+  DeviceSettings device_;
+  TrainSettings train_;
+  ModelSpec model_;
+  OptimizerSpec optimizer_;
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<Device>> opened_;
+  std::vector<std::unique_ptr<Allocator>> allocators_;
+  std::vector<DeviceContext> device_ctx_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,57 @@
+// The training loop: epochs, evaluation, progress, metrics (JSON lines), atomic checkpoints, NaN detection.
+#pragma once
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/session.hpp"
+
+namespace kiln {
+
+struct EpochMetrics {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0;
+  double test_loss = -1;      // -1: not evaluated
+  double test_accuracy = -1;  // -1: no classification head or not evaluated
+  double seconds = 0;
+  double examples_per_s = 0;
+  double s_per_batch = 0;
+  double input_wait_fraction = 0;  // share of the epoch's time spent waiting for the input pipeline
+};
+
+struct TrainReport {
+  std::vector<EpochMetrics> epochs;
+  double seconds = 0;
+  int64_t steps = 0;
+};
+
+// Evaluation over a whole pipeline: mean loss per output and, for classification heads, accuracy.
+struct Evaluation {
+  double loss = 0;
+  double accuracy = -1;
+  int64_t examples = 0;
+};
+Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema);
+
+// Checkpoint file: parameters, optimizer state, EMA and the training position. Written atomically.
+struct Checkpoint {
+  int64_t epoch = 0;       // epochs completed
+  int64_t step = 0;        // global steps completed
+  std::vector<uint8_t> data_state;
+  std::map<std::string, HostTensor> tensors;
+};
+void save_checkpoint(const std::string& path, const Checkpoint& c);
+Checkpoint load_checkpoint(const std::string& path);  // throws DataError naming the file and what is wrong
+
+class Trainer {
+ public:
+  Trainer(Session& s, std::ostream& out);
+  TrainReport run();
+
+ private:
+  Session& s_;
+  std::ostream& out_;
+};
+
+}  // namespace kiln

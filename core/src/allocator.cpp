@@ -1,0 +1,268 @@
+// Best-fit, coalescing arena over a device's raw blocks, with a hard limit and statistics by tag.
+#include "kiln/allocator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace kiln {
+
+const char* memory_tag_name(MemoryTag t) {
+  switch (t) {
+    case MemoryTag::parameters: return "parameters";
+    case MemoryTag::gradients: return "gradients";
+    case MemoryTag::optimizer_state: return "optimizer state";
+    case MemoryTag::activations: return "activations";
+    case MemoryTag::workspace: return "workspace";
+    case MemoryTag::input_data: return "input data";
+    default: return "other";
+  }
+}
+
+std::string format_bytes(size_t b) {
+  char buf[64];
+  double v = static_cast<double>(b);
+  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1ull << 30));
+  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1ull << 20));
+  else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", v / (1ull << 10));
+  else std::snprintf(buf, sizeof buf, "%zu B", b);
+  return buf;
+}
+
+size_t parse_memory_size(const std::string& text, size_t device_total) {
+  std::string s;
+  for (char c : text)
+    if (c != ' ' && c != '_') s += c;
+  auto bad = [&](const std::string& why) -> size_t {
+    throw ConfigError("memory size \"" + text + "\": " + why +
+                      " (expected bytes like \"1200MiB\", \"1.5GB\", \"800000\" or a share of the device like \"60%\")");
+  };
+  if (s.empty()) return bad("empty");
+  size_t pos = 0;
+  double num = 0;
+  try {
+    num = std::stod(s, &pos);
+  } catch (...) {
+    return bad("no number");
+  }
+  if (!(num >= 0) || !std::isfinite(num)) return bad("not a non-negative number");
+  std::string unit = s.substr(pos);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(c));
+  if (unit == "%") {
+    if (num <= 0 || num > 100) return bad("a percentage must be in (0, 100]");
+    return static_cast<size_t>(static_cast<double>(device_total) * num / 100.0);
+  }
+  double mult = 0;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb") mult = 1e3;
+  else if (unit == "kib") mult = 1024.0;
+  else if (unit == "m" || unit == "mb") mult = 1e6;
+  else if (unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb") mult = 1e9;
+  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb") mult = 1e12;
+  else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return bad("unknown unit '" + unit + "'");
+  if (num * mult < 1) return bad("must be at least one byte");
+  return static_cast<size_t>(num * mult);
+}
+
+double MemoryStats::fragmentation() const {
+  size_t free_total = reserved - in_use;
+  if (free_total == 0) return 0.0;
+  return 1.0 - static_cast<double>(largest_free) / static_cast<double>(free_total);
+}
+
+Allocation& Allocation::operator=(Allocation&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = o.owner_;
+    view_ = o.view_;
+    padded_ = o.padded_;
+    tag_ = o.tag_;
+    o.owner_ = nullptr;
+  }
+  return *this;
+}
+
+void Allocation::reset() noexcept {
+  if (owner_) owner_->free_range(view_, padded_, tag_);
+  owner_ = nullptr;
+}
+
+Allocator::Allocator(Device& device, AllocatorOptions opts) : device_(device), opts_(opts) {
+  if (opts_.limit == 0) opts_.limit = device_.info().total_memory;
+  if (opts_.alignment == 0) opts_.alignment = 256;
+  if (!opts_.growth) {
+    // Reserve the whole limit up front (in as few blocks as the device allows).
+    size_t want = opts_.limit;
+    while (want > 0) {
+      size_t chunk = opts_.max_block ? std::min(want, opts_.max_block) : want;
+      if (!grow(chunk)) {
+        // Leave the device as we found it before reporting.
+        for (auto* b : blocks_) device_.free_block(b);
+        blocks_.clear();
+        throw OutOfMemory("cannot reserve the memory limit " + format_bytes(opts_.limit) + " on " +
+                              device_.info().label() + " (" + device_.info().name + "): the device refused a block of " +
+                              format_bytes(chunk) + " after " + format_bytes(stats_.reserved) +
+                              " (device free: " + format_bytes(device_.query_free_memory()) +
+                              "). Lower [device] memory_limit or set growth = true.",
+                          chunk, stats_);
+      }
+      want -= chunk;
+    }
+  }
+}
+
+Allocator::~Allocator() {
+  for (auto* b : blocks_) device_.free_block(b);
+}
+
+bool Allocator::grow(size_t at_least) {
+  if (opts_.max_blocks && blocks_.size() >= opts_.max_blocks) return false;
+  size_t room = opts_.limit > stats_.reserved ? opts_.limit - stats_.reserved : 0;
+  if (at_least > room) return false;
+  size_t want = opts_.growth ? std::min(std::max(at_least, opts_.min_block), room) : at_least;
+  if (opts_.max_block) want = std::min(want, opts_.max_block);
+  if (want < at_least) return false;
+  ++stats_.block_requests;
+  if (opts_.fail_block_request > 0 && stats_.block_requests == static_cast<size_t>(opts_.fail_block_request))
+    return false;
+  Block* b = device_.allocate_block(want);
+  if (!b && want > at_least) {
+    ++stats_.block_requests;
+    b = device_.allocate_block(at_least);
+    want = at_least;
+  }
+  if (!b) return false;
+  blocks_.push_back(b);
+  block_by_id_[b->id] = b;
+  ranges_[{b->id, 0}] = Range{b, 0, b->bytes, true};
+  free_by_size_.insert({b->bytes, b->id, 0});
+  stats_.reserved += b->bytes;
+  stats_.blocks = blocks_.size();
+  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  update_largest_free();
+  return true;
+}
+
+void Allocator::update_largest_free() {
+  stats_.largest_free = free_by_size_.empty() ? 0 : std::get<0>(*free_by_size_.rbegin());
+}
+
+Allocation Allocator::allocate(size_t bytes, const AllocationSite& site) {
+  size_t padded = std::max<size_t>(opts_.alignment, (bytes + opts_.alignment - 1) / opts_.alignment * opts_.alignment);
+  auto it = free_by_size_.lower_bound({padded, 0, 0});
+  if (it == free_by_size_.end()) {
+    if (!grow(padded)) {
+      size_t room = opts_.limit > stats_.reserved ? opts_.limit - stats_.reserved : 0;
+      std::string why = padded > room && stats_.largest_free < padded
+                            ? "the request exceeds the memory limit"
+                            : "the device refused a new block";
+      if (padded <= room && opts_.fail_block_request > 0) why = "fault injection failed block request #" +
+                                                                std::to_string(opts_.fail_block_request);
+      throw_oom(bytes, site, why);
+    }
+    it = free_by_size_.lower_bound({padded, 0, 0});
+    if (it == free_by_size_.end()) throw_oom(bytes, site, "no free range after growing");
+  }
+  auto [fsize, bid, off] = *it;
+  free_by_size_.erase(it);
+  auto& r = ranges_.at({bid, off});
+  r.free = false;
+  if (fsize > padded) {  // split: the tail stays free
+    r.bytes = padded;
+    ranges_[{bid, off + padded}] = Range{r.block, off + padded, fsize - padded, true};
+    free_by_size_.insert({fsize - padded, bid, off + padded});
+  }
+  Allocation a;
+  a.owner_ = this;
+  a.view_ = BufferView{r.block, off, bytes};
+  a.padded_ = padded;
+  a.tag_ = site.tag;
+  stats_.in_use += padded;
+  stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+  auto t = static_cast<size_t>(site.tag);
+  stats_.in_use_by_tag[t] += padded;
+  stats_.peak_by_tag[t] = std::max(stats_.peak_by_tag[t], stats_.in_use_by_tag[t]);
+  update_largest_free();
+  return a;
+}
+
+void Allocator::free_range(const BufferView& v, size_t padded, MemoryTag tag) noexcept {
+  uint64_t bid = v.block->id;
+  auto it = ranges_.find({bid, v.offset});
+  if (it == ranges_.end() || it->second.free) return;
+  stats_.in_use -= padded;
+  stats_.in_use_by_tag[static_cast<size_t>(tag)] -= padded;
+  it->second.free = true;
+  // Coalesce with the next and previous free neighbours in the same block.
+  auto next = std::next(it);
+  if (next != ranges_.end() && next->first.first == bid && next->second.free) {
+    free_by_size_.erase({next->second.bytes, bid, next->second.offset});
+    it->second.bytes += next->second.bytes;
+    ranges_.erase(next);
+  }
+  if (it != ranges_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first.first == bid && prev->second.free) {
+      free_by_size_.erase({prev->second.bytes, bid, prev->second.offset});
+      prev->second.bytes += it->second.bytes;
+      ranges_.erase(it);
+      it = prev;
+    }
+  }
+  free_by_size_.insert({it->second.bytes, bid, it->second.offset});
+  update_largest_free();
+}
+
+void Allocator::release_free_blocks() {
+  if (!opts_.growth) return;
+  for (auto bit = blocks_.begin(); bit != blocks_.end();) {
+    Block* b = *bit;
+    auto r = ranges_.find({b->id, 0});
+    if (r != ranges_.end() && r->second.free && r->second.bytes == b->bytes) {
+      free_by_size_.erase({b->bytes, b->id, 0});
+      ranges_.erase(r);
+      block_by_id_.erase(b->id);
+      stats_.reserved -= b->bytes;
+      device_.free_block(b);
+      bit = blocks_.erase(bit);
+    } else {
+      ++bit;
+    }
+  }
+  stats_.blocks = blocks_.size();
+  update_largest_free();
+}
+
+std::string Allocator::report() const {
+  std::ostringstream os;
+  const auto& s = stats_;
+  os << "  limit " << format_bytes(opts_.limit) << (opts_.growth ? " (growth on demand)" : " (reserved up front)")
+     << "; reserved " << format_bytes(s.reserved) << " in " << s.blocks << " block(s); in use "
+     << format_bytes(s.in_use) << "; peak in use " << format_bytes(s.peak_in_use) << "; largest free range "
+     << format_bytes(s.largest_free) << "; fragmentation " << static_cast<int>(s.fragmentation() * 100) << "%\n";
+  os << "  in use by tag:";
+  for (size_t t = 0; t < kMemoryTagCount; ++t)
+    if (s.in_use_by_tag[t] || s.peak_by_tag[t])
+      os << " " << memory_tag_name(static_cast<MemoryTag>(t)) << " " << format_bytes(s.in_use_by_tag[t]) << " (peak "
+         << format_bytes(s.peak_by_tag[t]) << ");";
+  os << "\n";
+  return os.str();
+}
+
+void Allocator::throw_oom(size_t bytes, const AllocationSite& site, const std::string& why) {
+  std::ostringstream os;
+  const auto& info = device_.info();
+  os << "out of memory on " << info.label() << " (" << info.name << "): " << why << "\n"
+     << "  allocating " << format_bytes(bytes) << " for " << memory_tag_name(site.tag)
+     << (site.what.empty() ? "" : " (" + site.what + ")") << "\n"
+     << report() << "  device: " << format_bytes(device_.query_free_memory()) << " free of "
+     << format_bytes(info.total_memory) << " (other processes included)\n";
+  if (!oom_hint_.empty()) os << oom_hint_;
+  throw OutOfMemory(os.str(), bytes, stats_);
+}
+
+}  // namespace kiln

@@ -1,0 +1,116 @@
+// Checkpoints: one binary file with a checksum, written to a temporary name and renamed, so a crash mid-write
+// never leaves a damaged checkpoint in place of the last good one.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/error.hpp"
+#include "kiln/trainer.hpp"
+
+namespace kiln {
+
+namespace {
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'K', 'P', '1'};
+
+struct Writer {
+  std::string buf;
+  template <class T>
+  void put(const T& v) {
+    buf.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  void bytes(const void* p, size_t n) { buf.append(static_cast<const char*>(p), n); }
+};
+
+uint64_t fnv(const char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
+  return h;
+}
+
+struct Reader {
+  const std::string& buf;
+  const std::string& path;
+  size_t pos = 0;
+  void need(size_t n) {
+    if (pos + n > buf.size())
+      throw DataError(path + ": checkpoint truncated at byte " + std::to_string(pos) + " (needed " + std::to_string(n) + " more)");
+  }
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, buf.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+};
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  Writer w;
+  w.bytes(kMagic, sizeof kMagic);
+  w.put<int64_t>(c.epoch);
+  w.put<int64_t>(c.step);
+  w.put<uint64_t>(c.data_state.size());
+  w.bytes(c.data_state.data(), c.data_state.size());
+  w.put<uint64_t>(c.tensors.size());
+  for (const auto& [name, t] : c.tensors) {
+    w.put<uint32_t>(static_cast<uint32_t>(name.size()));
+    w.bytes(name.data(), name.size());
+    w.put<uint32_t>(static_cast<uint32_t>(t.shape.rank()));
+    for (auto d : t.shape.dims()) w.put<int64_t>(d);
+    w.bytes(t.data.data(), t.bytes());
+  }
+  w.put<uint64_t>(fnv(w.buf.data(), w.buf.size()));
+  auto dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw Error(tmp + ": cannot write checkpoint");
+    f.write(w.buf.data(), static_cast<std::streamsize>(w.buf.size()));
+    f.flush();
+    if (!f) throw Error(tmp + ": write failed (disk full?)");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw DataError(path + ": cannot open checkpoint");
+  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (buf.size() < sizeof kMagic + 8 || std::memcmp(buf.data(), kMagic, sizeof kMagic) != 0)
+    throw DataError(path + ": not a Kiln checkpoint (bad magic at offset 0)");
+  uint64_t stored;
+  std::memcpy(&stored, buf.data() + buf.size() - 8, 8);
+  if (stored != fnv(buf.data(), buf.size() - 8)) throw DataError(path + ": checkpoint checksum mismatch (file damaged)");
+  Reader r{buf, path, sizeof kMagic};
+  Checkpoint c;
+  c.epoch = r.get<int64_t>();
+  c.step = r.get<int64_t>();
+  auto ds = r.get<uint64_t>();
+  r.need(ds);
+  c.data_state.assign(buf.begin() + static_cast<std::ptrdiff_t>(r.pos), buf.begin() + static_cast<std::ptrdiff_t>(r.pos + ds));
+  r.pos += ds;
+  auto n = r.get<uint64_t>();
+  for (uint64_t i = 0; i < n; ++i) {
+    auto len = r.get<uint32_t>();
+    r.need(len);
+    std::string name(buf.data() + r.pos, len);
+    r.pos += len;
+    auto rank = r.get<uint32_t>();
+    std::vector<int64_t> dims;
+    for (uint32_t k = 0; k < rank; ++k) dims.push_back(r.get<int64_t>());
+    HostTensor t{Shape(dims)};
+    r.need(t.bytes());
+    std::memcpy(t.data.data(), buf.data() + r.pos, t.bytes());
+    r.pos += t.bytes();
+    c.tensors.emplace(std::move(name), std::move(t));
+  }
+  return c;
+}
+
+}  // namespace kiln

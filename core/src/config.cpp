@@ -1,0 +1,351 @@
+// TOML configuration with validation: every error names file:line, the key, what was given and what was expected.
+#include "kiln/config.hpp"
+
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace kiln {
+
+class ConfigDocument {
+ public:
+  std::string file;
+  toml::table root;
+  std::vector<std::string> overridden;  // dotted paths set by --set
+  mutable std::mutex mu;
+  mutable std::set<std::pair<const void*, std::string>> used;
+};
+
+namespace {
+
+const toml::table& tbl(const void* p) { return *static_cast<const toml::table*>(p); }
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+std::string show(const toml::node& n);
+std::string show(const toml::node& n) {
+  std::ostringstream os;
+  if (auto s = n.as_string()) {
+    os << '"' << s->get() << '"';
+  } else if (n.is_table()) {
+    os << "{...}";
+  } else if (auto i = n.as_integer()) {
+    os << i->get();
+  } else if (auto f = n.as_floating_point()) {
+    os << f->get();
+  } else if (auto b = n.as_boolean()) {
+    os << (b->get() ? "true" : "false");
+  } else if (auto a = n.as_array()) {
+    os << "[";
+    for (size_t k = 0; k < a->size(); ++k) os << (k ? ", " : "") << show(*a->get(k));
+    os << "]";
+  } else {
+    os << "a date/time";
+  }
+  return os.str();
+}
+
+// Splits "model.layers[2].units" into ("model", "layers", "[2]", "units").
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (size_t i = 0; i < path.size(); ++i) {
+    char c = path[i];
+    if (c == '.') {
+      if (!cur.empty()) parts.push_back(cur);
+      cur.clear();
+    } else if (c == '[') {
+      if (!cur.empty()) parts.push_back(cur);
+      cur = "[";
+    } else if (c == ']') {
+      cur += ']';
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) parts.push_back(cur);
+  return parts;
+}
+
+void apply_override(toml::table& root, const std::string& file, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set '" + assignment + "': expected key=value, e.g. --set train.epochs=1");
+  std::string key = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  while (!key.empty() && key.back() == ' ') key.pop_back();
+  // The value is TOML (1, 0.5, true, "x", [1, 2]); a bare word is taken as a string.
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};
+  }
+  auto parts = split_path(key);
+  toml::node* cur = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const auto& p = parts[i];
+    if (p.front() == '[') {
+      auto* arr = cur->as_array();
+      size_t idx = std::stoul(p.substr(1, p.size() - 2));
+      if (!arr || idx >= arr->size())
+        throw ConfigError("--set " + key + ": " + file + " has no element " + p + " there");
+      cur = arr->get(idx);
+    } else {
+      auto* t = cur->as_table();
+      if (!t) throw ConfigError("--set " + key + ": '" + p + "' is not inside a table in " + file);
+      if (!t->contains(p)) {
+        bool next_is_index = parts[i + 1].front() == '[';
+        if (next_is_index) throw ConfigError("--set " + key + ": " + file + " has no array '" + p + "'");
+        t->insert(p, toml::table{});
+      }
+      cur = t->get(p);
+    }
+  }
+  const auto& last = parts.back();
+  if (last.front() == '[') throw ConfigError("--set " + key + ": the last part must be a key name");
+  auto* t = cur->as_table();
+  if (!t) throw ConfigError("--set " + key + ": the parent of '" + last + "' is not a table in " + file);
+  t->insert_or_assign(last, std::move(*parsed.get("v")));
+}
+
+}  // namespace
+
+ConfigNode::ConfigNode(std::shared_ptr<ConfigDocument> doc, const void* table, std::string path)
+    : doc_(std::move(doc)), table_(table), path_(std::move(path)) {}
+
+bool ConfigNode::has(const std::string& key) const { return tbl(table_).contains(key); }
+
+std::string ConfigNode::where(const std::string& key) const {
+  std::ostringstream os;
+  os << doc_->file;
+  const toml::node* n = key.empty() ? static_cast<const toml::node*>(&tbl(table_)) : tbl(table_).get(key);
+  if (n && n->source().begin.line > 0) os << ":" << n->source().begin.line;
+  std::string full = key.empty() ? path_ : (path_.empty() ? key : path_ + "." + key);
+  os << ": key '" << (full.empty() ? "<root>" : full) << "'";
+  return os.str();
+}
+
+void ConfigNode::fail(const std::string& key, const std::string& message) const {
+  throw ConfigError(where(key) + ": " + message);
+}
+
+void ConfigNode::ignore(const std::string& key) const {
+  std::lock_guard lk(doc_->mu);
+  doc_->used.insert({table_, key});
+}
+
+namespace {
+const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument& doc, const std::string& key,
+                         bool required) {
+  {
+    std::lock_guard lk(doc.mu);
+    doc.used.insert({table, key});
+  }
+  const toml::node* n = tbl(table).get(key);
+  if (!n && required) c.fail(key, "missing (required)");
+  return n;
+}
+}  // namespace
+
+int64_t ConfigNode::get_int(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, true);
+  if (auto v = n->as_integer()) return v->get();
+  if (auto f = n->as_floating_point(); f && f->get() == static_cast<double>(static_cast<int64_t>(f->get())))
+    return static_cast<int64_t>(f->get());
+  fail(key, "expected an integer, found " + type_name(*n) + " " + show(*n));
+}
+int64_t ConfigNode::get_int(const std::string& key, int64_t dflt) const { return has(key) ? get_int(key) : (ignore(key), dflt); }
+
+double ConfigNode::get_float(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, true);
+  if (auto v = n->as_floating_point()) return v->get();
+  if (auto v = n->as_integer()) return static_cast<double>(v->get());
+  fail(key, "expected a number, found " + type_name(*n) + " " + show(*n));
+}
+double ConfigNode::get_float(const std::string& key, double dflt) const { return has(key) ? get_float(key) : (ignore(key), dflt); }
+
+bool ConfigNode::get_bool(const std::string& key, bool dflt) const {
+  auto* n = lookup(*this, table_, *doc_, key, false);
+  if (!n) return dflt;
+  if (auto v = n->as_boolean()) return v->get();
+  fail(key, "expected true or false, found " + type_name(*n) + " " + show(*n));
+}
+
+std::string ConfigNode::get_string(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, true);
+  if (auto v = n->as_string()) return v->get();
+  fail(key, "expected a string, found " + type_name(*n) + " " + show(*n));
+}
+std::string ConfigNode::get_string(const std::string& key, const std::string& dflt) const {
+  return has(key) ? get_string(key) : (ignore(key), dflt);
+}
+
+std::string ConfigNode::get_choice(const std::string& key, const std::vector<std::string>& choices,
+                                   const std::string& dflt) const {
+  std::string v = get_string(key, dflt);
+  for (const auto& c : choices)
+    if (c == v) return v;
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "\"" : ", \"") + c + "\"";
+  fail(key, "expected one of " + list + ", found \"" + v + "\"");
+}
+
+std::vector<int64_t> ConfigNode::get_int_list(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, true);
+  std::vector<int64_t> out;
+  if (auto v = n->as_integer()) return {v->get()};
+  auto* arr = n->as_array();
+  if (!arr) fail(key, "expected a list of integers, found " + type_name(*n) + " " + show(*n));
+  for (const auto& e : *arr) {
+    auto i = e.as_integer();
+    if (!i) fail(key, "expected a list of integers, found an element " + show(e));
+    out.push_back(i->get());
+  }
+  return out;
+}
+std::vector<int64_t> ConfigNode::get_int_list(const std::string& key, std::vector<int64_t> dflt) const {
+  return has(key) ? get_int_list(key) : (ignore(key), dflt);
+}
+
+std::vector<std::string> ConfigNode::get_string_list(const std::string& key, std::vector<std::string> dflt) const {
+  auto* n = lookup(*this, table_, *doc_, key, false);
+  if (!n) return dflt;
+  if (auto s = n->as_string()) return {s->get()};
+  auto* arr = n->as_array();
+  if (!arr) fail(key, "expected a list of strings, found " + type_name(*n) + " " + show(*n));
+  std::vector<std::string> out;
+  for (const auto& e : *arr) {
+    auto s = e.as_string();
+    if (!s) fail(key, "expected a list of strings, found an element " + show(e));
+    out.push_back(s->get());
+  }
+  return out;
+}
+
+std::vector<double> ConfigNode::get_float_list(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, true);
+  if (auto v = n->as_floating_point()) return {v->get()};
+  if (auto v = n->as_integer()) return {static_cast<double>(v->get())};
+  auto* arr = n->as_array();
+  if (!arr) fail(key, "expected a list of numbers, found " + type_name(*n) + " " + show(*n));
+  std::vector<double> out;
+  for (const auto& e : *arr) {
+    if (auto f = e.as_floating_point()) out.push_back(f->get());
+    else if (auto i = e.as_integer()) out.push_back(static_cast<double>(i->get()));
+    else fail(key, "expected a list of numbers, found an element " + show(e));
+  }
+  return out;
+}
+std::vector<double> ConfigNode::get_float_list(const std::string& key, std::vector<double> dflt) const {
+  return has(key) ? get_float_list(key) : (ignore(key), dflt);
+}
+
+std::pair<int64_t, int64_t> ConfigNode::get_pair(const std::string& key, std::pair<int64_t, int64_t> dflt) const {
+  if (!has(key)) return ignore(key), dflt;
+  auto v = get_int_list(key);
+  if (v.size() == 1) return {v[0], v[0]};
+  if (v.size() == 2) return {v[0], v[1]};
+  fail(key, "expected an integer or a list of two integers, found a list of " + std::to_string(v.size()));
+}
+
+std::string ConfigNode::get_size_text(const std::string& key, const std::string& dflt) const {
+  auto* n = lookup(*this, table_, *doc_, key, false);
+  if (!n) return dflt;
+  if (auto s = n->as_string()) return s->get();
+  if (auto i = n->as_integer()) return std::to_string(i->get());
+  fail(key, "expected a size like \"1200MiB\", \"60%\" or a byte count, found " + type_name(*n) + " " + show(*n));
+}
+
+std::optional<ConfigNode> ConfigNode::table(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, false);
+  if (!n) return std::nullopt;
+  auto* t = n->as_table();
+  if (!t) fail(key, "expected a table, found " + type_name(*n) + " " + show(*n));
+  return ConfigNode(doc_, t, path_.empty() ? key : path_ + "." + key);
+}
+
+std::vector<ConfigNode> ConfigNode::table_array(const std::string& key) const {
+  auto* n = lookup(*this, table_, *doc_, key, false);
+  std::vector<ConfigNode> out;
+  if (!n) return out;
+  auto* arr = n->as_array();
+  if (!arr) fail(key, "expected an array of tables, found " + type_name(*n) + " " + show(*n));
+  std::string base = path_.empty() ? key : path_ + "." + key;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    auto* t = arr->get(i)->as_table();
+    if (!t) fail(key, "expected an array of tables, element " + std::to_string(i) + " is " + type_name(*arr->get(i)));
+    out.emplace_back(doc_, t, base + "[" + std::to_string(i) + "]");
+  }
+  return out;
+}
+
+void ConfigNode::finish() const {
+  std::vector<std::string> unknown;
+  {
+    std::lock_guard lk(doc_->mu);
+    for (const auto& [k, v] : tbl(table_))
+      if (!doc_->used.count({table_, std::string(k.str())})) unknown.emplace_back(k.str());
+  }
+  if (unknown.empty()) return;
+  std::string keys;
+  for (const auto& k : unknown) keys += (keys.empty() ? "'" : ", '") + k + "'";
+  fail(unknown.front(), "unknown key" + std::string(unknown.size() > 1 ? "s " : " ") + keys +
+                            (path_.empty() ? "" : " in [" + path_ + "]") + " (misspelled? see docs/user_guide.md)");
+}
+
+Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!std::filesystem::exists(path)) throw ConfigError(path + ": config file not found");
+  Config c;
+  c.doc_ = std::make_shared<ConfigDocument>();
+  c.doc_->file = path;
+  try {
+    c.doc_->root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": TOML syntax error: "
+       << e.description();
+    throw ConfigError(os.str());
+  }
+  for (const auto& o : overrides) apply_override(c.doc_->root, path, o);
+  return c;
+}
+
+Config Config::load_string(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+  Config c;
+  c.doc_ = std::make_shared<ConfigDocument>();
+  c.doc_->file = name;
+  try {
+    c.doc_->root = toml::parse(text, name);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << name << ":" << e.source().begin.line << ":" << e.source().begin.column << ": TOML syntax error: "
+       << e.description();
+    throw ConfigError(os.str());
+  }
+  for (const auto& o : overrides) apply_override(c.doc_->root, name, o);
+  return c;
+}
+
+ConfigNode Config::root() const { return ConfigNode(doc_, &doc_->root, ""); }
+const std::string& Config::file() const { return doc_->file; }
+std::string Config::base_dir() const {
+  auto p = std::filesystem::path(doc_->file).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+}  // namespace kiln

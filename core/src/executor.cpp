@@ -1,0 +1,234 @@
+// Device state (persistent tensors, shared regions) and the executor that runs a bound graph.
+#include "kiln/executor.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+
+namespace {
+
+uint64_t name_hash(const std::string& s, uint32_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+HostTensor initial_value(const TensorInfo& t, uint32_t seed) {
+  HostTensor h(t.shape);
+  const Init& in = t.init;
+  std::mt19937_64 rng(name_hash(t.name, seed));
+  switch (in.kind) {
+    case InitKind::zeros: break;
+    case InitKind::ones: std::fill(h.data.begin(), h.data.end(), 1.f); break;
+    case InitKind::constant: std::fill(h.data.begin(), h.data.end(), in.value); break;
+    case InitKind::glorot_uniform: {
+      double limit = std::sqrt(6.0 / static_cast<double>(std::max<int64_t>(in.fan_in + in.fan_out, 1)));
+      std::uniform_real_distribution<double> d(-limit, limit);
+      for (auto& v : h.data) v = static_cast<float>(d(rng));
+      break;
+    }
+    case InitKind::he_normal: {
+      std::normal_distribution<double> d(0.0, std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(in.fan_in, 1))));
+      for (auto& v : h.data) v = static_cast<float>(d(rng));
+      break;
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+void DeviceState::ensure_persistent(const Graph& g, int device_index) {
+  // Parameters first: EMA shadows start as copies of them.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& t : g.tensors()) {
+      if (t.alias_of != kNoTensor || !role_persistent(t.role) || t.device != device_index) continue;
+      bool is_param = t.role == TensorRole::parameter;
+      if ((pass == 0) != is_param || persistent_.count(t.name)) continue;
+      Entry e;
+      e.shape = t.shape;
+      e.mem = ctx_.allocator->allocate(t.bytes(), AllocationSite{role_tag(t.role), "layer " + t.layer + " " + t.name});
+      HostTensor init;
+      const std::string suffix = "/ema";
+      if (t.role == TensorRole::ema && t.name.size() > suffix.size() && persistent_.count(t.name.substr(0, t.name.size() - suffix.size()))) {
+        auto& src = persistent_.at(t.name.substr(0, t.name.size() - suffix.size()));
+        ctx_.device->copy_on_device(src.mem.view(), e.mem.view());
+      } else {
+        init = initial_value(t, seed_);
+        ctx_.device->copy_from_host(init.data.data(), e.mem.view());
+      }
+      persistent_.emplace(t.name, std::move(e));
+    }
+  }
+}
+
+void DeviceState::reserve_regions(const MemoryPlan& p) {
+  auto grow = [&](Allocation& a, size_t bytes, MemoryTag tag, const char* what) {
+    if (bytes == 0 || (a && a.bytes() >= bytes)) return;
+    ctx_.device->synchronize();  // nothing may still use the old region
+    a.reset();
+    a = ctx_.allocator->allocate(bytes, AllocationSite{tag, what});
+    ++generation_;
+  };
+  grow(gradients_, p.gradients, MemoryTag::gradients, "parameter gradients");
+  grow(arena_, p.arena, MemoryTag::activations, "activation arena");
+  grow(input_, p.input, MemoryTag::input_data, "input batch");
+  grow(workspace_, p.workspace, MemoryTag::workspace, "op workspace");
+}
+
+const BufferView& DeviceState::persistent(const std::string& name) const {
+  auto it = persistent_.find(name);
+  if (it == persistent_.end()) throw Error("no persistent tensor named '" + name + "' on " + ctx_.device->info().label());
+  return it->second.mem.view();
+}
+
+BufferView DeviceState::region(Region r) const {
+  switch (r) {
+    case Region::gradients: return gradients_.view();
+    case Region::arena: return arena_.view();
+    case Region::input: return input_.view();
+    case Region::workspace: return workspace_.view();
+    default: return {};
+  }
+}
+
+std::map<std::string, HostTensor> DeviceState::read_all() {
+  std::map<std::string, HostTensor> out;
+  for (auto& [name, e] : persistent_) {
+    HostTensor h(e.shape);
+    ctx_.device->copy_to_host(e.mem.view(), h.data.data());
+    out.emplace(name, std::move(h));
+  }
+  return out;
+}
+
+void DeviceState::write(const std::string& name, const HostTensor& t) {
+  auto it = persistent_.find(name);
+  if (it == persistent_.end()) throw Error("checkpoint tensor '" + name + "' does not exist in this model");
+  if (it->second.shape != t.shape)
+    throw Error("checkpoint tensor '" + name + "' has shape " + t.shape.str() + ", the model has " + it->second.shape.str());
+  ctx_.device->copy_from_host(t.data.data(), it->second.mem.view());
+}
+
+Executor::Executor(Graph g, DeviceState& state, const PlanOptions& o) : g_(std::move(g)), state_(state), opts_(o) {
+  Device* dev = state_.context().device;
+  plan_ = plan_memory(g_, dev, opts_);
+  for (size_t i = 0; i < g_.nodes().size(); ++i) {
+    const Node& n = g_.nodes()[i];
+    if (n.device != opts_.device) continue;
+    Support s = dev->supports(n.kind, n.attrs);
+    if (!s.yes)
+      throw DeviceError("layer '" + n.layer + "': op " + std::string(op_name(n.kind)) + " is not supported on " +
+                        dev->info().label() + ": " + s.reason);
+    node_index_.push_back(i);
+  }
+  state_.ensure_persistent(g_, opts_.device);
+  state_.reserve_regions(plan_);
+  bind();
+}
+
+BufferView Executor::view(TensorId t) const {
+  const auto& ti = g_.tensor(t);
+  auto r = static_cast<size_t>(g_.root(t));
+  Region reg = plan_.region[static_cast<size_t>(t)];
+  BufferView v;
+  if (reg == Region::persistent) {
+    v = state_.persistent(g_.tensor(static_cast<TensorId>(r)).name);
+  } else if (reg == Region::none) {
+    throw Error("tensor of layer '" + ti.layer + "' has no storage on device " + std::to_string(opts_.device));
+  } else {
+    BufferView base = state_.region(reg);
+    v.block = base.block;
+    v.offset = base.offset + plan_.offset[r];
+  }
+  v.bytes = ti.bytes();
+  return v;
+}
+
+void Executor::bind() {
+  calls_.clear();
+  BufferView ws = state_.region(Region::workspace);
+  for (size_t i : node_index_) {
+    const Node& n = g_.nodes()[i];
+    OpCall c;
+    c.kind = n.kind;
+    c.attrs = n.attrs;
+    for (auto t : n.in) c.in.push_back(view(t));
+    for (auto t : n.out) c.out.push_back(view(t));
+    c.workspace = ws;
+    calls_.push_back(std::move(c));
+  }
+  bound_generation_ = state_.generation();
+  patched_step_ = -1;
+}
+
+void Executor::patch(const StepScalars& s) {
+  if (s.step == patched_step_ && s.lr == patched_lr_) return;
+  for (auto& c : calls_) {
+    switch (c.kind) {
+      case OpKind::SgdUpdate: std::get<SgdAttrs>(c.attrs).lr = s.lr; break;
+      case OpKind::AdamUpdate: {
+        auto& a = std::get<AdamAttrs>(c.attrs);
+        a.lr = s.lr;
+        a.step = s.step + 1;
+        break;
+      }
+      case OpKind::RmspropUpdate: std::get<RmspropAttrs>(c.attrs).lr = s.lr; break;
+      case OpKind::DropoutForward:
+      case OpKind::DropoutBackward: std::get<DropoutAttrs>(c.attrs).counter = static_cast<uint32_t>(s.step); break;
+      default: break;
+    }
+  }
+  patched_step_ = s.step;
+  patched_lr_ = s.lr;
+}
+
+void Executor::load_batch(const Element& b) {
+  if (bound_generation_ != state_.generation()) bind();
+  Device* dev = state_.context().device;
+  auto put = [&](TensorId t, const HostTensor& h, const char* what) {
+    if (t == kNoTensor || plan_.region[static_cast<size_t>(t)] != Region::input) return;
+    const auto& ti = g_.tensor(t);
+    if (static_cast<int64_t>(h.data.size()) != ti.shape.numel())
+      throw DataError(std::string("batch ") + what + " have " + std::to_string(h.data.size()) + " values " + h.shape.str() +
+                      ", the model expects " + ti.shape.str());
+    dev->copy_from_host(h.data.data(), view(t));
+  };
+  put(g_.input, b.x, "features");
+  put(g_.label, b.y, "labels");
+}
+
+void Executor::run(const StepScalars& s) { run_range(0, calls_.size(), s); }
+
+void Executor::run_range(size_t begin, size_t end, const StepScalars& s) {
+  if (bound_generation_ != state_.generation()) bind();
+  patch(s);
+  Device* dev = state_.context().device;
+  for (size_t i = begin; i < end; ++i) dev->run(calls_[i]);
+}
+
+size_t Executor::first_node_of(Phase p) const {
+  for (size_t i = 0; i < node_index_.size(); ++i)
+    if (g_.nodes()[node_index_[i]].phase == p) return i;
+  return node_index_.size();
+}
+
+float Executor::read_scalar(TensorId t) {
+  float v = 0;
+  BufferView bv = view(t);
+  bv.bytes = sizeof(float);
+  state_.context().device->copy_to_host(bv, &v);
+  return v;
+}
+
+HostTensor Executor::read(TensorId t) {
+  HostTensor h(g_.tensor(t).shape);
+  state_.context().device->copy_to_host(view(t), h.data.data());
+  return h;
+}
+
+}  // namespace kiln

@@ -1,0 +1,98 @@
+// Graph containers and the builder layers use.
+#include "kiln/graph.hpp"
+
+#include <functional>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+
+MemoryTag role_tag(TensorRole r) {
+  switch (r) {
+    case TensorRole::input:
+    case TensorRole::label: return MemoryTag::input_data;
+    case TensorRole::parameter:
+    case TensorRole::ema: return MemoryTag::parameters;
+    case TensorRole::gradient: return MemoryTag::gradients;
+    case TensorRole::optimizer_state: return MemoryTag::optimizer_state;
+    default: return MemoryTag::activations;
+  }
+}
+
+bool role_persistent(TensorRole r) {
+  return r == TensorRole::parameter || r == TensorRole::optimizer_state || r == TensorRole::ema;
+}
+
+TensorId Graph::add_tensor(TensorInfo t) {
+  tensors_.push_back(std::move(t));
+  return static_cast<TensorId>(tensors_.size() - 1);
+}
+
+TensorId Graph::add_alias(TensorId of, Shape shape, std::string layer) {
+  const auto& src = tensor(of);
+  if (shape.numel() != src.shape.numel())
+    throw ConfigError("layer '" + layer + "': cannot view " + src.shape.str() + " as " + shape.str() +
+                      " (element counts differ)");
+  TensorInfo t;
+  t.shape = std::move(shape);
+  t.role = src.role;
+  t.name = src.name.empty() ? "" : src.name + "/view";
+  t.layer = std::move(layer);
+  t.alias_of = root(of);
+  t.device = src.device;
+  return add_tensor(std::move(t));
+}
+
+void Graph::add_node(Node n) { nodes_.push_back(std::move(n)); }
+
+TensorId Graph::root(TensorId id) const {
+  while (tensor(id).alias_of != kNoTensor) id = tensor(id).alias_of;
+  return id;
+}
+
+TensorId Graph::find(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].alias_of == kNoTensor && tensors_[i].name == name) return static_cast<TensorId>(i);
+  return kNoTensor;
+}
+
+TensorId GraphBuilder::param(const std::string& name, Shape shape, Init init) {
+  TensorInfo t;
+  t.shape = std::move(shape);
+  t.role = TensorRole::parameter;
+  t.name = layer_ + "." + name;
+  t.layer = layer_;
+  t.init = init;
+  t.device = device_;
+  if (g_.find(t.name) != kNoTensor) throw ConfigError("duplicate parameter '" + t.name + "' (two layers named '" + layer_ + "'?)");
+  return g_.add_tensor(std::move(t));
+}
+
+std::vector<TensorId> GraphBuilder::op(OpKind kind, OpAttrs attrs, std::vector<TensorId> in, std::vector<Shape> out_shapes) {
+  Node n;
+  n.kind = kind;
+  n.attrs = std::move(attrs);
+  n.in = std::move(in);
+  n.layer = layer_;
+  n.phase = Phase::forward;
+  n.device = device_;
+  for (auto& s : out_shapes) {
+    TensorInfo t;
+    t.shape = std::move(s);
+    t.role = TensorRole::activation;
+    t.layer = layer_;
+    t.device = device_;
+    n.out.push_back(g_.add_tensor(std::move(t)));
+  }
+  auto outs = n.out;
+  g_.add_node(std::move(n));
+  return outs;
+}
+
+uint32_t GraphBuilder::layer_seed() const {
+  uint32_t h = seed_ ^ 0x9e3779b9u;
+  for (char c : layer_) h = (h ^ static_cast<uint8_t>(c)) * 16777619u;
+  return h;
+}
+
+}  // namespace kiln

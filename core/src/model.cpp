@@ -1,0 +1,303 @@
+// [model] and [optimizer] parsing, learning-rate schedules, and building a step's graph.
+#include "kiln/model.hpp"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/plugin.hpp"
+
+namespace kiln {
+
+namespace {
+
+LossKind parse_loss(const ConfigNode& c, const std::string& key) {
+  auto l = c.get_choice(key, {"softmax_cross_entropy", "sparse_softmax_cross_entropy", "mse", "binary_cross_entropy"},
+                        "softmax_cross_entropy");
+  if (l == "mse") return LossKind::mse;
+  if (l == "binary_cross_entropy") return LossKind::binary_cross_entropy;
+  return LossKind::softmax_cross_entropy;
+}
+
+}  // namespace
+
+ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
+  ModelSpec m;
+  auto in = model.get_int_list("input_shape");
+  for (auto d : in)
+    if (d <= 0) model.fail("input_shape", "every dimension must be positive");
+  m.input_shape = Shape(in);
+  auto layers = model.table_array("layers");
+  if (layers.empty()) model.fail("layers", "the model has no layers; add [[model.layers]] tables");
+  std::set<std::string> names{"input"};
+  std::map<std::string, int> counters;
+  std::string prev = "input";
+  for (auto& lc : layers) {
+    LayerSpec s;
+    s.type = lc.get_string("type");
+    if (!reg.has_layer(s.type)) {
+      std::string known;
+      for (auto& n : reg.layer_names()) known += (known.empty() ? "" : ", ") + n;
+      lc.fail("type", "unknown layer type \"" + s.type + "\"; known: " + known);
+    }
+    s.name = lc.get_string("name", s.type + "_" + std::to_string(++counters[s.type]));
+    if (names.count(s.name)) lc.fail("name", "duplicate layer name \"" + s.name + "\"");
+    s.inputs = lc.get_string_list("inputs", {prev});
+    for (const auto& i : s.inputs)
+      if (!names.count(i))
+        lc.fail("inputs", "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input)");
+    s.device = lc.get_string("device", "");
+    s.layer = reg.layer(s.type)(lc);  // reads the layer's own keys and rejects unknown ones
+    int ar = s.layer->arity();
+    if (ar > 0 && static_cast<int>(s.inputs.size()) != ar)
+      lc.fail("inputs", "layer type " + s.type + " takes " + std::to_string(ar) + " input(s), got " + std::to_string(s.inputs.size()));
+    if (ar < 0 && s.inputs.size() < 2) lc.fail("inputs", "layer type " + s.type + " takes two or more inputs");
+    names.insert(s.name);
+    prev = s.name;
+    m.layers.push_back(std::move(s));
+  }
+  auto outs = model.table_array("outputs");
+  if (outs.empty()) {
+    OutputSpec o;
+    o.layer = m.layers.back().name;
+    o.loss = parse_loss(model, "loss");
+    o.from_logits = model.get_bool("from_logits", true);
+    m.outputs.push_back(o);
+  } else {
+    if (model.has("loss")) model.fail("loss", "give the loss inside each [[model.outputs]] when outputs are listed");
+    for (auto& oc : outs) {
+      OutputSpec o;
+      o.layer = oc.get_string("layer");
+      if (!names.count(o.layer) || o.layer == "input") oc.fail("layer", "\"" + o.layer + "\" is not a layer of the model");
+      o.loss = parse_loss(oc, "loss");
+      o.weight = static_cast<float>(oc.get_float("weight", 1.0));
+      o.from_logits = oc.get_bool("from_logits", true);
+      oc.finish();
+      m.outputs.push_back(o);
+    }
+  }
+  model.finish();
+  return m;
+}
+
+OptimizerSpec parse_optimizer(const ConfigNode& c) {
+  OptimizerSpec o;
+  auto type = c.get_choice("type", {"sgd", "adam", "rmsprop"}, "adam");
+  o.kind = type == "sgd" ? OptimizerKind::sgd : type == "adam" ? OptimizerKind::adam : OptimizerKind::rmsprop;
+  o.lr = c.get_float("learning_rate", type == "sgd" ? 0.01 : 0.001);
+  if (!(o.lr > 0)) c.fail("learning_rate", "expected a positive number");
+  o.weight_decay = c.get_float("weight_decay", 0.0);
+  if (o.kind == OptimizerKind::sgd) {
+    o.momentum = c.get_float("momentum", 0.0);
+    o.nesterov = c.get_bool("nesterov", false);
+    if (o.nesterov && o.momentum <= 0) c.fail("nesterov", "Nesterov momentum needs momentum > 0");
+  } else if (o.kind == OptimizerKind::adam) {
+    o.beta1 = c.get_float("beta1", 0.9);
+    o.beta2 = c.get_float("beta2", 0.999);
+    o.eps = c.get_float("epsilon", 1e-7);
+    if (!(o.beta1 >= 0 && o.beta1 < 1)) c.fail("beta1", "expected a number in [0, 1)");
+    if (!(o.beta2 >= 0 && o.beta2 < 1)) c.fail("beta2", "expected a number in [0, 1)");
+  } else {
+    o.rho = c.get_float("rho", 0.9);
+    o.eps = c.get_float("epsilon", 1e-7);
+    o.momentum = c.get_float("momentum", 0.0);
+  }
+  if (o.momentum < 0 || o.momentum >= 1) c.fail("momentum", "expected a number in [0, 1)");
+  o.ema_decay = c.get_float("ema", 0.0);
+  if (!(o.ema_decay >= 0 && o.ema_decay < 1)) c.fail("ema", "expected a decay in [0, 1), e.g. 0.999 (0 turns EMA off)");
+  if (auto s = c.table("schedule")) {
+    auto k = s->get_choice("type", {"constant", "exponential", "step", "cosine"}, "constant");
+    o.schedule.kind = k == "constant" ? ScheduleKind::constant
+                      : k == "exponential" ? ScheduleKind::exponential
+                      : k == "step" ? ScheduleKind::step : ScheduleKind::cosine;
+    if (o.schedule.kind == ScheduleKind::exponential || o.schedule.kind == ScheduleKind::step) {
+      o.schedule.decay_rate = s->get_float("decay_rate", o.schedule.kind == ScheduleKind::step ? 0.1 : 0.96);
+      o.schedule.decay_steps = s->get_int("decay_steps", 1000);
+      if (o.schedule.decay_steps <= 0) s->fail("decay_steps", "expected a positive integer");
+      if (o.schedule.kind == ScheduleKind::exponential) o.schedule.staircase = s->get_bool("staircase", false);
+    } else if (o.schedule.kind == ScheduleKind::cosine) {
+      o.schedule.total_steps = s->get_int("decay_steps", 0);
+      o.schedule.alpha = s->get_float("alpha", 0.0);
+    }
+    s->finish();
+  }
+  c.finish();
+  return o;
+}
+
+double OptimizerSpec::learning_rate_at(int64_t step) const {
+  const auto& s = schedule;
+  switch (s.kind) {
+    case ScheduleKind::constant: return lr;
+    case ScheduleKind::exponential: {
+      double p = static_cast<double>(step) / static_cast<double>(s.decay_steps);
+      if (s.staircase) p = std::floor(p);
+      return lr * std::pow(s.decay_rate, p);
+    }
+    case ScheduleKind::step:
+      return lr * std::pow(s.decay_rate, static_cast<double>(step / s.decay_steps));
+    case ScheduleKind::cosine: {
+      if (s.total_steps <= 0) return lr;
+      double t = std::min<double>(static_cast<double>(step), static_cast<double>(s.total_steps)) / static_cast<double>(s.total_steps);
+      return lr * (s.alpha + (1 - s.alpha) * 0.5 * (1 + std::cos(M_PI * t)));
+    }
+  }
+  return lr;
+}
+
+size_t OptimizerSpec::state_tensors_per_param() const {
+  switch (kind) {
+    case OptimizerKind::sgd: return momentum > 0 ? 1 : 0;
+    case OptimizerKind::adam: return 2;
+    case OptimizerKind::rmsprop: return momentum > 0 ? 2 : 1;
+  }
+  return 0;
+}
+
+namespace {
+
+TensorId add_state(Graph& g, TensorId param, const std::string& suffix, TensorRole role) {
+  const auto& p = g.tensor(param);
+  TensorInfo t;
+  t.shape = p.shape;
+  t.role = role;
+  t.name = p.name + "/" + suffix;
+  t.layer = p.layer;
+  t.device = p.device;
+  return g.add_tensor(std::move(t));
+}
+
+void append_updates(Graph& g, const OptimizerSpec& o) {
+  for (auto [param, grad] : std::vector(g.param_grads)) {
+    const auto pinfo = g.tensor(param);
+    int64_t count = pinfo.shape.numel();
+    Node n;
+    n.layer = pinfo.layer;
+    n.device = pinfo.device;
+    n.phase = Phase::update;
+    n.in = {grad};
+    n.out = {param};
+    float lr = static_cast<float>(o.lr), wd = static_cast<float>(o.weight_decay);
+    switch (o.kind) {
+      case OptimizerKind::sgd:
+        n.kind = OpKind::SgdUpdate;
+        n.attrs = SgdAttrs{count, lr, static_cast<float>(o.momentum), wd, o.nesterov};
+        n.out.push_back(o.momentum > 0 ? add_state(g, param, "momentum", TensorRole::optimizer_state) : param);
+        break;
+      case OptimizerKind::adam:
+        n.kind = OpKind::AdamUpdate;
+        n.attrs = AdamAttrs{count, lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps), wd, 1};
+        n.out.push_back(add_state(g, param, "adam_m", TensorRole::optimizer_state));
+        n.out.push_back(add_state(g, param, "adam_v", TensorRole::optimizer_state));
+        break;
+      case OptimizerKind::rmsprop:
+        n.kind = OpKind::RmspropUpdate;
+        n.attrs = RmspropAttrs{count, lr, static_cast<float>(o.rho), static_cast<float>(o.eps), static_cast<float>(o.momentum)};
+        n.out.push_back(add_state(g, param, "rms_sq", TensorRole::optimizer_state));
+        n.out.push_back(o.momentum > 0 ? add_state(g, param, "rms_buf", TensorRole::optimizer_state) : param);
+        break;
+    }
+    g.add_node(std::move(n));
+    if (o.ema_decay > 0) {
+      Node e;
+      e.kind = OpKind::EmaUpdate;
+      e.attrs = EmaAttrs{count, static_cast<float>(o.ema_decay)};
+      e.in = {param};
+      e.out = {add_state(g, param, "ema", TensorRole::ema)};
+      e.layer = pinfo.layer;
+      e.device = pinfo.device;
+      e.phase = Phase::update;
+      g.add_node(std::move(e));
+    }
+  }
+}
+
+}  // namespace
+
+Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
+  Graph g;
+  g.batch = o.batch;
+  TensorInfo in;
+  in.shape = m.input_shape.with_batch(o.batch);
+  in.role = TensorRole::input;
+  in.name = "input";
+  g.input = g.add_tensor(in);
+  GraphBuilder b(g, o.batch, o.training, m.seed);
+  std::map<std::string, TensorId> outs{{"input", g.input}};
+  for (const auto& l : m.layers) {
+    b.begin_layer(l.name, o.place ? o.place(l) : 0);
+    std::vector<TensorId> ins;
+    for (const auto& i : l.inputs) ins.push_back(outs.at(i));
+    TensorId y = l.layer->build(b, ins);
+    outs[l.name] = y;
+    g.layer_outputs.push_back({l.name, l.type, y});
+  }
+  if (o.use_ema)  // evaluation reads the moving averages in place of the weights
+    for (size_t t = 0; t < g.tensors().size(); ++t)
+      if (g.tensors()[t].role == TensorRole::parameter) {
+        auto& ti = g.tensor(static_cast<TensorId>(t));
+        ti.role = TensorRole::ema;
+        ti.name += "/ema";
+      }
+  // Labels: class indices (N) when any head is a classifier, else targets shaped like the first head's output.
+  bool any_ce = false;
+  for (const auto& out : m.outputs) any_ce = any_ce || out.loss == LossKind::softmax_cross_entropy;
+  TensorInfo lab;
+  lab.name = "label";
+  lab.role = TensorRole::label;
+  lab.shape = any_ce ? Shape{o.batch} : g.tensor(outs.at(m.outputs[0].layer)).shape;
+  if (!m.label_shape.dims().empty() || !any_ce) {
+    if (!m.label_shape.dims().empty() && m.label_shape.numel() != lab.shape.numel() / std::max<int64_t>(o.batch, 1))
+      throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" +
+                        m.outputs[0].layer + "' with its loss needs " + lab.shape.tail().str());
+  }
+  g.label = g.add_tensor(lab);
+  for (const auto& out : m.outputs) {
+    TensorId y = outs.at(out.layer);
+    const Shape& ys = g.tensor(y).shape;
+    int64_t rows = o.batch, cols = ys.numel() / std::max<int64_t>(o.batch, 1);
+    LossAttrs a{rows, cols, out.weight / static_cast<float>(o.batch), out.from_logits};
+    OpKind k = out.loss == LossKind::softmax_cross_entropy ? OpKind::SoftmaxCrossEntropy
+               : out.loss == LossKind::mse ? OpKind::MeanSquaredError : OpKind::BinaryCrossEntropy;
+    TensorId target = g.label;
+    if (k == OpKind::SoftmaxCrossEntropy) {
+      if (ys.rank() != 2) throw ConfigError("output '" + out.layer + "': softmax_cross_entropy needs (batch, classes) logits, got " + ys.str());
+    } else {
+      if (g.tensor(g.label).shape.numel() != ys.numel())
+        throw ConfigError("output '" + out.layer + "': " + std::string(op_name(k)) + " needs targets shaped like the output " +
+                          ys.tail().str() + ", but the labels are " + g.tensor(g.label).shape.tail().str());
+      if (g.tensor(g.label).shape != ys) target = g.add_alias(g.label, ys, out.layer);
+    }
+    Node n;
+    n.kind = k;
+    n.attrs = a;
+    n.in = {y, target};
+    n.layer = out.layer;
+    n.device = g.tensor(y).device;
+    TensorInfo lt;
+    lt.shape = Shape{1};
+    lt.role = TensorRole::loss;
+    lt.layer = out.layer;
+    lt.name = "loss/" + out.layer;
+    lt.device = n.device;
+    TensorInfo gt;
+    gt.shape = ys;
+    gt.layer = out.layer;
+    gt.device = n.device;
+    n.out = {g.add_tensor(lt), g.add_tensor(gt)};
+    g.losses.push_back(n.out[0]);
+    g.outputs.push_back(y);
+    g.output_names.push_back(out.layer);
+    g.add_node(std::move(n));
+  }
+  if (o.training) {
+    append_backward(g);
+    if (!o.optimizer) throw Error("build_graph: a training graph needs an optimizer");
+    append_updates(g, *o.optimizer);
+  }
+  return g;
+}
+
+}  // namespace kiln

@@ -1,0 +1,111 @@
+// Loads plugins with Boost.DLL. Libraries stay loaded until the process exits, so no object or factory from a
+// plugin can outlive its code.
+#include "kiln/plugin_loader.hpp"
+
+#include <algorithm>
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+struct PluginLoader::Impl {
+  std::vector<LoadedPlugin> plugins;
+};
+
+namespace {
+// Loaded libraries are never unloaded: factories and objects made by them may live anywhere in the host.
+std::vector<boost::dll::shared_library>& keep_alive() {
+  static auto* libs = new std::vector<boost::dll::shared_library>();
+  return *libs;
+}
+}  // namespace
+
+PluginLoader::PluginLoader() : impl_(std::make_unique<Impl>()) {}
+PluginLoader::~PluginLoader() = default;
+
+const std::vector<LoadedPlugin>& PluginLoader::plugins() const { return impl_->plugins; }
+
+const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
+  if (!fs::exists(path)) throw PluginError(path + ": plugin library not found");
+  boost::dll::shared_library lib;
+  try {
+    lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    throw PluginError(path + ": cannot load plugin library: " + e.what());
+  }
+  if (!lib.has("kiln_plugin"))
+    throw PluginError(path + ": not a Kiln plugin (no exported 'kiln_plugin' entry; define it with KILN_PLUGIN)");
+  const PluginEntry& entry = lib.get_alias<const PluginEntry>("kiln_plugin");
+  if (!entry.descriptor || !entry.register_all) throw PluginError(path + ": plugin entry has null functions");
+  const PluginDescriptor* d = entry.descriptor();
+  if (!d) throw PluginError(path + ": plugin descriptor is null");
+  if (d->api_version != kApiVersion)
+    throw PluginError(path + ": plugin '" + (d->name ? d->name : "?") + "' was built for Kiln plugin API version " +
+                      std::to_string(d->api_version) + ", but this Kiln (" + KILN_VERSION_STRING +
+                      ") provides API version " + std::to_string(kApiVersion) + "; rebuild the plugin against this SDK");
+  std::string fp = d->fingerprint ? d->fingerprint : "";
+  if (fp != KILN_BUILD_FINGERPRINT)
+    throw PluginError(path + ": plugin '" + d->name + "' was built with " + fp + " but Kiln with " +
+                      KILN_BUILD_FINGERPRINT + " (C++ ABI mismatch); rebuild the plugin with the same toolchain");
+  for (const auto& p : impl_->plugins)
+    if (p.error.empty() && p.descriptor.name && std::string(p.descriptor.name) == d->name)
+      throw PluginError(path + ": plugin '" + d->name + "' is already loaded from " + p.path);
+  reg.set_current_plugin(d->name);
+  try {
+    entry.register_all(reg);
+  } catch (const std::exception& e) {
+    reg.set_current_plugin("core");
+    throw PluginError(path + ": plugin '" + d->name + "' failed to register: " + e.what());
+  }
+  reg.set_current_plugin("core");
+  keep_alive().push_back(std::move(lib));
+  impl_->plugins.push_back(LoadedPlugin{path, *d, {}});
+  return impl_->plugins.back();
+}
+
+void PluginLoader::load_dir(const std::string& dir, Registry& reg) {
+  if (!fs::is_directory(dir)) return;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    auto name = e.path().filename().string();
+    if (name.rfind("libkiln_", 0) == 0 && e.path().extension() == ".so") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    try {
+      load(f, reg);
+    } catch (const PluginError& e) {
+      LoadedPlugin p;
+      p.path = f;
+      p.error = e.what();
+      impl_->plugins.push_back(p);
+    }
+  }
+}
+
+std::vector<std::string> PluginLoader::default_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("KILN_PLUGIN_PATH")) {
+    std::string s = env;
+    size_t start = 0;
+    while (start <= s.size()) {
+      auto end = s.find(':', start);
+      if (end == std::string::npos) end = s.size();
+      if (end > start) dirs.push_back(s.substr(start, end - start));
+      start = end + 1;
+    }
+    return dirs;
+  }
+  auto exe_dir = boost::dll::program_location().parent_path();
+  auto lib = exe_dir.parent_path() / "lib" / "kiln";
+  if (fs::is_directory(lib.string())) dirs.push_back(lib.string());
+  return dirs;
+}
+
+}  // namespace kiln

@@ -1,0 +1,215 @@
+// The naive oracle of the op set: dense algebra, elementwise, reductions, dropout, optimizers.
+// Images, activations, softmax and losses are in reference_nn.cpp. Semantics: core/include/kiln/ops.hpp.
+#include "kiln/reference.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kiln/error.hpp"
+#include "reference_impl.hpp"
+
+namespace kiln {
+namespace {
+
+using ref::In;
+using ref::Out;
+
+void gemm(const GemmAttrs& a, In in, Out out) {
+  const float* A = in[0];
+  const float* B = in[1];
+  float* y = out[0];
+  for (int64_t i = 0; i < a.m; ++i)
+    for (int64_t j = 0; j < a.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < a.k; ++p) {
+        const double av = a.trans_a ? A[p * a.m + i] : A[i * a.k + p];
+        const double bv = a.trans_b ? B[j * a.k + p] : B[p * a.n + j];
+        acc += av * bv;
+      }
+      double r = double(a.alpha) * acc;
+      if (a.beta != 0.f) r += double(a.beta) * y[i * a.n + j];  // y is not read when beta == 0
+      y[i * a.n + j] = static_cast<float>(r);
+    }
+}
+
+void bias_add(const BiasAttrs& a, In in, Out out) {
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int64_t c = 0; c < a.channels; ++c)
+      for (int64_t i = 0; i < a.inner; ++i) {
+        const int64_t idx = (o * a.channels + c) * a.inner + i;
+        out[0][idx] = in[0][idx] + in[1][c];
+      }
+}
+
+void bias_grad(const BiasAttrs& a, In in, Out out) {
+  for (int64_t c = 0; c < a.channels; ++c) {
+    double acc = 0;
+    for (int64_t o = 0; o < a.outer; ++o)
+      for (int64_t i = 0; i < a.inner; ++i) acc += in[0][(o * a.channels + c) * a.inner + i];
+    out[0][c] = static_cast<float>(acc);
+  }
+}
+
+// Elementwise ops read element i of every input before writing element i, so the allowed aliasing is safe.
+void elementwise(OpKind k, const ElementwiseAttrs& a, In in, Out out) {
+  float* y = out[0];
+  for (int64_t i = 0; i < a.count; ++i) {
+    switch (k) {
+      case OpKind::Add: y[i] = a.alpha * in[0][i] + a.beta * in[1][i]; break;
+      case OpKind::Mul: y[i] = in[0][i] * in[1][i]; break;
+      case OpKind::Axpby: y[i] = a.alpha * in[0][i] + a.beta * y[i]; break;
+      case OpKind::Scale: y[i] = a.alpha * in[0][i]; break;
+      case OpKind::Fill: y[i] = a.alpha; break;
+      case OpKind::Copy: y[i] = in[0][i]; break;
+      default: break;
+    }
+  }
+}
+
+void reduce_sum(const ReduceAttrs& a, In in, Out out) {
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int64_t i = 0; i < a.inner; ++i) {
+      double acc = 0;
+      for (int64_t r = 0; r < a.reduce; ++r) acc += in[0][(o * a.reduce + r) * a.inner + i];
+      out[0][o * a.inner + i] = static_cast<float>(acc);
+    }
+}
+
+// Concat copies x_j into y; Split copies y back into x_j. `whole` is y, `parts` the x_j.
+void concat_split(bool concat, const ConcatAttrs& a, In in, Out out) {
+  int64_t total = 0;
+  for (int64_t s : a.sizes) total += s;
+  int64_t start = 0;  // first row of part j inside y
+  for (size_t j = 0; j < a.sizes.size(); ++j) {
+    const int64_t rows = a.sizes[j];
+    for (int64_t o = 0; o < a.outer; ++o)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < a.inner; ++i) {
+          const int64_t w = (o * total + start + r) * a.inner + i;
+          const int64_t p = (o * rows + r) * a.inner + i;
+          if (concat)
+            out[0][w] = in[j][p];
+          else
+            out[j][p] = in[0][w];
+        }
+    start += rows;
+  }
+}
+
+void dropout(const DropoutAttrs& a, In in, Out out) {
+  for (int64_t i = 0; i < a.count; ++i) {
+    const bool keep = dropout_uniform(a.seed, a.counter, static_cast<uint32_t>(i)) >= a.rate;
+    out[0][i] = keep ? in[0][i] / (1.0f - a.rate) : 0.0f;
+  }
+}
+
+void sgd(const SgdAttrs& a, In in, Out out) {
+  const float* g = in[0];
+  float* w = out[0];
+  float* v = out[1];
+  for (int64_t i = 0; i < a.count; ++i) {
+    const double gp = double(g[i]) + double(a.weight_decay) * w[i];
+    double d = gp;
+    if (a.momentum != 0.f) {
+      const double vn = double(a.momentum) * v[i] + gp;
+      v[i] = static_cast<float>(vn);
+      d = a.nesterov ? gp + double(a.momentum) * vn : vn;
+    }
+    w[i] = static_cast<float>(w[i] - double(a.lr) * d);
+  }
+}
+
+void adam(const AdamAttrs& a, In in, Out out) {
+  const float* g = in[0];
+  float* w = out[0];
+  float* m = out[1];
+  float* v = out[2];
+  const double b1 = a.beta1, b2 = a.beta2;
+  const double bc1 = 1.0 - std::pow(b1, double(a.step)), bc2 = 1.0 - std::pow(b2, double(a.step));
+  for (int64_t i = 0; i < a.count; ++i) {
+    const double gp = double(g[i]) + double(a.weight_decay) * w[i];
+    const double mn = b1 * m[i] + (1.0 - b1) * gp;
+    const double vn = b2 * v[i] + (1.0 - b2) * gp * gp;
+    m[i] = static_cast<float>(mn);
+    v[i] = static_cast<float>(vn);
+    w[i] = static_cast<float>(w[i] - double(a.lr) * (mn / bc1) / (std::sqrt(vn / bc2) + double(a.eps)));
+  }
+}
+
+void rmsprop(const RmspropAttrs& a, In in, Out out) {
+  const float* g = in[0];
+  float* w = out[0];
+  float* sq = out[1];
+  float* buf = out[2];
+  const double rho = a.rho;
+  for (int64_t i = 0; i < a.count; ++i) {
+    const double gi = g[i];
+    const double sn = rho * sq[i] + (1.0 - rho) * gi * gi;
+    sq[i] = static_cast<float>(sn);
+    const double step = gi / (std::sqrt(sn) + double(a.eps));
+    if (a.momentum > 0.f) {
+      const double bn = double(a.momentum) * buf[i] + step;
+      buf[i] = static_cast<float>(bn);
+      w[i] = static_cast<float>(w[i] - double(a.lr) * bn);
+    } else {
+      w[i] = static_cast<float>(w[i] - double(a.lr) * step);
+    }
+  }
+}
+
+void ema(const EmaAttrs& a, In in, Out out) {
+  const double d = a.decay;
+  for (int64_t i = 0; i < a.count; ++i)
+    out[0][i] = static_cast<float>(d * out[0][i] + (1.0 - d) * in[0][i]);
+}
+
+}  // namespace
+
+void reference_op(OpKind kind, const OpAttrs& attrs, std::span<const float* const> in, std::span<float* const> out) {
+  const OpArity ar = op_arity(kind, attrs);  // also checks the attrs type
+  if (in.size() != ar.in.size() || out.size() != ar.out.size())
+    throw Error("reference_op(" + std::string(op_name(kind)) + "): expected " + std::to_string(ar.in.size()) +
+                " inputs and " + std::to_string(ar.out.size()) + " outputs, found " + std::to_string(in.size()) +
+                " and " + std::to_string(out.size()));
+  const In i = in.data();
+  const Out o = out.data();
+  switch (kind) {
+    case OpKind::Gemm: return gemm(std::get<GemmAttrs>(attrs), i, o);
+    case OpKind::BiasAdd: return bias_add(std::get<BiasAttrs>(attrs), i, o);
+    case OpKind::BiasGrad: return bias_grad(std::get<BiasAttrs>(attrs), i, o);
+    case OpKind::Conv2dForward:
+    case OpKind::Conv2dBackwardData:
+    case OpKind::Conv2dBackwardFilter: return ref::conv2d(kind, std::get<ConvAttrs>(attrs), i, o);
+    case OpKind::MaxPoolForward:
+    case OpKind::MaxPoolBackward:
+    case OpKind::AvgPoolForward:
+    case OpKind::AvgPoolBackward: return ref::pool(kind, std::get<PoolAttrs>(attrs), i, o);
+    case OpKind::ActivationForward:
+    case OpKind::ActivationBackward: return ref::activation(kind, std::get<ActivationAttrs>(attrs), i, o);
+    case OpKind::SoftmaxForward:
+    case OpKind::SoftmaxBackward: return ref::softmax(kind, std::get<SoftmaxAttrs>(attrs), i, o);
+    case OpKind::SoftmaxCrossEntropy:
+    case OpKind::MeanSquaredError:
+    case OpKind::BinaryCrossEntropy: return ref::loss(kind, std::get<LossAttrs>(attrs), i, o);
+    case OpKind::Add:
+    case OpKind::Mul:
+    case OpKind::Axpby:
+    case OpKind::Scale:
+    case OpKind::Fill:
+    case OpKind::Copy: return elementwise(kind, std::get<ElementwiseAttrs>(attrs), i, o);
+    case OpKind::ReduceSum: return reduce_sum(std::get<ReduceAttrs>(attrs), i, o);
+    case OpKind::Concat: return concat_split(true, std::get<ConcatAttrs>(attrs), i, o);
+    case OpKind::Split: return concat_split(false, std::get<ConcatAttrs>(attrs), i, o);
+    case OpKind::DropoutForward:
+    case OpKind::DropoutBackward: return dropout(std::get<DropoutAttrs>(attrs), i, o);
+    case OpKind::SgdUpdate: return sgd(std::get<SgdAttrs>(attrs), i, o);
+    case OpKind::AdamUpdate: return adam(std::get<AdamAttrs>(attrs), i, o);
+    case OpKind::RmspropUpdate: return rmsprop(std::get<RmspropAttrs>(attrs), i, o);
+    case OpKind::EmaUpdate: return ema(std::get<EmaAttrs>(attrs), i, o);
+    case OpKind::Count_: break;
+  }
+  throw Error("reference_op: unknown op kind " + std::to_string(static_cast<int>(kind)));
+}
+
+}  // namespace kiln

@@ -1,0 +1,268 @@
+// Validates a run's configuration and opens its devices.
+#include "kiln/session.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <set>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+
+namespace {
+
+const std::vector<std::string> kTopLevel = {"run", "plugins", "device", "strategy", "model", "optimizer", "train", "data"};
+
+}  // namespace
+
+Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
+  ConfigNode root = cfg_.root();
+  root.ignore("plugins");  // handled by the host before the session (plugins must load first)
+
+  if (auto run = root.table("run")) {
+    name_ = run->get_string("name", "");
+    int64_t seed = run->get_int("seed", 42);
+    if (seed < 0 || seed > 0xffffffffLL) run->fail("seed", "expected an integer in [0, 4294967295]");
+    seed_ = static_cast<uint32_t>(seed);
+    run->finish();
+  }
+  if (name_.empty()) {
+    auto stem = cfg_.file();
+    auto slash = stem.find_last_of('/');
+    if (slash != std::string::npos) stem = stem.substr(slash + 1);
+    if (auto dot = stem.rfind(".toml"); dot != std::string::npos) stem = stem.substr(0, dot);
+    name_ = stem.empty() ? "run" : stem;
+  }
+
+  if (auto d = root.table("device")) {
+    device_.backend = d->get_string("backend", "cpu");
+    if (device_.backend != "auto" && !reg_.has_backend(device_.backend)) {
+      std::string known;
+      for (auto& b : reg_.backend_names()) known += (known.empty() ? "" : ", ") + b;
+      d->fail("backend", "no backend \"" + device_.backend + "\" is loaded; available: auto" + (known.empty() ? "" : ", " + known) +
+                             " (see `kiln plugins` for plugins that failed to load)");
+    }
+    device_.visible = d->get_int_list("visible", {});
+    std::set<int64_t> seen;
+    for (auto v : device_.visible) {
+      if (v < 0) d->fail("visible", "entry " + std::to_string(v) + " is not a device index (indices start at 0; Kiln does not treat -1 as 'none')");
+      if (!seen.insert(v).second) d->fail("visible", "device " + std::to_string(v) + " is listed twice");
+    }
+    device_.memory_limit = d->get_size_text("memory_limit", "");
+    if (!device_.memory_limit.empty()) {
+      try {
+        parse_memory_size(device_.memory_limit, 1ull << 40);  // syntax only; the device's total is checked at open
+      } catch (const ConfigError& e) {
+        d->fail("memory_limit", e.what());
+      }
+    }
+    device_.growth = d->get_bool("growth", true);
+    device_.fallback = d->get_choice("fallback", {"error", "cpu"}, "error");
+    device_.select = d->get_choice("select", {"first", "most_free_memory"}, "first");
+    device_.options.virtual_devices = static_cast<int>(d->get_int("virtual_devices", 1));
+    if (device_.options.virtual_devices < 1 || device_.options.virtual_devices > 64)
+      d->fail("virtual_devices", "expected 1..64");
+    device_.options.threads = static_cast<int>(d->get_int("threads", 0));
+    if (device_.options.threads < 0) d->fail("threads", "expected 0 (all cores) or a positive count");
+    device_.options.validation = d->get_bool("validation", false);
+    device_.fail_block_request = static_cast<int>(d->get_int("fault_injection_block", 0));
+    d->finish();
+  }
+
+  if (auto t = root.table("train")) {
+    train_.epochs = t->get_int("epochs", 1);
+    if (train_.epochs < 1) t->fail("epochs", "expected a positive integer");
+    train_.batch_size = t->get_int("batch_size", 32);
+    if (train_.batch_size < 1) t->fail("batch_size", "expected a positive integer");
+    train_.steps_per_epoch = t->get_int("steps_per_epoch", 0);
+    if (train_.steps_per_epoch < 0) t->fail("steps_per_epoch", "expected 0 (whole epoch) or a positive integer");
+    train_.evaluate = t->get_bool("evaluate", true);
+    train_.progress = t->get_choice("progress", {"auto", "bar", "lines", "none"}, "auto");
+    train_.output_dir = t->get_string("output_dir", "");
+    train_.checkpoint_every = t->get_int("checkpoint_every", 1);
+    if (train_.checkpoint_every < 0) t->fail("checkpoint_every", "expected 0 (never) or a number of epochs");
+    train_.resume = t->get_bool("resume", false);
+    train_.memory_policy = t->get_choice("memory_policy", {"strict", "none"}, "strict");
+    t->finish();
+  }
+  if (train_.output_dir.empty()) train_.output_dir = "runs/" + name_;
+
+  auto m = root.table("model");
+  if (!m) root.fail("model", "missing [model] table (input_shape and layers)");
+  model_ = parse_model(*m, reg_);
+  model_.seed = seed_;
+
+  if (auto o = root.table("optimizer")) optimizer_ = parse_optimizer(*o);
+  if (optimizer_.schedule.kind == ScheduleKind::cosine && optimizer_.schedule.total_steps == 0)
+    optimizer_.schedule.total_steps = 0;  // filled by the trainer once the epoch length is known
+
+  std::string stype = "single";
+  if (auto s = root.table("strategy")) {
+    stype = s->get_string("type", "single");
+    if (!reg_.has_strategy(stype)) {
+      std::string known;
+      for (auto& n : reg_.strategy_names()) known += (known.empty() ? "" : ", ") + n;
+      s->fail("type", "unknown strategy \"" + stype + "\"; registered: " + known + " (is the parallel plugin loaded?)");
+    }
+    strategy_ = reg_.strategy(stype)(*s);
+  } else {
+    auto empty = Config::load_string("", cfg_.file());
+    strategy_ = reg_.strategy("single")(empty.root());
+  }
+
+  if (auto d = root.table("data")) {
+    for (const char* which : {"train", "test"}) {
+      if (auto p = d->table(which)) {
+        auto stages = p->table_array("stages");
+        if (stages.empty()) p->fail("stages", "a pipeline needs at least a source stage");
+        for (auto& s : stages) {
+          auto type = s.get_string("type");
+          if (!reg_.has_stage(type)) {
+            std::string known;
+            for (auto& n : reg_.stage_names()) known += (known.empty() ? "" : ", ") + n;
+            s.fail("type", "unknown data stage \"" + type + "\"; registered: " + (known.empty() ? "none (is the data plugin loaded?)" : known));
+          }
+        }
+        p->finish();
+      }
+    }
+    d->finish();
+  }
+  root.finish();
+  // Build each pipeline once so every stage validates its keys and files before anything else happens.
+  for (const char* which : {"train", "test"})
+    if (has_pipeline(which)) make_pipeline(which);
+}
+
+Session::~Session() {
+  allocators_.clear();
+  opened_.clear();
+}
+
+bool Session::has_pipeline(const std::string& which) const {
+  auto d = cfg_.root().table("data");
+  return d && d->has(which);
+}
+
+std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
+  auto d = cfg_.root().table("data");
+  if (!d || !d->has(which)) return nullptr;
+  auto p = d->table(which);
+  std::unique_ptr<Stage> cur;
+  bool batched = false;
+  for (auto& s : p->table_array("stages")) {
+    auto type = s.get_string("type");
+    StageContext ctx;
+    ctx.upstream = std::move(cur);
+    ctx.base_dir = cfg_.base_dir();
+    ctx.global_batch = train_.batch_size;
+    ctx.seed = seed_;
+    cur = reg_.stage(type)(s, std::move(ctx));
+    if (type == "batch") batched = true;
+  }
+  if (!batched) {
+    auto empty = Config::load_string("", cfg_.file());
+    StageContext ctx;
+    ctx.upstream = std::move(cur);
+    ctx.base_dir = cfg_.base_dir();
+    ctx.global_batch = train_.batch_size;
+    ctx.seed = seed_;
+    cur = reg_.stage("batch")(empty.root(), std::move(ctx));
+  }
+  return cur;
+}
+
+void Session::open_devices() {
+  if (!device_ctx_.empty()) return;
+  std::string bname = device_.backend;
+  std::vector<DeviceInfo> infos;
+  auto try_backend = [&](const std::string& n) -> bool {
+    if (!reg_.has_backend(n)) return false;
+    auto b = reg_.backend(n)(device_.options);
+    auto list = b->enumerate();
+    if (list.empty()) return false;
+    backend_ = std::move(b);
+    infos = std::move(list);
+    bname = n;
+    return true;
+  };
+  if (bname == "auto") {
+    bool found = false;
+    for (const char* n : {"cuda", "vulkan"}) {
+      if (!reg_.has_backend(n)) continue;
+      auto b = reg_.backend(n)(device_.options);
+      auto list = b->enumerate();
+      // A CPU-emulated Vulkan device (lavapipe) is slower than the CPU backend: auto never picks it.
+      list.erase(std::remove_if(list.begin(), list.end(), [](const DeviceInfo& i) { return i.name.find("llvmpipe") != std::string::npos; }), list.end());
+      if (!list.empty()) {
+        backend_ = std::move(b);
+        infos = std::move(list);
+        bname = n;
+        found = true;
+        break;
+      }
+    }
+    if (!found && !try_backend("cpu")) throw DeviceError("[device] backend = \"auto\": no backend has a device");
+  } else {
+    auto b = reg_.backend(bname)(device_.options);
+    infos = b->enumerate();
+    if (infos.empty()) {
+      std::string why = b->unavailable_reason();
+      if (device_.fallback != "cpu")
+        throw DeviceError(cfg_.file() + ": [device] backend = \"" + bname + "\" has no usable device" +
+                          (why.empty() ? "" : ": " + why) + ". Set [device] fallback = \"cpu\" to train on the CPU instead.");
+      warnings_.push_back("WARNING: backend \"" + bname + "\" has no usable device (" + why +
+                          "); FALLING BACK TO THE CPU because [device] fallback = \"cpu\"");
+      std::cerr << "\n*** " << warnings_.back() << " ***\n\n";
+      if (!try_backend("cpu")) throw DeviceError("CPU fallback requested but the cpu backend is not loaded");
+    } else {
+      backend_ = std::move(b);
+    }
+  }
+  std::vector<int64_t> order = device_.visible;
+  if (order.empty() || bname != device_.backend)
+    for (size_t i = 0; i < infos.size(); ++i) order.push_back(static_cast<int64_t>(i));
+  if (bname == device_.backend)
+    for (auto v : device_.visible)
+      if (v >= static_cast<int64_t>(infos.size()))
+        throw ConfigError(cfg_.file() + ": [device] visible lists device " + std::to_string(v) + ", but backend \"" + bname +
+                          "\" has " + std::to_string(infos.size()) + " device(s) (0.." + std::to_string(infos.size() - 1) + ")");
+  if (device_.select == "most_free_memory")
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return infos[static_cast<size_t>(a)].free_memory > infos[static_cast<size_t>(b)].free_memory;
+    });
+  size_t want = static_cast<size_t>(std::max(1, strategy_->device_count(static_cast<int>(order.size()))));
+  if (want > order.size())
+    throw ConfigError(cfg_.file() + ": strategy \"" + strategy_->name() + "\" needs " + std::to_string(want) +
+                      " devices but only " + std::to_string(order.size()) + " are visible on backend \"" + bname + "\"");
+  order.resize(want);
+  for (auto idx : order) {
+    auto dev = backend_->open(static_cast<int>(idx));
+    AllocatorOptions ao;
+    size_t total = dev->info().total_memory;
+    ao.limit = total;
+    if (!device_.memory_limit.empty()) {
+      ao.limit = parse_memory_size(device_.memory_limit, total);
+      if (ao.limit > total)
+        throw ConfigError(cfg_.file() + ": [device] memory_limit = \"" + device_.memory_limit + "\" (" + format_bytes(ao.limit) +
+                          ") exceeds the " + format_bytes(total) + " of " + dev->info().label() + " (" + dev->info().name + ")");
+    }
+    ao.growth = device_.growth;
+    ao.fail_block_request = device_.fail_block_request;
+    allocators_.push_back(std::make_unique<Allocator>(*dev, ao));
+    device_ctx_.push_back(DeviceContext{dev.get(), allocators_.back().get()});
+    opened_.push_back(std::move(dev));
+  }
+}
+
+RunnerContext Session::runner_context() const {
+  RunnerContext c;
+  c.model = &model_;
+  c.optimizer = &optimizer_;
+  c.devices = device_ctx_;
+  c.global_batch = train_.batch_size;
+  c.seed = seed_;
+  return c;
+}
+
+}  // namespace kiln

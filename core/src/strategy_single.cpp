@@ -1,0 +1,141 @@
+// The built-in `single` strategy: the whole model on one device.
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/executor.hpp"
+#include "kiln/plugin.hpp"
+#include "kiln/single_runner.hpp"
+
+namespace kiln {
+
+SingleDeviceRunner::SingleDeviceRunner(const RunnerContext& ctx, int device_index)
+    : ctx_(ctx), dctx_(ctx.devices.at(static_cast<size_t>(device_index))), state_(dctx_, ctx.seed) {}
+
+Executor& SingleDeviceRunner::executor(int64_t batch, bool training, bool ema) {
+  auto key = std::make_tuple(batch, training, ema);
+  auto it = execs_.find(key);
+  if (it != execs_.end()) return *it->second;
+  GraphOptions o;
+  o.batch = batch;
+  o.training = training;
+  o.use_ema = ema;
+  o.optimizer = ctx_.optimizer;
+  auto ex = std::make_unique<Executor>(build_graph(*ctx_.model, o), state_);
+  return *execs_.emplace(key, std::move(ex)).first->second;
+}
+
+void SingleDeviceRunner::prepare(int64_t batch) {
+  // Build the largest graphs first so the shared regions are sized once.
+  executor(batch, true, false);
+  executor(batch, false, false);
+  if (ctx_.optimizer && ctx_.optimizer->ema_decay > 0) executor(batch, false, true);
+}
+
+StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalars& s) {
+  Executor& ex = executor(batch.batch, true, false);
+  ex.load_batch(batch);
+  // Forward and losses first: a non-finite loss stops the step before any weight changes.
+  size_t bwd = ex.first_node_of(Phase::backward);
+  ex.run_range(0, bwd, s);
+  StepResult r;
+  for (auto t : ex.graph().losses) {
+    float v = ex.read_scalar(t);
+    r.losses.push_back(v);
+    r.total_loss += v;
+  }
+  if (!std::isfinite(r.total_loss)) return r;
+  ex.run_range(bwd, ex.size(), s);
+  return r;
+}
+
+EvalResult SingleDeviceRunner::eval_batch(const Element& batch, bool use_ema) {
+  Executor& ex = executor(batch.batch, false, use_ema);
+  ex.load_batch(batch);
+  ex.run({});
+  EvalResult r;
+  for (size_t i = 0; i < ex.graph().losses.size(); ++i) {
+    r.losses.push_back(ex.read_scalar(ex.graph().losses[i]) * static_cast<float>(batch.batch));
+    r.outputs.push_back(ex.read(ex.graph().outputs[i]));
+  }
+  return r;
+}
+
+std::map<std::string, HostTensor> SingleDeviceRunner::save_state() { return state_.read_all(); }
+
+void SingleDeviceRunner::load_state(const std::map<std::string, HostTensor>& st) {
+  for (const auto& [name, t] : st) state_.write(name, t);
+}
+
+std::string SingleDeviceRunner::find_nonfinite_layer(const Element& batch, int64_t step) {
+  GraphOptions o;
+  o.batch = batch.batch;
+  o.training = true;
+  o.optimizer = ctx_.optimizer;
+  Graph g = build_graph(*ctx_.model, o);
+  PlanOptions po;
+  for (const auto& l : g.layer_outputs) po.keep_alive.push_back(l.out);
+  auto layers = g.layer_outputs;
+  Executor ex(std::move(g), state_, po);
+  ex.load_batch(batch);
+  StepScalars s;
+  s.step = step;
+  ex.run_range(0, ex.first_node_of(Phase::backward), s);
+  for (const auto& l : layers) {
+    HostTensor h = ex.read(l.out);
+    for (float v : h.data)
+      if (!std::isfinite(v)) return l.name + " (" + l.type + ")";
+  }
+  return {};
+}
+
+std::vector<DevicePlan> SingleDeviceRunner::plan_for(const RunnerContext& ctx, int device_index) {
+  Device* dev = ctx.devices.empty() ? nullptr : ctx.devices.at(static_cast<size_t>(device_index)).device;
+  GraphOptions o;
+  o.batch = ctx.global_batch;
+  o.training = true;
+  o.optimizer = ctx.optimizer;
+  Graph train = build_graph(*ctx.model, o);
+  o.training = false;
+  Graph eval = build_graph(*ctx.model, o);
+  MemoryPlan pt = plan_memory(train, dev), pe = plan_memory(eval, dev);
+  pt.arena = std::max(pt.arena, pe.arena);
+  pt.workspace = std::max(pt.workspace, pe.workspace);
+  pt.input = std::max(pt.input, pe.input);
+  return {pt.summary(dev ? dev->info().label() : "device 0")};
+}
+
+namespace {
+
+class SingleStrategy : public Strategy {
+ public:
+  // The device is the first of [device] visible after `select`; the strategy itself has no keys.
+  explicit SingleStrategy(const ConfigNode& c) { c.finish(); }
+  std::string name() const override { return "single"; }
+  std::vector<DevicePlan> plan(const RunnerContext& ctx) const override {
+    check(ctx);
+    return SingleDeviceRunner::plan_for(ctx, device_);
+  }
+  std::unique_ptr<Runner> create(const RunnerContext& ctx) override {
+    check(ctx);
+    auto r = std::make_unique<SingleDeviceRunner>(ctx, device_);
+    r->prepare(ctx.global_batch);
+    return r;
+  }
+
+ private:
+  void check(const RunnerContext& ctx) const {
+    if (ctx.devices.empty()) throw Error("strategy single: no device was opened");
+  }
+  int device_ = 0;
+};
+
+}  // namespace
+
+void register_builtin_strategies(Registry& reg) {
+  reg.add_strategy("single", [](const ConfigNode& c) -> std::unique_ptr<Strategy> { return std::make_unique<SingleStrategy>(c); });
+}
+
+}  // namespace kiln

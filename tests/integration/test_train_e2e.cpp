@@ -1,0 +1,180 @@
+// End to end: the real `kiln` app on real Fashion-MNIST data (a subset), and its exit codes and messages.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "test_support.hpp"
+
+namespace {
+
+const std::string kFm = "/usr/share/datasets/fashion-mnist/";
+
+std::string mlp_config(const std::string& out_dir, const std::string& extra_train = "", int limit = 3000) {
+  std::ostringstream os;
+  os << R"([run]
+name = "e2e"
+seed = 3
+[device]
+backend = "cpu"
+memory_limit = "512MiB"
+[model]
+input_shape = [1, 28, 28]
+loss = "softmax_cross_entropy"
+[[model.layers]]
+type = "flatten"
+[[model.layers]]
+type = "dense"
+units = 64
+activation = "relu"
+[[model.layers]]
+type = "dense"
+units = 10
+[optimizer]
+type = "adam"
+learning_rate = 2e-3
+[train]
+epochs = 3
+batch_size = 32
+progress = "lines"
+output_dir = ")" << out_dir << "\"\n" << extra_train << R"(
+[data.train]
+stages = [
+  { type = "idx", images = ")" << kFm << R"(train-images-idx3-ubyte.gz", labels = ")" << kFm
+     << R"(train-labels-idx1-ubyte.gz", limit = )" << limit << R"( },
+  { type = "scale", factor = 0.00392156862745098 },
+  { type = "shuffle", buffer = 3000 },
+  { type = "batch" },
+]
+[data.test]
+stages = [
+  { type = "idx", images = ")" << kFm << R"(t10k-images-idx3-ubyte.gz", labels = ")" << kFm
+     << R"(t10k-labels-idx1-ubyte.gz", limit = 1000 },
+  { type = "scale", factor = 0.00392156862745098 },
+  { type = "batch" },
+]
+)";
+  return os.str();
+}
+
+std::string write(const std::filesystem::path& dir, const std::string& name, const std::string& text) {
+  auto p = dir / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> v;
+  for (std::string l; std::getline(f, l);) v.push_back(l);
+  return v;
+}
+
+double json_field(const std::string& line, const std::string& key) {
+  std::smatch m;
+  std::regex re("\"" + key + "\":([-0-9.eE+]+)");
+  REQUIRE(std::regex_search(line, m, re));
+  return std::stod(m[1]);
+}
+
+}  // namespace
+
+TEST_CASE("kiln train learns Fashion-MNIST: loss falls and test accuracy passes a threshold", "[e2e]") {
+  auto dir = kiln::test::temp_dir("e2e");
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string()));
+  auto r = kiln::test::run_app("train " + cfg);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("examples/s"));
+  CHECK_THAT(r.output, Catch::Contains("s/batch"));
+  auto metrics = lines_of((dir / "out" / "metrics.jsonl").string());
+  REQUIRE(metrics.size() == 3);
+  double l1 = json_field(metrics[0], "train_loss"), l3 = json_field(metrics[2], "train_loss");
+  CHECK(l3 < 0.8 * l1);
+  CHECK(json_field(metrics[2], "test_accuracy") > 0.72);
+  CHECK(std::filesystem::exists(dir / "out" / "checkpoint.kiln"));
+}
+
+TEST_CASE("kiln train resumes from its checkpoint", "[e2e]") {
+  auto dir = kiln::test::temp_dir("resume");
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 600));
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
+  auto r = kiln::test::run_app("train " + cfg + " --set train.epochs=2 --resume");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("resumed from"));
+  CHECK_THAT(r.output, Catch::Contains("epoch 2/2"));
+  CHECK_FALSE(r.output.find("epoch 1/2:") != std::string::npos);
+  CHECK(lines_of((dir / "out" / "metrics.jsonl").string()).size() == 2);
+}
+
+TEST_CASE("a non-finite loss stops the run naming the step and the layer", "[e2e]") {
+  auto dir = kiln::test::temp_dir("nan");
+  auto text = mlp_config((dir / "out").string(), "", 600);
+  text = std::regex_replace(text, std::regex("type = \"adam\"\nlearning_rate = 2e-3"), "type = \"sgd\"\nlearning_rate = 1e35");
+  auto cfg = write(dir, "run.toml", text);
+  auto r = kiln::test::run_app("train " + cfg);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("at step"));
+  CHECK_THAT(r.output, Catch::Contains("first layer whose output is non-finite is 'dense_"));
+}
+
+TEST_CASE("config errors exit with code 2 and name the line and key", "[e2e]") {
+  auto dir = kiln::test::temp_dir("cfgerr");
+  std::string good = mlp_config((dir / "out").string());
+  struct Case {
+    std::string from, to, expect;
+  };
+  std::vector<Case> cases = {
+      {"units = 64", "unitz = 64", "unitz"},                    // unknown key
+      {"units = 64", "units = \"64\"", "expected an integer"},  // wrong type
+      {"epochs = 3", "epochs = -1", "train.epochs"},            // bad value
+      {"backend = \"cpu\"", "backend = \"tpu\"", "device.backend"},
+  };
+  for (const auto& c : cases) {
+    auto text = good;
+    text.replace(text.find(c.from), c.from.size(), c.to);
+    auto cfg = write(dir, "bad.toml", text);
+    auto r = kiln::test::run_app("train " + cfg);
+    INFO(c.to << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(c.expect));
+    CHECK_THAT(r.output, Catch::Contains("bad.toml:"));
+  }
+  auto r = kiln::test::run_app("train " + (dir / "missing.toml").string());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("missing.toml"));
+  r = kiln::test::run_app("train");  // usage error
+  CHECK(r.exit_code == 2);
+}
+
+TEST_CASE("a missing data file is a runtime error naming the file", "[e2e]") {
+  auto dir = kiln::test::temp_dir("nodata");
+  auto text = mlp_config((dir / "out").string());
+  text.replace(text.find("train-images-idx3-ubyte.gz"), 26, "no-such-images.gz");
+  auto r = kiln::test::run_app("train " + write(dir, "run.toml", text));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains("no-such-images.gz"));
+}
+
+TEST_CASE("kiln --version, --help, plugins and devices answer", "[e2e]") {
+  auto r = kiln::test::run_app("--version");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("plugin API"));
+  for (const char* sub : {"train", "plan", "devices", "plugins", "conformance"}) {
+    r = kiln::test::run_app(std::string(sub) + " --help");
+    INFO(sub);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.output, Catch::Contains("Usage"));
+  }
+  r = kiln::test::run_app("plugins");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("backend cpu"));
+  CHECK_THAT(r.output, Catch::Contains("stage idx"));
+  r = kiln::test::run_app("devices --backend cpu");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("cpu:0"));
+}

@@ -1,0 +1,1 @@
+extern "C" int kiln_unrelated_symbol() { return 42; }

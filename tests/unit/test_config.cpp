@@ -1,0 +1,107 @@
+// Config validation: every error names the file, line and key, what was given and what was expected.
+#include <catch2/catch.hpp>
+
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/session.hpp"
+#include "test_support.hpp"
+
+using kiln::Config;
+using kiln::ConfigError;
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no ConfigError>";
+}
+}  // namespace
+
+TEST_CASE("config getters return typed values and defaults", "[config]") {
+  auto c = Config::load_string("a = 3\nb = 2.5\nc = \"x\"\nd = [1, 2]\ne = true\n[t]\nk = 1\n", "t.toml");
+  auto r = c.root();
+  CHECK(r.get_int("a") == 3);
+  CHECK(r.get_float("b") == 2.5);
+  CHECK(r.get_float("a") == 3.0);  // integers are numbers
+  CHECK(r.get_string("c") == "x");
+  CHECK(r.get_int_list("d") == std::vector<int64_t>{1, 2});
+  CHECK(r.get_bool("e", false));
+  CHECK(r.get_int("missing", 7) == 7);
+  CHECK(r.table("t")->get_int("k") == 1);
+}
+
+TEST_CASE("config reports an unknown key with file, line and key name", "[config]") {
+  auto c = Config::load_string("units = 3\nunitz = 4\n", "model.toml");
+  auto r = c.root();
+  r.get_int("units");
+  auto msg = error_of([&] { r.finish(); });
+  CHECK_THAT(msg, Catch::Contains("model.toml:2"));
+  CHECK_THAT(msg, Catch::Contains("unitz"));
+  CHECK_THAT(msg, Catch::Contains("unknown key"));
+}
+
+TEST_CASE("config reports a wrong type with what was given and expected", "[config]") {
+  auto c = Config::load_string("\n\nunits = \"many\"\n", "m.toml");
+  auto msg = error_of([&] { c.root().get_int("units"); });
+  CHECK_THAT(msg, Catch::Contains("m.toml:3"));
+  CHECK_THAT(msg, Catch::Contains("key 'units'"));
+  CHECK_THAT(msg, Catch::Contains("expected an integer"));
+  CHECK_THAT(msg, Catch::Contains("\"many\""));
+}
+
+TEST_CASE("config reports a bad choice listing the allowed values", "[config]") {
+  auto c = Config::load_string("padding = \"sam\"\n", "m.toml");
+  auto msg = error_of([&] { c.root().get_choice("padding", {"same", "valid"}, "valid"); });
+  CHECK_THAT(msg, Catch::Contains("\"same\", \"valid\""));
+  CHECK_THAT(msg, Catch::Contains("\"sam\""));
+}
+
+TEST_CASE("config syntax errors name the line and column", "[config]") {
+  auto msg = error_of([] { Config::load_string("a = 1\nb = = 2\n", "broken.toml"); });
+  CHECK_THAT(msg, Catch::Contains("broken.toml:2"));
+  CHECK_THAT(msg, Catch::Contains("TOML syntax error"));
+}
+
+TEST_CASE("a missing config file is a config error naming it", "[config]") {
+  auto msg = error_of([] { Config::load_file("/nonexistent/run.toml"); });
+  CHECK_THAT(msg, Catch::Contains("/nonexistent/run.toml"));
+  CHECK_THAT(msg, Catch::Contains("not found"));
+}
+
+TEST_CASE("--set overrides replace and add values, including inside arrays of tables", "[config]") {
+  auto c = Config::load_string("[train]\nepochs = 5\n[[model.layers]]\nunits = 3\n", "o.toml",
+                               {"train.epochs=1", "train.batch_size=64", "model.layers[0].units=7", "run.name=abc"});
+  auto r = c.root();
+  CHECK(r.table("train")->get_int("epochs") == 1);
+  CHECK(r.table("train")->get_int("batch_size") == 64);
+  CHECK(r.table("model")->table_array("layers")[0].get_int("units") == 7);
+  CHECK(r.table("run")->get_string("name") == "abc");
+  CHECK_THROWS_AS(Config::load_string("a = 1", "o.toml", {"noequals"}), ConfigError);
+  CHECK_THROWS_AS(Config::load_string("a = 1", "o.toml", {"model.layers[3].units=1"}), ConfigError);
+}
+
+TEST_CASE("session rejects unknown sections, bad layer keys and impossible values", "[config]") {
+  auto& reg = kiln::test::registry();
+  const std::string base = "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\nunits = 2\n";
+  auto msg = error_of([&] { kiln::Session s(Config::load_string(base + "[trian]\nepochs = 1\n", "r.toml"), reg); });
+  CHECK_THAT(msg, Catch::Contains("trian"));
+  msg = error_of([&] { kiln::Session s(Config::load_string(base + "unitz = 3\n", "r.toml"), reg); });
+  CHECK_THAT(msg, Catch::Contains("r.toml:6"));
+  CHECK_THAT(msg, Catch::Contains("model.layers[0].unitz"));
+  msg = error_of([&] { kiln::Session s(Config::load_string(base + "[train]\nepochs = 0\n", "r.toml"), reg); });
+  CHECK_THAT(msg, Catch::Contains("train.epochs"));
+  msg = error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nvisible = [0, 0]\n", "r.toml"), reg); });
+  CHECK_THAT(msg, Catch::Contains("listed twice"));
+  msg = error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nvisible = [0, -1, 1]\n", "r.toml"), reg); });
+  CHECK_THAT(msg, Catch::Contains("-1"));
+  msg = error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nmemory_limit = \"12 parsecs\"\n", "r.toml"), reg); });
+  CHECK_THAT(msg, Catch::Contains("device.memory_limit"));
+  msg = error_of([&] {
+    kiln::Session s(Config::load_string("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense3d\"\n", "r.toml"), reg);
+  });
+  CHECK_THAT(msg, Catch::Contains("unknown layer type \"dense3d\""));
+  CHECK_THAT(msg, Catch::Contains("dense"));
+}

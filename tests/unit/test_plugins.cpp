@@ -1,0 +1,64 @@
+// Plugin loading: the real Boost.DLL path, including the failures users hit.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "kiln/error.hpp"
+#include "kiln/plugin_loader.hpp"
+#include "test_support.hpp"
+
+TEST_CASE("the build's plugins load and register their factories", "[plugins]") {
+  auto& reg = kiln::test::registry();
+  CHECK(reg.has_backend("cpu"));
+  CHECK(reg.has_stage("idx"));
+  CHECK(reg.has_layer("dense"));
+  CHECK(reg.has_strategy("single"));
+  for (const auto& p : kiln::test::loader().plugins()) {
+    INFO(p.path << ": " << p.error);
+    CHECK(p.error.empty());
+  }
+}
+
+TEST_CASE("a plugin built for another API version is refused naming the file and both versions", "[plugins]") {
+  kiln::PluginLoader loader;
+  kiln::Registry reg;
+  std::string path = std::string(KILN_TEST_PLUGIN_DIR) + "/libkiln_bad_api.so";
+  REQUIRE(std::filesystem::exists(path));
+  try {
+    loader.load(path, reg);
+    FAIL("the mismatched plugin was accepted");
+  } catch (const kiln::PluginError& e) {
+    std::string m = e.what();
+    CHECK_THAT(m, Catch::Contains(path));
+    CHECK_THAT(m, Catch::Contains("API version " + std::to_string(kiln::kApiVersion + 1)));
+    CHECK_THAT(m, Catch::Contains("API version " + std::to_string(kiln::kApiVersion)));
+  }
+  CHECK_FALSE(reg.has_stage("never_registered"));
+}
+
+TEST_CASE("a library without the Kiln entry is refused", "[plugins]") {
+  kiln::PluginLoader loader;
+  kiln::Registry reg;
+  std::string path = std::string(KILN_TEST_PLUGIN_DIR) + "/libkiln_no_entry.so";
+  REQUIRE(std::filesystem::exists(path));
+  CHECK_THROWS_WITH(loader.load(path, reg), Catch::Contains("not a Kiln plugin") && Catch::Contains(path));
+}
+
+TEST_CASE("a missing plugin library is an error naming the path", "[plugins]") {
+  kiln::PluginLoader loader;
+  kiln::Registry reg;
+  CHECK_THROWS_WITH(loader.load("/nowhere/libkiln_ghost.so", reg), Catch::Contains("/nowhere/libkiln_ghost.so") && Catch::Contains("not found"));
+}
+
+TEST_CASE("load_dir records failures instead of throwing", "[plugins]") {
+  kiln::PluginLoader loader;
+  kiln::Registry reg;
+  loader.load_dir(KILN_TEST_PLUGIN_DIR, reg);
+  int failed = 0;
+  for (const auto& p : loader.plugins()) failed += !p.error.empty();
+  CHECK(failed == 2);
+}
+
+TEST_CASE("registry lookups of unknown names list what is registered", "[plugins]") {
+  auto& reg = kiln::test::registry();
+  CHECK_THROWS_WITH(reg.backend("tpu"), Catch::Contains("unknown backend 'tpu'") && Catch::Contains("cpu"));
+}
