@@ -120,22 +120,44 @@ Allocator::~Allocator() {
 }
 
 bool Allocator::grow(size_t at_least) {
-  if (opts_.max_blocks && blocks_.size() >= opts_.max_blocks) return false;
-  size_t room = opts_.limit > stats_.reserved ? opts_.limit - stats_.reserved : 0;
-  if (at_least > room) return false;
+  const size_t room = opts_.limit > stats_.reserved ? opts_.limit - stats_.reserved : 0;
+  const size_t free_inside = stats_.reserved - stats_.in_use;
+  if (at_least > room) {
+    if (stats_.in_use + at_least > opts_.limit)
+      grow_failure_ = "the request exceeds the memory limit (" + format_bytes(stats_.in_use) + " in use + " +
+                      format_bytes(at_least) + " requested > " + format_bytes(opts_.limit) + ")";
+    else
+      grow_failure_ = "fragmentation: " + format_bytes(free_inside + room) + " is free under the limit but the largest free range is " +
+                      format_bytes(stats_.largest_free) + " and only " + format_bytes(room) + " is left to reserve";
+    return false;
+  }
+  if (opts_.max_blocks && blocks_.size() >= opts_.max_blocks) {
+    grow_failure_ = "the device's limit of " + std::to_string(opts_.max_blocks) + " allocations is reached";
+    return false;
+  }
   size_t want = opts_.growth ? std::min(std::max(at_least, opts_.min_block), room) : at_least;
   if (opts_.max_block) want = std::min(want, opts_.max_block);
-  if (want < at_least) return false;
-  ++stats_.block_requests;
-  if (opts_.fail_block_request > 0 && stats_.block_requests == static_cast<size_t>(opts_.fail_block_request))
+  if (want < at_least) {
+    grow_failure_ = "the request is larger than the device's largest single allocation (" + format_bytes(opts_.max_block) + ")";
     return false;
+  }
+  ++stats_.block_requests;
+  if (opts_.fail_block_request > 0 && stats_.block_requests == static_cast<size_t>(opts_.fail_block_request)) {
+    grow_failure_ = "fault injection failed block request #" + std::to_string(opts_.fail_block_request) +
+                    " ([device] fault_injection_block)";
+    return false;
+  }
   Block* b = device_.allocate_block(want);
   if (!b && want > at_least) {
     ++stats_.block_requests;
     b = device_.allocate_block(at_least);
     want = at_least;
   }
-  if (!b) return false;
+  if (!b) {
+    grow_failure_ = "the device refused a new block of " + format_bytes(want) +
+                    " (its memory is used by other processes or fragmented)";
+    return false;
+  }
   blocks_.push_back(b);
   block_by_id_[b->id] = b;
   ranges_[{b->id, 0}] = Range{b, 0, b->bytes, true};
@@ -147,23 +169,28 @@ bool Allocator::grow(size_t at_least) {
   return true;
 }
 
+void Allocator::reset_peak() {
+  stats_.peak_in_use = stats_.in_use;
+  stats_.peak_reserved = stats_.reserved;
+  stats_.peak_by_tag = stats_.in_use_by_tag;
+}
+
 void Allocator::update_largest_free() {
   stats_.largest_free = free_by_size_.empty() ? 0 : std::get<0>(*free_by_size_.rbegin());
 }
 
 Allocation Allocator::allocate(size_t bytes, const AllocationSite& site) {
+  if (bytes > opts_.limit) throw_oom(bytes, site, "the request alone exceeds the memory limit");
   size_t padded = std::max<size_t>(opts_.alignment, (bytes + opts_.alignment - 1) / opts_.alignment * opts_.alignment);
   auto it = free_by_size_.lower_bound({padded, 0, 0});
   if (it == free_by_size_.end()) {
-    if (!grow(padded)) {
-      size_t room = opts_.limit > stats_.reserved ? opts_.limit - stats_.reserved : 0;
-      std::string why = padded > room && stats_.largest_free < padded
-                            ? "the request exceeds the memory limit"
-                            : "the device refused a new block";
-      if (padded <= room && opts_.fail_block_request > 0) why = "fault injection failed block request #" +
-                                                                std::to_string(opts_.fail_block_request);
-      throw_oom(bytes, site, why);
+    bool grown = grow(padded);
+    // Whole free blocks may be in the way of one larger block: give them back and try once more.
+    if (!grown && opts_.growth && stats_.reserved - stats_.in_use >= opts_.min_block) {
+      release_free_blocks();
+      grown = grow(padded);
     }
+    if (!grown) throw_oom(bytes, site, grow_failure_);
     it = free_by_size_.lower_bound({padded, 0, 0});
     if (it == free_by_size_.end()) throw_oom(bytes, site, "no free range after growing");
   }
@@ -256,12 +283,21 @@ std::string Allocator::report() const {
 void Allocator::throw_oom(size_t bytes, const AllocationSite& site, const std::string& why) {
   std::ostringstream os;
   const auto& info = device_.info();
+  const size_t dev_free = device_.query_free_memory();
   os << "out of memory on " << info.label() << " (" << info.name << "): " << why << "\n"
      << "  allocating " << format_bytes(bytes) << " for " << memory_tag_name(site.tag)
      << (site.what.empty() ? "" : " (" + site.what + ")") << "\n"
-     << report() << "  device: " << format_bytes(device_.query_free_memory()) << " free of "
-     << format_bytes(info.total_memory) << " (other processes included)\n";
+     << report() << "  device: " << format_bytes(dev_free) << " free of " << format_bytes(info.total_memory);
+  if (info.total_memory >= dev_free + stats_.reserved)
+    os << " (other processes use about " << format_bytes(info.total_memory - dev_free - stats_.reserved) << ")";
+  os << "\n";
   if (!oom_hint_.empty()) os << oom_hint_;
+  if (oom_hint_provider_) {
+    try {
+      os << oom_hint_provider_();
+    } catch (...) {  // advice is best effort; the report above stands on its own
+    }
+  }
   throw OutOfMemory(os.str(), bytes, stats_);
 }
 

@@ -43,6 +43,7 @@ HostTensor initial_value(const TensorInfo& t, uint32_t seed) {
 }  // namespace
 
 void DeviceState::ensure_persistent(const Graph& g, int device_index) {
+  if (owner_) return owner_->ensure_persistent(g, device_index);
   // Parameters first: EMA shadows start as copies of them.
   for (int pass = 0; pass < 2; ++pass) {
     for (const auto& t : g.tensors()) {
@@ -77,10 +78,17 @@ void DeviceState::reserve_regions(const MemoryPlan& p) {
   grow(gradients_, p.gradients, MemoryTag::gradients, "parameter gradients");
   grow(arena_, p.arena, MemoryTag::activations, "activation arena");
   grow(input_, p.input, MemoryTag::input_data, "input batch");
-  grow(workspace_, p.workspace, MemoryTag::workspace, "op workspace");
+  if (owner_) {  // one op runs at a time on a device: micro-batch states share the owner's workspace
+    MemoryPlan w;
+    w.workspace = p.workspace;
+    owner_->reserve_regions(w);
+  } else {
+    grow(workspace_, p.workspace, MemoryTag::workspace, "op workspace");
+  }
 }
 
 const BufferView& DeviceState::persistent(const std::string& name) const {
+  if (owner_) return owner_->persistent(name);
   auto it = persistent_.find(name);
   if (it == persistent_.end()) throw Error("no persistent tensor named '" + name + "' on " + ctx_.device->info().label());
   return it->second.mem.view();
@@ -91,12 +99,13 @@ BufferView DeviceState::region(Region r) const {
     case Region::gradients: return gradients_.view();
     case Region::arena: return arena_.view();
     case Region::input: return input_.view();
-    case Region::workspace: return workspace_.view();
+    case Region::workspace: return owner_ ? owner_->region(r) : workspace_.view();
     default: return {};
   }
 }
 
 std::map<std::string, HostTensor> DeviceState::read_all() {
+  if (owner_) return owner_->read_all();
   std::map<std::string, HostTensor> out;
   for (auto& [name, e] : persistent_) {
     HostTensor h(e.shape);
@@ -107,6 +116,7 @@ std::map<std::string, HostTensor> DeviceState::read_all() {
 }
 
 void DeviceState::write(const std::string& name, const HostTensor& t) {
+  if (owner_) return owner_->write(name, t);
   auto it = persistent_.find(name);
   if (it == persistent_.end()) throw Error("checkpoint tensor '" + name + "' does not exist in this model");
   if (it->second.shape != t.shape)

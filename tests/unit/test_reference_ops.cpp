@@ -299,6 +299,27 @@ TEST_CASE("reference elementwise ops, reduce, concat and split give hand-checked
   CHECK(q1 == p1);
 }
 
+TEST_CASE("reference split is the gradient of concat, and reduce_sum's gradient broadcasts", "[reference]") {
+  ConcatAttrs c{3, 2, {2, 1, 3}};
+  Vec x0 = rand_vec(12, 20), x1 = rand_vec(6, 21), x2 = rand_vec(18, 22), y(36), R = rand_vec(36, 23);
+  Vec g0(12), g1(6), g2(18);
+  ref(OpKind::Split, c, {&R}, {&g0, &g1, &g2});
+  auto loss = [&] {
+    ref(OpKind::Concat, c, {&x0, &x1, &x2}, {&y});
+    return dot(y, R);
+  };
+  check_gradient(x0, loss, g0);
+  check_gradient(x1, loss, g1);
+  check_gradient(x2, loss, g2);
+
+  ReduceAttrs r{2, 4, 3};
+  Vec x = rand_vec(24, 24), s(6), Rs = rand_vec(6, 25), dx(24);
+  for (int64_t o = 0; o < 2; ++o)
+    for (int64_t k = 0; k < 4; ++k)
+      for (int64_t i = 0; i < 3; ++i) dx[size_t((o * 4 + k) * 3 + i)] = Rs[size_t(o * 3 + i)];
+  check_gradient(x, [&] { ref(OpKind::ReduceSum, r, {&x}, {&s}); return dot(s, Rs); }, dx);
+}
+
 TEST_CASE("reference dropout keeps the same elements forward and backward, scaled by 1/(1-rate)", "[reference]") {
   const int64_t n = 20000;
   Vec x(n, 1.f), y(n), dy(n, 2.f), dx(n);

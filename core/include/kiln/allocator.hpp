@@ -3,6 +3,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -112,6 +113,11 @@ class Allocator {
   std::string report() const;
   // Extra advice appended to OOM reports (the trainer sets "largest batch that fits: ..." here).
   void set_oom_hint(std::string hint) { oom_hint_ = std::move(hint); }
+  // Advice computed only when an OOM report is written (e.g. re-planning for a smaller batch); its exceptions
+  // are swallowed. Appended after the fixed hint.
+  void set_oom_hint_provider(std::function<std::string()> provider) { oom_hint_provider_ = std::move(provider); }
+  // Starts a new measurement window: peaks restart from the current usage.
+  void reset_peak();
 
  private:
   friend class Allocation;
@@ -134,6 +140,8 @@ class Allocator {
   std::set<std::tuple<size_t, uint64_t, size_t>> free_by_size_;  // (bytes, block id, offset)
   std::map<uint64_t, Block*> block_by_id_;
   std::string oom_hint_;
+  std::string grow_failure_;  // why the last grow() failed, for the OOM report
+  std::function<std::string()> oom_hint_provider_;
 };
 
 }  // namespace kiln

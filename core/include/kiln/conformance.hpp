@@ -21,7 +21,7 @@ struct ConformanceOptions {
   std::string backend = "all";  // a registered backend, or "all": every registered backend (those without a
                                 // device are reported as skipped)
   int device = 0;               // device index within the backend
-  std::string op;               // only cases of this op (op_name), empty = all
+  std::string op;               // only cases of this op (op_name, or "oom" for fault injection), empty = all
   std::string case_id;          // only this case (as printed in the repro line), empty = all
   std::string report_path;      // JSON report to write, empty = none
   std::string matrix_path;      // op-support matrix (markdown) to write, empty = none

@@ -48,15 +48,19 @@ inline size_t aligned_size(size_t bytes, size_t alignment = 256) {
 class DeviceState {
  public:
   DeviceState(DeviceContext ctx, uint32_t seed) : ctx_(ctx), seed_(seed) {}
+  // Another copy of the step's scratch on the same device (pipeline micro-batches): the persistent tensors and
+  // the workspace are `owner`'s, the gradients, arena and input regions its own. `owner` must outlive it.
+  explicit DeviceState(DeviceState& owner) : ctx_(owner.ctx_), seed_(owner.seed_), owner_(&owner) {}
 
   // Allocates and initializes every persistent tensor of `g` that does not exist yet.
   void ensure_persistent(const Graph& g, int device_index);
   // Grows the shared regions to at least these sizes (bumps generation() when anything moved).
   void reserve_regions(const MemoryPlan& p);
   const BufferView& persistent(const std::string& name) const;
-  bool has(const std::string& name) const { return persistent_.count(name) != 0; }
+  bool has(const std::string& name) const { return owner_ ? owner_->has(name) : persistent_.count(name) != 0; }
   BufferView region(Region r) const;
-  uint64_t generation() const { return generation_; }
+  // Changes whenever a region this state uses moved (its own or, for a micro-batch state, its owner's).
+  uint64_t generation() const { return generation_ + (owner_ ? owner_->generation() : 0); }
   DeviceContext& context() { return ctx_; }
   std::map<std::string, HostTensor> read_all();
   void write(const std::string& name, const HostTensor& t);  // throws Error on unknown name or shape mismatch
@@ -71,6 +75,7 @@ class DeviceState {
   std::map<std::string, Entry> persistent_;
   Allocation gradients_, arena_, input_, workspace_;
   uint64_t generation_ = 0;
+  DeviceState* owner_ = nullptr;
 };
 
 // Runs one graph's nodes for device `device_index` against a DeviceState. Calls are bound once (a flat array of

@@ -1,0 +1,86 @@
+// CpuBackend: enumerates `virtual_devices` logical devices over the host and opens them.
+#include "backend.hpp"
+
+#include <omp.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "kernels.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::cpu {
+namespace {
+
+// "MemTotal:       24000000 kB" -> bytes; 0 when the key is absent.
+size_t meminfo_bytes(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size(), key) != 0 || line.size() <= key.size() || line[key.size()] != ':') continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    size_t kb = 0;
+    fields >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const auto start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "unknown CPU" : line.substr(start);
+  }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+size_t read_available_memory() { return meminfo_bytes("MemAvailable"); }
+
+HostInfo read_host_info() { return {cpu_model(), meminfo_bytes("MemTotal"), read_available_memory()}; }
+
+CpuBackend::CpuBackend(const BackendOptions& opts) : devices_(opts.virtual_devices), threads_(opts.threads) {
+  if (devices_ < 1)
+    throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
+  if (threads_ < 0)
+    throw ConfigError("cpu backend: threads must be >= 0 (0 = all cores), found " + std::to_string(threads_));
+  if (threads_ == 0) threads_ = omp_get_max_threads();  // all cores unless OMP_NUM_THREADS says otherwise
+}
+
+std::vector<DeviceInfo> CpuBackend::enumerate() {
+  const HostInfo host = read_host_info();
+  std::vector<DeviceInfo> out;
+  for (int i = 0; i < devices_; ++i) {
+    DeviceInfo d;
+    d.backend = "cpu";
+    d.index = i;
+    d.name = "CPU (" + host.cpu_model;
+    if (devices_ > 1) d.name += ", logical " + std::to_string(i) + " of " + std::to_string(devices_);
+    d.name += ", " + std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+    d.hardware_id = "host-cpu:" + std::to_string(i);
+    d.total_memory = host.total_memory;
+    d.free_memory = host.available_memory;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::unique_ptr<Device> CpuBackend::open(int index) {
+  auto devices = enumerate();
+  if (index < 0 || index >= static_cast<int>(devices.size())) {
+    std::string present;
+    for (const auto& d : devices) present += (present.empty() ? "" : ", ") + d.label() + " (" + d.name + ")";
+    throw DeviceError("cpu backend: no device cpu:" + std::to_string(index) + "; devices present: " + present +
+                      " (raise [device] virtual_devices for more logical CPU devices)");
+  }
+  blas_init();
+  return std::make_unique<CpuDevice>(std::move(devices[static_cast<size_t>(index)]), threads_);
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,63 @@
+// The "cpu" backend: N logical devices sharing the host's memory and cores.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/device.hpp"
+
+namespace kiln::cpu {
+
+// Host facts read from /proc (model name, MemTotal, MemAvailable).
+struct HostInfo {
+  std::string cpu_model;
+  size_t total_memory = 0;
+  size_t available_memory = 0;
+};
+HostInfo read_host_info();
+size_t read_available_memory();
+
+// One logical CPU device. Blocks come from posix_memalign; the stream is the calling thread (run() returns
+// when the op is done).
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(DeviceInfo info, int threads);
+  ~CpuDevice() override;
+
+  const DeviceInfo& info() const override { return info_; }
+  size_t query_free_memory() override;
+  Block* allocate_block(size_t bytes) override;
+  void free_block(Block* b) noexcept override;
+  void copy_from_host(const void* src, const BufferView& dst) override;
+  void copy_to_host(const BufferView& src, void* dst) override;
+  void copy_on_device(const BufferView& src, const BufferView& dst) override;
+  Support supports(OpKind kind, const OpAttrs& attrs) const override;
+  size_t workspace_bytes(const OpCall& call) const override;
+  void run(const OpCall& call) override;
+  void synchronize() override {}
+
+  int threads() const { return threads_; }
+
+ private:
+  DeviceInfo info_;
+  int threads_;
+  std::atomic<uint64_t> next_block_id_{1};
+  std::atomic<size_t> live_blocks_{0};
+  std::vector<double> partials_;  // per-thread loss sums (deterministic reduction order)
+  std::vector<float*> part_ptrs_;  // concat/split part pointers, reused across calls
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opts);
+  std::string name() const override { return "cpu"; }
+  std::vector<DeviceInfo> enumerate() override;
+  std::unique_ptr<Device> open(int index) override;
+
+ private:
+  int devices_;
+  int threads_;
+};
+
+}  // namespace kiln::cpu

@@ -1,0 +1,23 @@
+// The "cpu" plugin's entry: descriptor + registration of the backend.
+#include <memory>
+
+#include "backend.hpp"
+#include "kiln/plugin.hpp"
+
+namespace kiln::cpu {
+
+const PluginDescriptor* descriptor() {
+  static const PluginDescriptor d{"cpu", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
+                                  "CPU backend: OpenMP kernels, OpenBLAS sgemm, N logical devices"};
+  return &d;
+}
+
+void register_all(Registry& reg) {
+  reg.add_backend("cpu", [](const BackendOptions& o) -> std::unique_ptr<Backend> {
+    return std::make_unique<CpuBackend>(o);
+  });
+}
+
+}  // namespace kiln::cpu
+
+KILN_PLUGIN(kiln::cpu::descriptor, kiln::cpu::register_all)

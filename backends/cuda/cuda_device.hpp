@@ -1,0 +1,76 @@
+// One CUDA device: raw blocks from cudaMalloc for the core allocator, pinned-staged copies, one non-blocking
+// stream that every op, copy and collective is ordered on, and CUDA graph capture of training steps.
+//
+// Settings read from the environment when a device opens (BackendOptions has no CUDA fields):
+//   KILN_CUDA_TF32=1                 TF32 tensor cores for GEMM and convolutions (default: exact FP32)
+//   KILN_CUDA_WORKSPACE_LIMIT=SIZE   per-op workspace budget ("256MiB", "5%"; default min(256 MiB, total/16))
+//   KILN_CUDA_GRAPHS=0               never capture steps as CUDA graphs
+// Named extensions (Device::extension): "cuda.stream" (cudaStream_t), "cuda.device" (CudaDevice*),
+// "cuda.ordinal" (int*), "cuda.workspace_limit" (size_t*, writable: lower it to the memory budget left before
+// planning), "cuda.graph_report" and "cuda.conv_report" (const char*, regenerated on each lookup).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "conv.hpp"
+#include "graph.hpp"
+#include "handles.hpp"
+#include "kiln/device.hpp"
+#include "staging.hpp"
+
+namespace kiln::cuda {
+
+// Name, PCI bus id ("0000:3b:00.0", like the Vulkan backend), UUID, compute capability and memory of CUDA
+// device `ordinal`. Uses NVML for free memory when present (no CUDA context), cudaMemGetInfo otherwise.
+DeviceInfo describe_device(int ordinal);
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, DeviceInfo info);
+  ~CudaDevice() override;
+
+  const DeviceInfo& info() const override { return info_; }
+  size_t query_free_memory() override;
+  Block* allocate_block(size_t bytes) override;
+  void free_block(Block* b) noexcept override;
+  void copy_from_host(const void* src, const BufferView& dst) override;
+  void copy_to_host(const BufferView& src, void* dst) override;
+  void copy_on_device(const BufferView& src, const BufferView& dst) override;
+  Support supports(OpKind kind, const OpAttrs& attrs) const override;
+  size_t workspace_bytes(const OpCall& call) const override;
+  void run(const OpCall& call) override;
+  void synchronize() override;
+  void begin_sequence(uint64_t step_id) override;
+  void end_sequence() override;
+  void* extension(std::string_view name) override;
+
+  // For collectives: locks the device and finishes pending graph work, so the holder may enqueue on stream().
+  std::unique_lock<std::mutex> lock_for_external_work();
+  int ordinal() const { return ordinal_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  void activate() const;  // cudaSetDevice(ordinal): every entry point runs on the right device
+
+ private:
+  void execute(const OpCall& call, const void* scalars);  // ops.cpp: enqueues the op's kernels
+  void validate(const OpCall& call) const;
+  void check_view(const BufferView& v, const char* what) const;
+
+  int ordinal_;
+  DeviceInfo info_;
+  int cc_major_ = 0, cc_minor_ = 0;
+  bool tf32_ = false, graphs_enabled_ = true;
+  size_t workspace_limit_ = 0;
+  StreamHandle stream_;
+  CublasHandle cublas_;
+  CudnnHandle cudnn_;
+  std::unique_ptr<ConvEngine> conv_;
+  std::unique_ptr<PinnedStaging> staging_;
+  std::unique_ptr<GraphRecorder> graphs_;
+  std::mutex mu_;
+  uint64_t next_block_id_ = 1;
+  std::string report_;  // backing store of the *_report extensions
+};
+
+}  // namespace kiln::cuda

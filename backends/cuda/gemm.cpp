@@ -1,0 +1,62 @@
+#include "gemm.hpp"
+
+#include <climits>
+#include <string>
+
+#include "check.hpp"
+#include "kernels.hpp"
+
+namespace kiln::cuda {
+namespace {
+
+const float* in_ptr(const OpCall& c, size_t i) {
+  return static_cast<const float*>(c.in[i].block->ptr) + c.in[i].offset / sizeof(float);
+}
+float* out_ptr(const OpCall& c, size_t i) {
+  return static_cast<float*>(c.out[i].block->ptr) + c.out[i].offset / sizeof(float);
+}
+
+}  // namespace
+
+Support gemm_supports(const GemmAttrs& a) {
+  for (int64_t v : {a.m, a.n, a.k})
+    if (v < 0 || v > INT_MAX)
+      return {false, "cuBLAS takes GEMM sizes in [0, 2^31): found m=" + std::to_string(a.m) + " n=" +
+                         std::to_string(a.n) + " k=" + std::to_string(a.k)};
+  return {};
+}
+
+size_t gemm_workspace_bytes(const GemmAttrs& a, int cc_major, size_t limit) {
+  if (a.m == 0 || a.n == 0 || a.k == 0) return 0;
+  const size_t recommended = cc_major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
+  return recommended < limit ? recommended : limit;
+}
+
+void gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttrs& a, const OpCall& call, bool tf32) {
+  if (a.m == 0 || a.n == 0) return;
+  float* y = out_ptr(call, 0);
+  if (a.k == 0) {  // op(A) op(B) is all zeros: y = beta y, and y is not read when beta == 0
+    if (a.beta == 0.f)
+      kernels::fill(stream, y, a.m * a.n, 0.f);
+    else
+      kernels::scale(stream, y, y, a.m * a.n, a.beta);
+    return;
+  }
+  // cuBLAS workspace per call: the executor's buffer, 256-aligned by the core allocator. A zero size means
+  // "no workspace" to cuBLAS (algorithms that need one are skipped).
+  const bool have_ws = call.workspace.block && call.workspace.bytes > 0;
+  void* ws = have_ws ? static_cast<char*>(call.workspace.block->ptr) + call.workspace.offset : nullptr;
+  KILN_CUBLAS_CHECK(cublasSetWorkspace(handle, ws, have_ws ? call.workspace.bytes : 0));
+  // Row-major y(m,n) = op(A) op(B) is column-major y^T(n,m) = op(B)^T op(A)^T: swap the operands.
+  const int m = static_cast<int>(a.m), n = static_cast<int>(a.n), k = static_cast<int>(a.k);
+  const cublasOperation_t op_b = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int ldb = a.trans_b ? k : n;  // B stored (n,k) or (k,n), row-major
+  const int lda = a.trans_a ? m : k;  // A stored (k,m) or (m,k)
+  const float alpha = a.alpha, beta = a.beta;
+  KILN_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, in_ptr(call, 1), CUDA_R_32F, ldb,
+                                 in_ptr(call, 0), CUDA_R_32F, lda, &beta, y, CUDA_R_32F, n,
+                                 tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,79 @@
+#include "encoder.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kiln/error.hpp"
+#include "vk_check.hpp"
+
+namespace kiln::vulkan {
+
+uint32_t Encoder::groups_for(int64_t n, uint32_t local) const {
+  if (n <= 0) return 0;
+  const int64_t want = (n + local - 1) / local;
+  return static_cast<uint32_t>(std::min<int64_t>(want, limits_.max_groups[0]));
+}
+
+void Encoder::dispatch_raw(const char* name, std::initializer_list<Bind> binds, const void* params, size_t bytes,
+                           uint32_t gx, uint32_t gy, uint32_t gz) {
+  if (gx == 0 || gy == 0 || gz == 0) return;
+  const KernelPipeline& k = kernels_.get(name);
+  if (binds.size() != k.bindings)
+    throw DeviceError(std::string("vulkan: kernel ") + name + " declares " + std::to_string(k.bindings) +
+                      " buffers, the op bound " + std::to_string(binds.size()));
+  if (gx > limits_.max_groups[0] || gy > limits_.max_groups[1] || gz > limits_.max_groups[2])
+    throw DeviceError(std::string("vulkan: kernel ") + name + " needs " + std::to_string(gx) + "x" +
+                      std::to_string(gy) + "x" + std::to_string(gz) + " workgroups, above maxComputeWorkGroupCount");
+
+  std::vector<VkDescriptorBufferInfo> infos;
+  std::vector<Range> reads, writes;
+  uint32_t push[kPushConstantBytes / 4] = {};
+  uint32_t slot = 0;
+  for (const Bind& b : binds) {
+    const BufferView& v = b.view;
+    if (v.bytes == 0 || !v.block) {  // nothing is read or written; any valid descriptor will do
+      infos.push_back({dummy_, 0, VK_WHOLE_SIZE});
+      ++slot;
+      continue;
+    }
+    if (v.offset % 4 != 0)
+      throw DeviceError(std::string("vulkan: kernel ") + name + " binding " + std::to_string(slot) + ": offset " +
+                        std::to_string(v.offset) + " is not a multiple of 4 (f32 elements)");
+    // Descriptors need aligned offsets: bind from the aligned-down offset, pass the rest as an element base.
+    const size_t aligned = v.offset - v.offset % limits_.offset_align;
+    const size_t range = v.bytes + (v.offset - aligned);
+    if (range > limits_.max_range)
+      throw DeviceError(std::string("vulkan: kernel ") + name + " binding " + std::to_string(slot) + ": " +
+                        std::to_string(range) + " bytes exceed maxStorageBufferRange (" +
+                        std::to_string(limits_.max_range) + ")");
+    VkBuffer buf = static_cast<VkBuffer>(v.block->native);
+    infos.push_back({buf, aligned, range});
+    push[slot] = static_cast<uint32_t>((v.offset - aligned) / 4);
+    const Range r{buf, v.offset, v.offset + v.bytes};
+    if (b.access == Access::read || b.access == Access::read_write) reads.push_back(r);
+    if (b.access == Access::write || b.access == Access::read_write) writes.push_back(r);
+    ++slot;
+  }
+  std::memcpy(push + 8, params, bytes);
+
+  stream_.hazard(reads, writes);
+  VkDescriptorSet set = stream_.allocate_set(k.set_layout.get());
+  std::vector<VkWriteDescriptorSet> w(infos.size());
+  for (uint32_t i = 0; i < infos.size(); ++i) {
+    w[i] = vk_init<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
+    w[i].dstSet = set;
+    w[i].dstBinding = i;
+    w[i].descriptorCount = 1;
+    w[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w[i].pBufferInfo = &infos[i];
+  }
+  vkUpdateDescriptorSets(stream_.device(), static_cast<uint32_t>(w.size()), w.data(), 0, nullptr);
+  VkCommandBuffer cb = stream_.cmd();
+  vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline.get());
+  vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, k.layout.get(), 0, 1, &set, 0, nullptr);
+  vkCmdPushConstants(cb, k.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes, push);
+  vkCmdDispatch(cb, gx, gy, gz);
+}
+
+}  // namespace kiln::vulkan

@@ -1,0 +1,58 @@
+// What op implementations see: records kernel dispatches with their buffer bindings into the command stream.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "command_stream.hpp"
+#include "kernels.hpp"
+#include "kiln/device.hpp"
+
+namespace kiln::vulkan {
+
+struct DeviceLimits {
+  size_t max_range = 0;        // maxStorageBufferRange: the largest view a kernel can bind
+  size_t offset_align = 16;    // minStorageBufferOffsetAlignment
+  uint32_t max_groups[3] = {65535, 65535, 65535};
+};
+
+// `unused`: bound because the kernel declares it, but not touched by this dispatch (no hazard).
+enum class Access : uint8_t { read, write, read_write, unused };
+struct Bind {
+  BufferView view;
+  Access access;
+};
+inline Bind rd(const BufferView& v) { return {v, Access::read}; }
+inline Bind wr(const BufferView& v) { return {v, Access::write}; }
+inline Bind rw(const BufferView& v) { return {v, Access::read_write}; }
+inline Bind unused(const BufferView& v) { return {v, Access::unused}; }
+
+class Encoder {
+ public:
+  Encoder(CommandStream& stream, KernelCache& kernels, const DeviceLimits& limits, VkBuffer dummy)
+      : stream_(stream), kernels_(kernels), limits_(limits), dummy_(dummy) {}
+
+  // Records kernel `name` over groups (gx, gy, gz) with `binds` at bindings 0.. and `params` after the
+  // binding offsets in the push constants. A barrier is recorded first when a binding depends on earlier work.
+  template <class Params>
+  void dispatch(const char* name, std::initializer_list<Bind> binds, const Params& params, uint32_t gx,
+                uint32_t gy = 1, uint32_t gz = 1) {
+    static_assert(sizeof(Params) <= kPushConstantBytes - 32, "kernel parameters exceed the push-constant block");
+    dispatch_raw(name, binds, &params, sizeof(Params), gx, gy, gz);
+  }
+  // Workgroups for a grid-stride loop over `n` items with `local` invocations each.
+  uint32_t groups_for(int64_t n, uint32_t local = 256) const;
+  const DeviceLimits& limits() const { return limits_; }
+
+ private:
+  void dispatch_raw(const char* name, std::initializer_list<Bind> binds, const void* params, size_t bytes,
+                    uint32_t gx, uint32_t gy, uint32_t gz);
+  CommandStream& stream_;
+  KernelCache& kernels_;
+  const DeviceLimits& limits_;
+  VkBuffer dummy_;
+};
+
+}  // namespace kiln::vulkan

@@ -1,0 +1,37 @@
+// The fused losses. Each is two independent dispatches: the gradient (parallel over elements or rows) and the
+// scalar loss (one workgroup, fixed-order tree sum), so no workspace is needed and results are deterministic.
+#include <variant>
+
+#include "vulkan_ops.hpp"
+
+namespace kiln::vulkan {
+
+void run_loss(Encoder& e, const OpCall& c) {
+  const auto& a = std::get<LossAttrs>(c.attrs);
+  if (c.kind == OpKind::SoftmaxCrossEntropy) {
+    struct {
+      uint32_t rows, cols;
+      float scale;
+      uint32_t mode;
+    } p{u32(a.rows), u32(a.cols), a.scale, 0};
+    if (a.cols > 0)
+      e.dispatch("softmax_cross_entropy", {rd(c.in[0]), rd(c.in[1]), unused(c.out[0]), wr(c.out[1])}, p,
+                 e.groups_for(a.rows, 1));
+    p.mode = 1;
+    e.dispatch("softmax_cross_entropy", {rd(c.in[0]), rd(c.in[1]), wr(c.out[0]), unused(c.out[1])}, p, 1);
+    return;
+  }
+  const uint32_t kind = c.kind == OpKind::MeanSquaredError ? 0 : (a.from_logits ? 1 : 2);
+  const float per = a.cols > 0 ? static_cast<float>(double(a.scale) / double(a.cols)) : 0.f;
+  const int64_t count = a.rows * a.cols;
+  struct {
+    uint32_t count;
+    float per;
+    uint32_t kind, mode;
+  } p{u32(count), per, kind, 0};
+  e.dispatch("loss", {rd(c.in[0]), rd(c.in[1]), unused(c.out[0]), wr(c.out[1])}, p, e.groups_for(count));
+  p.mode = 1;
+  e.dispatch("loss", {rd(c.in[0]), rd(c.in[1]), wr(c.out[0]), unused(c.out[1])}, p, 1);
+}
+
+}  // namespace kiln::vulkan

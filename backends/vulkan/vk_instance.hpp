@@ -1,0 +1,59 @@
+// The Vulkan instance (optionally with the Khronos validation layer) and what it knows about each GPU.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/device.hpp"
+
+namespace kiln::vulkan {
+
+// Facts about one physical device, gathered once at enumeration.
+struct PhysicalDevice {
+  VkPhysicalDevice handle = VK_NULL_HANDLE;
+  DeviceInfo info;
+  VkPhysicalDeviceProperties props{};
+  VkPhysicalDeviceMemoryProperties memory{};
+  size_t max_allocation_bytes = 0;  // VkPhysicalDeviceMaintenance3Properties::maxMemoryAllocationSize
+  size_t max_buffer_bytes = 0;      // VkPhysicalDeviceMaintenance4Properties::maxBufferSize (1.3), else unlimited
+  uint32_t compute_family = UINT32_MAX;
+  bool memory_budget = false;  // VK_EXT_memory_budget
+  bool pci_bus_info = false;   // VK_EXT_pci_bus_info
+  bool cooperative_matrix_khr = false;  // VK_KHR_cooperative_matrix (reported; no kernel compiled for it yet)
+  bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix
+};
+
+class VulkanInstance {
+ public:
+  // Creates the instance. With `validation`, enables VK_LAYER_KHRONOS_validation (with synchronization
+  // validation) and a debug-utils messenger that counts every warning and error. Throws DeviceError.
+  static std::shared_ptr<VulkanInstance> create(bool validation);
+  ~VulkanInstance();
+  VulkanInstance(const VulkanInstance&) = delete;
+  VulkanInstance& operator=(const VulkanInstance&) = delete;
+
+  VkInstance get() const { return instance_; }
+  bool validation() const { return validation_; }
+  // Every physical device with Vulkan 1.1+ and a compute queue, in driver order.
+  const std::vector<PhysicalDevice>& devices() const { return devices_; }
+  // Validation warnings + errors seen so far (0 when validation is off).
+  std::atomic<uint64_t>& validation_messages() { return messages_; }
+  // Free bytes of the device-local heaps: budget - usage with VK_EXT_memory_budget, else the heap sizes.
+  size_t free_memory(const PhysicalDevice& pd, size_t used_by_us) const;
+
+ private:
+  VulkanInstance() = default;
+  void enumerate();
+
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+  bool validation_ = false;
+  std::atomic<uint64_t> messages_{0};
+  std::vector<PhysicalDevice> devices_;
+};
+
+}  // namespace kiln::vulkan

@@ -1,0 +1,255 @@
+#include "vulkan_device.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "kiln/conformance.hpp"
+#include "kiln/error.hpp"
+#include "vk_check.hpp"
+#include "vulkan_ops.hpp"
+
+namespace kiln::vulkan {
+namespace {
+
+constexpr uint32_t kReservedAllocations = 64;  // left for staging chunks and internal buffers
+constexpr size_t kCopyPiece = 32u << 20;         // host copies are staged in pieces of at most this
+
+constexpr VkBufferUsageFlags kBlockUsage =
+    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+
+bool is_oom(VkResult r) { return r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY; }
+
+}  // namespace
+
+VulkanDevice::VulkanDevice(std::shared_ptr<VulkanInstance> instance, const PhysicalDevice& pd)
+    : instance_(std::move(instance)), pd_(pd), info_(pd.info) {
+  const VkPhysicalDeviceLimits& l = pd_.props.limits;
+  limits_.max_range = l.maxStorageBufferRange;
+  limits_.offset_align = std::max<size_t>(l.minStorageBufferOffsetAlignment, 4);
+  for (int i = 0; i < 3; ++i) limits_.max_groups[i] = l.maxComputeWorkGroupCount[i];
+
+  const float priority = 1.0f;
+  auto qi = vk_init<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+  qi.queueFamilyIndex = pd_.compute_family;
+  qi.queueCount = 1;
+  qi.pQueuePriorities = &priority;
+  std::vector<const char*> exts;
+  if (pd_.memory_budget) exts.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  auto ci = vk_init<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+  ci.queueCreateInfoCount = 1;
+  ci.pQueueCreateInfos = &qi;
+  ci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
+  ci.ppEnabledExtensionNames = exts.data();
+  VkDevice dev;
+  KILN_VK_CHECK(vkCreateDevice(pd_.handle, &ci, nullptr, &dev));
+  device_ = LogicalDevice(dev);
+  vkGetDeviceQueue(dev, pd_.compute_family, 0, &queue_);
+
+  // Staging: host-visible and coherent, cached where possible (reads back fast).
+  auto bi = vk_init<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
+  bi.size = 256;
+  bi.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  VkBuffer probe;
+  KILN_VK_CHECK(vkCreateBuffer(dev, &bi, nullptr, &probe));
+  Buffer probe_owner(dev, probe);
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(dev, probe, &req);
+  StreamConfig sc;
+  sc.queue_family = pd_.compute_family;
+  sc.staging_memory_type =
+      find_memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                       VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+  kernels_ = std::make_unique<KernelCache>(dev);
+  stream_ = std::make_unique<CommandStream>(dev, queue_, sc);
+  dummy_ = make_block(256);
+  if (!dummy_) throw DeviceError("vulkan: " + info_.name + " has no memory for a 256-byte buffer");
+}
+
+VulkanDevice::~VulkanDevice() {
+  try {
+    stream_->finish();
+  } catch (const std::exception& e) {  // destructors never throw; the device is going away anyway
+    std::cerr << "kiln vulkan: error while closing " << info_.label() << ": " << e.what() << "\n";
+  }
+}
+
+uint32_t VulkanDevice::find_memory_type(uint32_t allowed, VkMemoryPropertyFlags need,
+                                        VkMemoryPropertyFlags prefer) const {
+  uint32_t found = UINT32_MAX;
+  for (uint32_t i = 0; i < pd_.memory.memoryTypeCount; ++i) {
+    const VkMemoryPropertyFlags f = pd_.memory.memoryTypes[i].propertyFlags;
+    if (!(allowed & (1u << i)) || (f & need) != need) continue;
+    if ((f & prefer) == prefer) return i;
+    if (found == UINT32_MAX) found = i;
+  }
+  if (found == UINT32_MAX)
+    throw DeviceError("vulkan: " + info_.name + " has no memory type with property flags " + std::to_string(need) +
+                      " for buffers (allowed type mask " + std::to_string(allowed) + ")");
+  return found;
+}
+
+std::unique_ptr<VulkanDevice::DeviceBlock> VulkanDevice::make_block(size_t bytes) {
+  VkDevice dev = device_.get();
+  auto bi = vk_init<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
+  bi.size = bytes;
+  bi.usage = kBlockUsage;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer buf;
+  VkResult r = vkCreateBuffer(dev, &bi, nullptr, &buf);
+  if (is_oom(r)) return nullptr;
+  KILN_VK_CHECK(r);
+  auto b = std::make_unique<DeviceBlock>();
+  b->buffer = Buffer(dev, buf);
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(dev, buf, &req);
+  auto ai = vk_init<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = find_memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+  VkDeviceMemory mem;
+  r = vkAllocateMemory(dev, &ai, nullptr, &mem);
+  if (is_oom(r)) return nullptr;
+  KILN_VK_CHECK(r);
+  b->memory = Memory(dev, mem);
+  KILN_VK_CHECK(vkBindBufferMemory(dev, buf, mem, 0));
+  b->block.native = buf;
+  b->block.bytes = bytes;
+  b->block.id = next_block_id_++;
+  return b;
+}
+
+Block* VulkanDevice::allocate_block(size_t bytes) {
+  // Refuse what the driver would refuse, so the Allocator reports it as out of memory, never a crash.
+  const uint32_t type = find_memory_type(~0u, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+  const size_t heap = pd_.memory.memoryHeaps[pd_.memory.memoryTypes[type].heapIndex].size;
+  if (bytes == 0 || bytes > pd_.max_allocation_bytes || bytes > pd_.max_buffer_bytes || bytes > heap) return nullptr;
+  if (blocks_.size() + kReservedAllocations >= pd_.props.limits.maxMemoryAllocationCount) return nullptr;
+  auto b = make_block(bytes);
+  if (!b) return nullptr;
+  Block* out = &b->block;
+  allocated_bytes_ += bytes;
+  blocks_.emplace(out, std::move(b));
+  return out;
+}
+
+void VulkanDevice::free_block(Block* b) noexcept {
+  auto it = blocks_.find(b);
+  if (it == blocks_.end()) return;
+  try {
+    stream_->finish();  // recorded or running work may still use the block
+  } catch (const std::exception& e) {
+    std::cerr << "kiln vulkan: error while waiting to free a block on " << info_.label() << ": " << e.what() << "\n";
+  }
+  allocated_bytes_ -= b->bytes;
+  blocks_.erase(it);
+}
+
+size_t VulkanDevice::query_free_memory() {
+  info_.free_memory = instance_->free_memory(pd_, allocated_bytes_);
+  return info_.free_memory;
+}
+
+void VulkanDevice::check_view(const BufferView& v, const char* what) const {
+  if (v.bytes == 0) return;
+  if (!v.block || !blocks_.count(v.block))
+    throw DeviceError(std::string("vulkan: ") + what + " is not memory of " + info_.label() + " (" + info_.name +
+                      "); allocate it with an Allocator on this device");
+  if (v.offset + v.bytes > v.block->bytes)
+    throw DeviceError(std::string("vulkan: ") + what + " [" + std::to_string(v.offset) + ", " +
+                      std::to_string(v.offset + v.bytes) + ") runs past its block of " + std::to_string(v.block->bytes) +
+                      " bytes");
+}
+
+void VulkanDevice::copy_from_host(const void* src, const BufferView& dst) {
+  check_view(dst, "copy_from_host destination");
+  for (size_t done = 0; done < dst.bytes; done += kCopyPiece) {
+    const size_t n = std::min(kCopyPiece, dst.bytes - done);
+    const StagingSlice s = stream_->staging(n);
+    std::memcpy(s.host, static_cast<const char*>(src) + done, n);
+    VkBuffer buf = static_cast<VkBuffer>(dst.block->native);
+    stream_->hazard({}, {Range{buf, dst.offset + done, dst.offset + done + n}});
+    const VkBufferCopy region{s.offset, dst.offset + done, n};
+    vkCmdCopyBuffer(stream_->cmd(), s.buffer, buf, 1, &region);
+    stream_->end_op();
+  }
+}
+
+void VulkanDevice::copy_to_host(const BufferView& src, void* dst) {
+  check_view(src, "copy_to_host source");
+  for (size_t done = 0; done < src.bytes; done += kCopyPiece) {
+    const size_t n = std::min(kCopyPiece, src.bytes - done);
+    const StagingSlice s = stream_->staging(n);
+    VkBuffer buf = static_cast<VkBuffer>(src.block->native);
+    stream_->hazard({Range{buf, src.offset + done, src.offset + done + n}}, {});
+    const VkBufferCopy region{src.offset + done, s.offset, n};
+    vkCmdCopyBuffer(stream_->cmd(), buf, s.buffer, 1, &region);
+    stream_->finish(/*host_read=*/true);
+    std::memcpy(static_cast<char*>(dst) + done, s.host, n);
+  }
+}
+
+void VulkanDevice::copy_on_device(const BufferView& src, const BufferView& dst) {
+  check_view(src, "copy_on_device source");
+  check_view(dst, "copy_on_device destination");
+  if (dst.bytes < src.bytes)
+    throw DeviceError("vulkan: copy_on_device of " + std::to_string(src.bytes) + " bytes into a " +
+                      std::to_string(dst.bytes) + "-byte destination");
+  if (src.bytes == 0 || (src.block == dst.block && src.offset == dst.offset)) return;
+  if (src.overlaps(dst)) throw DeviceError("vulkan: copy_on_device source and destination overlap");
+  VkBuffer sb = static_cast<VkBuffer>(src.block->native), db = static_cast<VkBuffer>(dst.block->native);
+  stream_->hazard({Range{sb, src.offset, src.offset + src.bytes}}, {Range{db, dst.offset, dst.offset + src.bytes}});
+  const VkBufferCopy region{src.offset, dst.offset, src.bytes};
+  vkCmdCopyBuffer(stream_->cmd(), sb, db, 1, &region);
+  stream_->end_op();
+}
+
+Support VulkanDevice::supports(OpKind kind, const OpAttrs& attrs) const { return op_support(kind, attrs, limits_); }
+
+size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return op_workspace_bytes(call); }
+
+void VulkanDevice::run(const OpCall& call) {
+  const std::string op(op_name(call.kind));
+  const OpArity ar = op_arity(call.kind, call.attrs);
+  if (call.in.size() != ar.in.size() || call.out.size() != ar.out.size())
+    throw DeviceError("vulkan: op " + op + " takes " + std::to_string(ar.in.size()) + " inputs and " +
+                      std::to_string(ar.out.size()) + " outputs, the call has " + std::to_string(call.in.size()) +
+                      " and " + std::to_string(call.out.size()));
+  auto check_sizes = [&](const std::vector<BufferView>& views, const std::vector<int64_t>& want, const char* what) {
+    for (size_t i = 0; i < views.size(); ++i) {
+      const std::string name = "op " + op + " " + what + "[" + std::to_string(i) + "]";
+      if (views[i].bytes < static_cast<size_t>(want[i]) * sizeof(float))
+        throw DeviceError("vulkan: " + name + " needs " + std::to_string(want[i] * 4) + " bytes, the view has " +
+                          std::to_string(views[i].bytes));
+      check_view(views[i], name.c_str());
+    }
+  };
+  check_sizes(call.in, ar.in, "input");
+  check_sizes(call.out, ar.out, "output");
+  if (call.workspace.bytes) check_view(call.workspace, ("op " + op + " workspace").c_str());
+  const Support s = op_support(call.kind, call.attrs, limits_);
+  if (!s.yes) throw DeviceError("vulkan: op " + op + " is not supported on " + info_.name + ": " + s.reason);
+  Encoder enc(*stream_, *kernels_, limits_, static_cast<VkBuffer>(dummy_->block.native));
+  run_op(enc, call);
+  stream_->end_op();
+}
+
+void VulkanDevice::synchronize() { stream_->finish(); }
+
+void VulkanDevice::begin_sequence(uint64_t) { stream_->begin_sequence(); }
+
+void VulkanDevice::end_sequence() { stream_->end_sequence(); }
+
+void* VulkanDevice::extension(std::string_view name) {
+  if (name == kValidationMessagesExtension) return &instance_->validation_messages();
+  if (name == "vulkan.submissions") {
+    submissions_ = stream_->submissions();
+    return &submissions_;
+  }
+  if (name == "vulkan.pipelines") {
+    pipelines_ = kernels_->created();
+    return &pipelines_;
+  }
+  return nullptr;
+}
+
+}  // namespace kiln::vulkan

@@ -1,0 +1,64 @@
+// A Vulkan device: device-local blocks for the core Allocator, staged copies, ops recorded in batches.
+#pragma once
+#include <atomic>
+#include <map>
+#include <memory>
+
+#include "command_stream.hpp"
+#include "encoder.hpp"
+#include "kernels.hpp"
+#include "kiln/device.hpp"
+#include "vk_handles.hpp"
+#include "vk_instance.hpp"
+
+namespace kiln::vulkan {
+
+class VulkanDevice final : public Device {
+ public:
+  VulkanDevice(std::shared_ptr<VulkanInstance> instance, const PhysicalDevice& pd);
+  ~VulkanDevice() override;
+
+  const DeviceInfo& info() const override { return info_; }
+  size_t query_free_memory() override;
+  Block* allocate_block(size_t bytes) override;
+  void free_block(Block* b) noexcept override;
+  void copy_from_host(const void* src, const BufferView& dst) override;
+  void copy_to_host(const BufferView& src, void* dst) override;
+  void copy_on_device(const BufferView& src, const BufferView& dst) override;
+  Support supports(OpKind kind, const OpAttrs& attrs) const override;
+  size_t workspace_bytes(const OpCall& call) const override;
+  void run(const OpCall& call) override;
+  void synchronize() override;
+  // Ops between begin and end go into one command buffer (no batch-limit submits), submitted at the end.
+  void begin_sequence(uint64_t step_id) override;
+  void end_sequence() override;
+  // "validation.message_count" -> std::atomic<uint64_t>*; "vulkan.submissions" -> const uint64_t* (batches
+  // submitted so far); "vulkan.pipelines" -> const uint64_t* (pipelines created so far).
+  void* extension(std::string_view name) override;
+
+ private:
+  struct DeviceBlock {
+    Block block;
+    Buffer buffer;
+    Memory memory;
+  };
+  void check_view(const BufferView& v, const char* what) const;
+  uint32_t find_memory_type(uint32_t allowed, VkMemoryPropertyFlags need, VkMemoryPropertyFlags prefer) const;
+  std::unique_ptr<DeviceBlock> make_block(size_t bytes);  // nullptr when the device is out of memory
+
+  std::shared_ptr<VulkanInstance> instance_;
+  PhysicalDevice pd_;
+  DeviceInfo info_;
+  DeviceLimits limits_;
+  LogicalDevice device_;  // destroyed after everything below
+  VkQueue queue_ = VK_NULL_HANDLE;
+  std::map<const Block*, std::unique_ptr<DeviceBlock>> blocks_;
+  std::unique_ptr<DeviceBlock> dummy_;  // bound where a kernel's buffer is empty
+  std::unique_ptr<KernelCache> kernels_;
+  std::unique_ptr<CommandStream> stream_;
+  size_t allocated_bytes_ = 0;
+  uint64_t next_block_id_ = 1;
+  uint64_t submissions_ = 0, pipelines_ = 0;  // snapshots for extension()
+};
+
+}  // namespace kiln::vulkan

@@ -1,0 +1,221 @@
+// GEMM and convolution kernels of the "cpu" plugin, through the real Device API, in GFLOP/s and ms.
+//   cpu_ops_bench [--threads N] [--plugin-dir DIR] [--reps N]
+// Also compares the two ways to share the cores between OpenMP kernels and OpenBLAS on an MLP-shaped op
+// sequence: (A) the plugin's way, OpenBLAS single-threaded inside our OpenMP team; (B) OpenBLAS's own
+// pthreads for GEMM next to OpenMP elementwise kernels.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/plugin_loader.hpp"
+
+using namespace kiln;
+
+namespace {
+
+// Buffers for one benchmark, all in one device block.
+struct Buffers {
+  Device& dev;
+  Block* block = nullptr;
+  std::vector<BufferView> views;
+  Buffers(Device& d, const std::vector<int64_t>& floats) : dev(d) {
+    size_t total = 0;
+    std::vector<size_t> offs;
+    for (int64_t f : floats) {
+      offs.push_back(total);
+      total += (static_cast<size_t>(f) * 4 + 255) / 256 * 256;
+    }
+    block = dev.allocate_block(std::max<size_t>(total, 256));
+    std::mt19937 g(1);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (size_t i = 0; i < floats.size(); ++i) {
+      views.push_back(BufferView{block, offs[i], static_cast<size_t>(floats[i]) * 4});
+      float* p = views.back().host();
+      for (int64_t j = 0; j < floats[i]; ++j) p[j] = u(g);
+    }
+  }
+  ~Buffers() { dev.free_block(block); }
+};
+
+// Best-of-reps wall time of f, in seconds, after one warm-up call.
+double best_time(int reps, const std::function<void()>& f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+OpCall call_for(Device& dev, OpKind k, OpAttrs a, const Buffers& b, std::vector<int> in, std::vector<int> out,
+                Block*& ws_block) {
+  OpCall c;
+  c.kind = k;
+  c.attrs = std::move(a);
+  for (int i : in) c.in.push_back(b.views[size_t(i)]);
+  for (int o : out) c.out.push_back(b.views[size_t(o)]);
+  const size_t ws = dev.workspace_bytes(c);
+  if (ws) {
+    ws_block = dev.allocate_block(ws);
+    c.workspace = BufferView{ws_block, 0, ws};
+  }
+  return c;
+}
+
+void bench_gemm(Device& dev, int reps) {
+  std::printf("\nGEMM (sgemm split over the OpenMP team)\n%-28s %10s %10s\n", "m x n x k", "ms", "GFLOP/s");
+  struct G {
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  for (G g : {G{32, 256, 784, false, false}, G{128, 256, 784, false, false}, G{784, 256, 128, true, false},
+              G{128, 784, 256, false, true}, G{128, 256, 256, false, false}, G{64, 128, 3136, false, false},
+              G{1024, 1024, 1024, false, false}}) {
+    Buffers b(dev, {g.m * g.k, g.k * g.n, g.m * g.n});
+    Block* ws = nullptr;
+    OpCall c = call_for(dev, OpKind::Gemm, GemmAttrs{g.m, g.n, g.k, g.ta, g.tb}, b, {0, 1}, {2}, ws);
+    const double t = best_time(reps, [&] { dev.run(c); });
+    char name[64];
+    std::snprintf(name, sizeof name, "%lldx%lldx%lld%s%s", (long long)g.m, (long long)g.n, (long long)g.k,
+                  g.ta ? " tA" : "", g.tb ? " tB" : "");
+    std::printf("%-28s %10.3f %10.1f\n", name, t * 1e3, 2.0 * g.m * g.n * g.k / t / 1e9);
+  }
+}
+
+void bench_conv(Device& dev, int reps) {
+  std::printf("\nConvolutions of the Fashion-MNIST CNN, batch 64\n%-34s %10s %10s\n", "layer / pass", "ms", "GFLOP/s");
+  struct L {
+    const char* name;
+    ConvAttrs a;
+  };
+  for (L l : {L{"conv1 1->32 3x3 same 28x28", {64, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 28, 28}},
+              L{"conv2 32->64 3x3 same 14x14", {64, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14}},
+              L{"conv 64->64 1x1 14x14", {64, 64, 14, 14, 64, 1, 1, 1, 1, 0, 0, 14, 14}}}) {
+    const ConvAttrs& a = l.a;
+    const int64_t x = a.n * a.c * a.h * a.w, w = a.k * a.c * a.r * a.s, y = a.n * a.k * a.oh * a.ow;
+    const double flops = 2.0 * a.n * a.k * a.oh * a.ow * a.c * a.r * a.s;
+    Buffers b(dev, {x, w, y});
+    const char* pass[] = {"forward", "backward data", "backward filter"};
+    const OpKind kinds[] = {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter};
+    const std::vector<int> ins[] = {{0, 1}, {2, 1}, {0, 2}};
+    const int outs[] = {2, 0, 1};
+    for (int p = 0; p < 3; ++p) {
+      Block* ws = nullptr;
+      OpCall c = call_for(dev, kinds[p], a, b, ins[p], {outs[p]}, ws);
+      const double t = best_time(reps, [&] { dev.run(c); });
+      std::printf("%-34s %10.3f %10.1f\n", (std::string(l.name) + " " + pass[p]).c_str(), t * 1e3, flops / t / 1e9);
+      if (ws) dev.free_block(ws);
+    }
+  }
+}
+
+// An MLP 784-256-256-10 step's ops at batch n (gemms, bias, relu, their backward, Adam), run as calls.
+// `direct_blas` runs the GEMMs with cblas_sgemm on OpenBLAS's own threads instead of through the device.
+double mlp_step(Device& dev, int64_t n, bool direct_blas, int reps) {
+  const int64_t d[] = {784, 256, 256, 10};
+  // buffers: x, then per layer: W, b, y(pre), h(post), dW, db, dy, dh, m/v for W and b
+  std::vector<int64_t> sizes{n * d[0]};
+  for (int l = 0; l < 3; ++l) {
+    const int64_t wi = d[l] * d[l + 1], o = n * d[l + 1];
+    for (int64_t s : {wi, d[l + 1], o, o, wi, d[l + 1], o, o, wi, wi, d[l + 1], d[l + 1]}) sizes.push_back(s);
+  }
+  Buffers b(dev, sizes);
+  auto W = [](int l) { return 1 + 12 * l; };
+  std::vector<OpCall> calls;
+  auto add = [&](OpKind k, OpAttrs a, std::vector<int> in, std::vector<int> out) {
+    Block* ws = nullptr;
+    calls.push_back(call_for(dev, k, std::move(a), b, std::move(in), std::move(out), ws));
+  };
+  for (int l = 0; l < 3; ++l) {  // forward
+    const int in = l == 0 ? 0 : W(l - 1) + 3;
+    add(OpKind::Gemm, GemmAttrs{n, d[l + 1], d[l]}, {in, W(l)}, {W(l) + 2});
+    add(OpKind::BiasAdd, BiasAttrs{n, d[l + 1], 1}, {W(l) + 2, W(l) + 1}, {W(l) + 2});
+    if (l < 2) add(OpKind::ActivationForward, ActivationAttrs{Activation::relu, n * d[l + 1]}, {W(l) + 2}, {W(l) + 3});
+  }
+  for (int l = 2; l >= 0; --l) {  // backward: dy of layer l lives at W(l)+6
+    const int in = l == 0 ? 0 : W(l - 1) + 3;
+    add(OpKind::Gemm, GemmAttrs{d[l], d[l + 1], n, true, false}, {in, W(l) + 6}, {W(l) + 4});
+    add(OpKind::BiasGrad, BiasAttrs{n, d[l + 1], 1}, {W(l) + 6}, {W(l) + 5});
+    if (l > 0) {
+      add(OpKind::Gemm, GemmAttrs{n, d[l], d[l + 1], false, true}, {W(l) + 6, W(l)}, {W(l - 1) + 7});
+      add(OpKind::ActivationBackward, ActivationAttrs{Activation::relu, n * d[l]}, {W(l - 1) + 3, W(l - 1) + 7},
+          {W(l - 1) + 6});
+    }
+  }
+  for (int l = 0; l < 3; ++l) {
+    add(OpKind::AdamUpdate, AdamAttrs{d[l] * d[l + 1]}, {W(l) + 4}, {W(l), W(l) + 8, W(l) + 9});
+    add(OpKind::AdamUpdate, AdamAttrs{d[l + 1]}, {W(l) + 5}, {W(l) + 1, W(l) + 10, W(l) + 11});
+  }
+  auto step = [&] {
+    for (const auto& c : calls) {
+      if (direct_blas && c.kind == OpKind::Gemm) {
+        const auto& a = std::get<GemmAttrs>(c.attrs);
+        cblas_sgemm(CblasRowMajor, a.trans_a ? CblasTrans : CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
+                    int(a.m), int(a.n), int(a.k), a.alpha, c.in[0].host(), int(a.trans_a ? a.m : a.k), c.in[1].host(),
+                    int(a.trans_b ? a.k : a.n), a.beta, c.out[0].host(), int(a.n));
+      } else {
+        dev.run(c);
+      }
+    }
+  };
+  // Median of reps, since contention shows up as a heavy tail rather than in the best case.
+  step();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    step();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 0, reps = 20;
+  std::string dir;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--threads") threads = std::stoi(argv[i + 1]);
+    else if (k == "--plugin-dir") dir = argv[i + 1];
+    else if (k == "--reps") reps = std::stoi(argv[i + 1]);
+  }
+  try {
+    PluginLoader loader;
+    Registry reg = Registry::with_builtins();
+    if (!dir.empty())
+      loader.load_dir(dir, reg);
+    else
+      for (auto& d : PluginLoader::default_dirs()) loader.load_dir(d, reg);
+    BackendOptions o;
+    o.threads = threads;
+    auto backend = reg.backend("cpu")(o);
+    auto dev = backend->open(0);
+    std::printf("device: %s\n", dev->info().name.c_str());
+    bench_gemm(*dev, reps);
+    bench_conv(*dev, std::max(3, reps / 4));
+    std::printf("\nMLP 784-256-256-10 step ops (median ms)\n%-8s %22s %26s\n", "batch", "A: OpenBLAS 1t in OMP",
+                "B: OpenBLAS pthreads + OMP");
+    for (int64_t n : {32, 128}) {
+      openblas_set_num_threads(1);
+      const double a = mlp_step(*dev, n, false, reps * 10);
+      openblas_set_num_threads(std::max(1, threads == 0 ? 2 : threads));
+      const double b = mlp_step(*dev, n, true, reps * 10);
+      openblas_set_num_threads(1);
+      std::printf("%-8lld %22.3f %26.3f\n", (long long)n, a * 1e3, b * 1e3);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpu_ops_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

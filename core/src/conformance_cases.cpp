@@ -1,0 +1,370 @@
+// The conformance case table: every op of the op set, forward and backward, and the optimizer updates, over
+// tiny, odd and prime sizes, tails around 64/256-wide tiles and workgroups, and large tensors; in-place cases
+// for every op that may alias. Integer inputs make most cases exact (as oneDNN's benchdnn does); float cases
+// check precision against the tolerances.
+#include <string>
+#include <vector>
+
+#include "conformance_impl.hpp"
+
+namespace kiln::conformance {
+namespace {
+
+using V = std::vector<Gen>;
+const Gen kI = ints(-3, 3);     // exact products and sums for every size in this table
+const Gen kF = uni(-1.f, 1.f);
+
+std::string n(int64_t v) { return std::to_string(v); }
+
+class Table {
+ public:
+  std::vector<OpCase> cases;
+  OpCase& add(std::string variant, OpKind k, OpAttrs a, V in, V out, Check check, bool exact) {
+    OpCase c;
+    c.id = std::string(op_name(k)) + "/" + variant;
+    c.kind = k;
+    c.attrs = std::move(a);
+    c.in = std::move(in);
+    c.out = std::move(out);
+    c.check = check;
+    c.exact = exact;
+    cases.push_back(std::move(c));
+    return cases.back();
+  }
+};
+
+void gemm_cases(Table& t) {
+  struct S {
+    int64_t m, n, k;
+  };
+  const S shapes[] = {{1, 1, 1},    {1, 7, 3},      {5, 1, 9},     {2, 3, 5},      {17, 33, 65},  {63, 64, 65},
+                      {64, 64, 64}, {65, 63, 127},  {129, 17, 31}, {3, 257, 5},    {31, 97, 200}, {100, 1, 1000}};
+  const char* tn[] = {"nn", "nt", "tn", "tt"};
+  for (const S& s : shapes)
+    for (int tr = 0; tr < 4; ++tr) {
+      GemmAttrs a{s.m, s.n, s.k, (tr & 2) != 0, (tr & 1) != 0, 1.f, 0.f};
+      t.add(std::string(tn[tr]) + "." + n(s.m) + "x" + n(s.n) + "x" + n(s.k) + ".int", OpKind::Gemm, a, {kI, kI},
+            {kOut}, Check::reduction, true);
+    }
+  const S fshapes[] = {{17, 33, 65}, {64, 64, 64}, {65, 63, 127}, {129, 17, 31}};
+  for (int i = 0; i < 4; ++i) {
+    const S& s = fshapes[i];
+    GemmAttrs a{s.m, s.n, s.k, (i & 2) != 0, (i & 1) != 0, 1.f, 0.f};
+    t.add(std::string(tn[i]) + "." + n(s.m) + "x" + n(s.n) + "x" + n(s.k) + ".float", OpKind::Gemm, a, {kF, kF},
+          {kOut}, Check::reduction, false);
+  }
+  t.add("nn.33x17x9.alpha2.beta-1.int", OpKind::Gemm, GemmAttrs{33, 17, 9, false, false, 2.f, -1.f}, {kI, kI}, {kI},
+        Check::reduction, true);
+  t.add("tn.70x66x40.alpha0.5.beta0.25.float", OpKind::Gemm, GemmAttrs{70, 66, 40, true, false, 0.5f, 0.25f},
+        {kF, kF}, {kF}, Check::reduction, false);
+  t.add("nn.2049x33x17.int", OpKind::Gemm, GemmAttrs{2049, 33, 17}, {kI, kI}, {kOut}, Check::reduction, true).large =
+      true;
+  t.add("nn.512x512x512.float", OpKind::Gemm, GemmAttrs{512, 512, 512}, {kF, kF}, {kOut}, Check::reduction, false)
+      .large = true;
+}
+
+void conv_cases(Table& t) {
+  struct C {
+    const char* name;
+    int64_t n, c, h, w, k, r, s, sh, sw, ph, pw;
+    bool floats;
+    bool large;
+  };
+  const C cfgs[] = {
+      {"1x1x1x1.k1.r1", 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false, false},
+      {"2x3x7x5.k4.r3.p1", 2, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1, true, false},
+      {"2x5x9x11.k6.r3.s2.p1", 2, 5, 9, 11, 6, 3, 3, 2, 2, 1, 1, true, false},
+      {"1x2x8x8.k3.r5.p2", 1, 2, 8, 8, 3, 5, 5, 1, 1, 2, 2, false, false},
+      {"2x67x6x6.k65.r1", 2, 67, 6, 6, 65, 1, 1, 1, 1, 0, 0, true, false},
+      {"3x4x10x7.k5.r2.s3", 3, 4, 10, 7, 5, 2, 2, 3, 3, 0, 0, false, false},
+      {"2x3x5x6.k2.r3x2.s1x2.p2x0", 2, 3, 5, 6, 2, 3, 2, 1, 2, 2, 0, false, false},
+      {"1x3x13x13.k8.r3.valid", 1, 3, 13, 13, 8, 3, 3, 1, 1, 0, 0, false, false},
+      {"8x16x14x14.k32.r5.p2", 8, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2, true, false},
+      {"16x8x16x16.k16.r3.p1", 16, 8, 16, 16, 16, 3, 3, 1, 1, 1, 1, true, false},
+      {"16x16x28x28.k32.r3.p1", 16, 16, 28, 28, 32, 3, 3, 1, 1, 1, 1, true, true},
+  };
+  const OpKind kinds[] = {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter};
+  for (const C& c : cfgs) {
+    ConvAttrs a;
+    a.n = c.n, a.c = c.c, a.h = c.h, a.w = c.w, a.k = c.k, a.r = c.r, a.s = c.s;
+    a.stride_h = c.sh, a.stride_w = c.sw, a.pad_h = c.ph, a.pad_w = c.pw;
+    a.oh = (c.h + 2 * c.ph - c.r) / c.sh + 1;
+    a.ow = (c.w + 2 * c.pw - c.s) / c.sw + 1;
+    for (OpKind k : kinds) {
+      t.add(std::string(c.name) + ".int", k, a, {kI, kI}, {kOut}, Check::reduction, true).large = c.large;
+      if (c.floats) t.add(std::string(c.name) + ".float", k, a, {kF, kF}, {kOut}, Check::reduction, false).large = c.large;
+    }
+  }
+}
+
+void pool_cases(Table& t) {
+  struct P {
+    const char* name;
+    int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
+    bool large;
+  };
+  const P cfgs[] = {
+      {"1x1x1x1.k1", 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, false},
+      {"2x3x8x8.k2.s2", 2, 3, 8, 8, 2, 2, 2, 2, 0, 0, false},
+      {"2x3x7x9.k3.s2.p1", 2, 3, 7, 9, 3, 3, 2, 2, 1, 1, false},
+      {"1x2x5x5.k3.s1.p1", 1, 2, 5, 5, 3, 3, 1, 1, 1, 1, false},
+      {"1x1x3x3.k2.p2.empty_windows", 1, 1, 3, 3, 2, 2, 1, 1, 2, 2, false},
+      {"4x5x13x11.k3x2.s3x2.p0x1", 4, 5, 13, 11, 3, 2, 3, 2, 0, 1, false},
+      {"16x32x32x32.k2.s2", 16, 32, 32, 32, 2, 2, 2, 2, 0, 0, true},
+  };
+  for (const P& p : cfgs) {
+    PoolAttrs a;
+    a.n = p.n, a.c = p.c, a.h = p.h, a.w = p.w, a.kh = p.kh, a.kw = p.kw;
+    a.stride_h = p.sh, a.stride_w = p.sw, a.pad_h = p.ph, a.pad_w = p.pw;
+    a.oh = (p.h + 2 * p.ph - p.kh) / p.sh + 1;
+    a.ow = (p.w + 2 * p.pw - p.kw) / p.sw + 1;
+    const std::string base = p.name;
+    // Small integers make ties common: max_pool_backward must pick the first maximum of each window.
+    t.add(base + ".int", OpKind::MaxPoolForward, a, {kI}, {kOut}, Check::elementwise, true).large = p.large;
+    t.add(base + ".int", OpKind::MaxPoolBackward, a, {kI, {Gen::max_pool_y}, kI}, {kOut}, Check::elementwise, true)
+        .large = p.large;
+    t.add(base + ".float", OpKind::MaxPoolBackward, a, {kF, {Gen::max_pool_y}, kF}, {kOut}, Check::elementwise, false)
+        .large = p.large;
+    // Averages divide by the window's valid count: correctly rounded, so still compared elementwise.
+    t.add(base + ".int", OpKind::AvgPoolForward, a, {kI}, {kOut}, Check::elementwise, false).large = p.large;
+    t.add(base + ".int", OpKind::AvgPoolBackward, a, {kI}, {kOut}, Check::elementwise, false).large = p.large;
+  }
+}
+
+void activation_cases(Table& t) {
+  const int64_t sizes[] = {1, 255, 256, 257, 4099};
+  const Activation acts[] = {Activation::relu, Activation::sigmoid, Activation::tanh};
+  for (Activation act : acts) {
+    const std::string an(activation_name(act));
+    // y ranges of each activation, so backward inputs are values forward could produce.
+    const Gen y = act == Activation::sigmoid ? uni(0.f, 1.f) : act == Activation::tanh ? uni(-1.f, 1.f) : uni(-2.f, 2.f);
+    for (int64_t s : sizes) {
+      ActivationAttrs a{act, s};
+      t.add(an + "." + n(s) + ".float", OpKind::ActivationForward, a, {uni(-8.f, 8.f)}, {kOut}, Check::elementwise,
+            false);
+      t.add(an + "." + n(s) + ".float", OpKind::ActivationBackward, a, {y, kF}, {kOut}, Check::elementwise, false);
+    }
+    ActivationAttrs a{act, 1000};
+    t.add(an + ".1000.inplace", OpKind::ActivationForward, a, {uni(-8.f, 8.f)}, {kOut}, Check::elementwise, false)
+        .alias = {{0, 0}};
+    t.add(an + ".1000.inplace", OpKind::ActivationBackward, a, {y, kF}, {kOut}, Check::elementwise, false).alias = {
+        {0, 1}};
+  }
+  t.add("relu.4099.int", OpKind::ActivationForward, ActivationAttrs{Activation::relu, 4099}, {kI}, {kOut},
+        Check::elementwise, true);
+  t.add("relu.4099.int", OpKind::ActivationBackward, ActivationAttrs{Activation::relu, 4099}, {kI, kI}, {kOut},
+        Check::elementwise, true);
+  t.add("relu.4194305.float", OpKind::ActivationForward, ActivationAttrs{Activation::relu, 4194305}, {kF}, {kOut},
+        Check::elementwise, false)
+      .large = true;
+}
+
+void softmax_cases(Table& t) {
+  struct S {
+    int64_t rows, cols;
+    bool large;
+  };
+  const S shapes[] = {{1, 1, false}, {3, 10, false},   {64, 10, false},  {5, 257, false},
+                      {7, 1000, false}, {2, 4099, false}, {4096, 100, true}};
+  for (const S& s : shapes) {
+    const std::string v = n(s.rows) + "x" + n(s.cols);
+    SoftmaxAttrs a{s.rows, s.cols};
+    t.add(v, OpKind::SoftmaxForward, a, {uni(-5.f, 5.f)}, {kOut}, Check::reduction, false).large = s.large;
+    t.add(v, OpKind::SoftmaxBackward, a, {uni(0.f, 1.f), kF}, {kOut}, Check::reduction, false).large = s.large;
+  }
+}
+
+void loss_cases(Table& t) {
+  struct S {
+    int64_t rows, cols;
+  };
+  const S shapes[] = {{1, 1}, {4, 10}, {64, 10}, {130, 7}, {33, 1000}};
+  for (const S& s : shapes) {
+    const std::string v = n(s.rows) + "x" + n(s.cols);
+    LossAttrs a{s.rows, s.cols, 1.f / float(s.rows), true};
+    t.add(v, OpKind::SoftmaxCrossEntropy, a, {uni(-6.f, 6.f), {Gen::labels, 0, float(s.cols)}}, {kOut, kOut},
+          Check::reduction, false);
+    t.add(v, OpKind::MeanSquaredError, a, {kF, kF}, {kOut, kOut}, Check::reduction, false);
+    t.add(v + ".logits", OpKind::BinaryCrossEntropy, a, {uni(-8.f, 8.f), ints(0, 1)}, {kOut, kOut}, Check::reduction,
+          false);
+    LossAttrs p = a;
+    p.from_logits = false;
+    t.add(v + ".probabilities", OpKind::BinaryCrossEntropy, p, {uni(0.001f, 0.999f), uni(0.f, 1.f)}, {kOut, kOut},
+          Check::reduction, false);
+  }
+  LossAttrs a{4, 10, 0.25f, true};
+  t.add("4x10.bad_label_gives_nan", OpKind::SoftmaxCrossEntropy, a, {uni(-6.f, 6.f), {Gen::labels_bad, 0, 10.f}},
+        {kOut, kOut}, Check::reduction, false);
+  t.add("8x10.int", OpKind::MeanSquaredError, LossAttrs{8, 10, 1.f, true}, {kI, kI}, {kOut, kOut}, Check::reduction,
+        false);
+}
+
+void elementwise_cases(Table& t) {
+  const int64_t sizes[] = {0, 1, 3, 255, 256, 257, 4099, 65537};
+  for (int64_t s : sizes) {
+    const std::string v = n(s);
+    t.add(v + ".int", OpKind::Add, ElementwiseAttrs{s, 1.f, 1.f}, {kI, kI}, {kOut}, Check::elementwise, true);
+    t.add(v + ".alpha2.beta-3.int", OpKind::Add, ElementwiseAttrs{s, 2.f, -3.f}, {kI, kI}, {kOut}, Check::elementwise,
+          true);
+    t.add(v + ".int", OpKind::Mul, ElementwiseAttrs{s}, {kI, kI}, {kOut}, Check::elementwise, true);
+    t.add(v + ".alpha2.beta-1.int", OpKind::Axpby, ElementwiseAttrs{s, 2.f, -1.f}, {kI}, {kI}, Check::elementwise,
+          true);
+    t.add(v + ".alpha3.int", OpKind::Scale, ElementwiseAttrs{s, 3.f}, {kI}, {kOut}, Check::elementwise, true);
+    t.add(v + ".value2.5", OpKind::Fill, ElementwiseAttrs{s, 2.5f}, {}, {kOut}, Check::elementwise, true);
+    t.add(v + ".int", OpKind::Copy, ElementwiseAttrs{s}, {kI}, {kOut}, Check::elementwise, true);
+  }
+  t.add("4099.alpha0.3.beta1.7.float", OpKind::Add, ElementwiseAttrs{4099, 0.3f, 1.7f}, {kF, kF}, {kOut},
+        Check::elementwise, false);
+  t.add("4099.float", OpKind::Mul, ElementwiseAttrs{4099}, {kF, kF}, {kOut}, Check::elementwise, false);
+  t.add("4099.alpha0.7.beta-0.2.float", OpKind::Axpby, ElementwiseAttrs{4099, 0.7f, -0.2f}, {kF}, {kF},
+        Check::elementwise, false);
+  t.add("4099.alpha0.1.float", OpKind::Scale, ElementwiseAttrs{4099, 0.1f}, {kF}, {kOut}, Check::elementwise, false);
+  t.add("1000.inplace_a.int", OpKind::Add, ElementwiseAttrs{1000, 2.f, 1.f}, {kI, kI}, {kOut}, Check::elementwise,
+        true)
+      .alias = {{0, 0}};
+  t.add("1000.inplace_b.int", OpKind::Add, ElementwiseAttrs{1000, 1.f, -2.f}, {kI, kI}, {kOut}, Check::elementwise,
+        true)
+      .alias = {{0, 1}};
+  t.add("1000.inplace_a.int", OpKind::Mul, ElementwiseAttrs{1000}, {kI, kI}, {kOut}, Check::elementwise, true).alias =
+      {{0, 0}};
+  t.add("1000.inplace_b.int", OpKind::Mul, ElementwiseAttrs{1000}, {kI, kI}, {kOut}, Check::elementwise, true).alias =
+      {{0, 1}};
+  t.add("1000.inplace.int", OpKind::Scale, ElementwiseAttrs{1000, -2.f}, {kI}, {kOut}, Check::elementwise, true).alias =
+      {{0, 0}};
+  t.add("4194305.int", OpKind::Add, ElementwiseAttrs{4194305, 1.f, -1.f}, {kI, kI}, {kOut}, Check::elementwise, true)
+      .large = true;
+  // Past 128 MiB per tensor: some devices cannot bind it (they must say so through supports()).
+  t.add("33554441.int", OpKind::Copy, ElementwiseAttrs{33554441}, {kI}, {kOut}, Check::elementwise, true).large = true;
+}
+
+void reduce_cases(Table& t) {
+  struct R {
+    int64_t outer, reduce, inner;
+    bool floats, large;
+  };
+  const R shapes[] = {{1, 1, 1, false, false},     {3, 5, 7, true, false},     {1, 100000, 1, true, false},
+                      {2, 1000, 3, false, false},  {1000, 3, 1, false, false}, {7, 257, 129, true, false},
+                      {64, 64, 1, false, false},   {5, 0, 3, false, false},    {1, 4194304, 1, false, true}};
+  for (const R& r : shapes) {
+    const std::string v = n(r.outer) + "x" + n(r.reduce) + "x" + n(r.inner);
+    ReduceAttrs a{r.outer, r.reduce, r.inner};
+    t.add(v + ".int", OpKind::ReduceSum, a, {kI}, {kOut}, Check::reduction, true).large = r.large;
+    if (r.floats) t.add(v + ".float", OpKind::ReduceSum, a, {kF}, {kOut}, Check::reduction, false);
+  }
+}
+
+void bias_cases(Table& t) {
+  struct B {
+    int64_t outer, channels, inner;
+    bool large;
+  };
+  const B shapes[] = {{1, 1, 1, false},    {2, 3, 5, false},    {64, 10, 1, false}, {8, 16, 49, false},
+                      {1, 1, 100000, false}, {3, 300, 7, false}, {32, 64, 1024, true}};
+  for (const B& b : shapes) {
+    const std::string v = n(b.outer) + "x" + n(b.channels) + "x" + n(b.inner);
+    BiasAttrs a{b.outer, b.channels, b.inner};
+    t.add(v + ".int", OpKind::BiasAdd, a, {kI, kI}, {kOut}, Check::elementwise, true).large = b.large;
+    t.add(v + ".int", OpKind::BiasGrad, a, {kI}, {kOut}, Check::reduction, true).large = b.large;
+  }
+  t.add("8x16x49.inplace.int", OpKind::BiasAdd, BiasAttrs{8, 16, 49}, {kI, kI}, {kOut}, Check::elementwise, true)
+      .alias = {{0, 0}};
+  t.add("8x16x49.float", OpKind::BiasGrad, BiasAttrs{8, 16, 49}, {kF}, {kOut}, Check::reduction, false);
+  t.add("1x1x100000.float", OpKind::BiasGrad, BiasAttrs{1, 1, 100000}, {kF}, {kOut}, Check::reduction, false);
+}
+
+void concat_cases(Table& t) {
+  struct C {
+    int64_t outer, inner;
+    std::vector<int64_t> sizes;
+  };
+  const C shapes[] = {{1, 1, {1}},           {3, 4, {2, 3}},      {2, 5, {5, 1, 7}},
+                      {7, 1, {3, 0, 2}},     {1, 1000, {3, 4, 5}}, {64, 49, {16, 32}}};
+  for (const C& c : shapes) {
+    std::string v = n(c.outer) + "x[";
+    for (size_t i = 0; i < c.sizes.size(); ++i) {
+      if (i) v += ',';
+      v += n(c.sizes[i]);
+    }
+    v += "]x";
+    v += n(c.inner);
+    v += ".int";
+    ConcatAttrs a{c.outer, c.inner, c.sizes};
+    t.add(v, OpKind::Concat, a, V(c.sizes.size(), kI), {kOut}, Check::elementwise, true);
+    t.add(v, OpKind::Split, a, {kI}, V(c.sizes.size(), kOut), Check::elementwise, true);
+  }
+}
+
+void dropout_cases(Table& t) {
+  struct D {
+    const char* name;
+    int64_t count;
+    float rate;
+    uint32_t seed, counter;
+    bool exact;
+  };
+  const D cfgs[] = {{"1.rate0.5", 1, 0.5f, 1, 0, true},          {"257.rate0.5", 257, 0.5f, 7, 3, true},
+                    {"100003.rate0.5", 100003, 0.5f, 42, 1000, true}, {"4099.rate0.25", 4099, 0.25f, 3, 1, false},
+                    {"4099.rate0", 4099, 0.f, 5, 2, true},         {"4099.rate1", 4099, 1.f, 5, 2, true}};
+  for (const D& d : cfgs) {
+    DropoutAttrs a{d.count, d.rate, d.seed, d.counter};
+    for (OpKind k : {OpKind::DropoutForward, OpKind::DropoutBackward})
+      t.add(std::string(d.name) + (d.exact ? ".int" : ".float"), k, a, {d.exact ? kI : kF}, {kOut}, Check::elementwise,
+            d.exact);
+  }
+  t.add("1000.rate0.5.inplace.int", OpKind::DropoutForward, DropoutAttrs{1000, 0.5f, 9, 9}, {kI}, {kOut},
+        Check::elementwise, true)
+      .alias = {{0, 0}};
+  t.add("1000.rate0.5.inplace.int", OpKind::DropoutBackward, DropoutAttrs{1000, 0.5f, 9, 9}, {kI}, {kOut},
+        Check::elementwise, true)
+      .alias = {{0, 0}};
+}
+
+void optimizer_cases(Table& t) {
+  const int64_t sizes[] = {1, 257, 10007};
+  const Gen pos = uni(0.f, 0.01f);  // second-moment state is never negative
+  for (int64_t s : sizes) {
+    const std::string v = n(s);
+    t.add(v + ".plain", OpKind::SgdUpdate, SgdAttrs{s, 0.1f, 0.f, 0.f, false}, {kF}, {kF, kF}, Check::elementwise,
+          false);
+    t.add(v + ".momentum", OpKind::SgdUpdate, SgdAttrs{s, 0.05f, 0.9f, 0.f, false}, {kF}, {kF, kF}, Check::elementwise,
+          false);
+    t.add(v + ".nesterov.wd", OpKind::SgdUpdate, SgdAttrs{s, 0.05f, 0.9f, 0.01f, true}, {kF}, {kF, kF},
+          Check::elementwise, false);
+    t.add(v + ".step1", OpKind::AdamUpdate, AdamAttrs{s, 1e-3f, 0.9f, 0.999f, 1e-7f, 0.f, 1}, {kF},
+          {kF, uni(-0.1f, 0.1f), pos}, Check::elementwise, false);
+    t.add(v + ".step10.wd", OpKind::AdamUpdate, AdamAttrs{s, 1e-2f, 0.8f, 0.99f, 1e-8f, 0.01f, 10}, {kF},
+          {kF, uni(-0.1f, 0.1f), pos}, Check::elementwise, false);
+    t.add(v + ".plain", OpKind::RmspropUpdate, RmspropAttrs{s, 1e-2f, 0.9f, 1e-7f, 0.f}, {kF}, {kF, pos, kF},
+          Check::elementwise, false);
+    t.add(v + ".momentum", OpKind::RmspropUpdate, RmspropAttrs{s, 1e-2f, 0.9f, 1e-7f, 0.9f}, {kF}, {kF, pos, kF},
+          Check::elementwise, false);
+    t.add(v + ".decay0.999", OpKind::EmaUpdate, EmaAttrs{s, 0.999f}, {kF}, {kF}, Check::elementwise, false);
+    t.add(v + ".decay0.5.int", OpKind::EmaUpdate, EmaAttrs{s, 0.5f}, {kI}, {kI}, Check::elementwise, true);
+  }
+}
+
+std::vector<OpCase> build() {
+  Table t;
+  gemm_cases(t);
+  bias_cases(t);
+  conv_cases(t);
+  pool_cases(t);
+  activation_cases(t);
+  softmax_cases(t);
+  loss_cases(t);
+  elementwise_cases(t);
+  reduce_cases(t);
+  concat_cases(t);
+  dropout_cases(t);
+  optimizer_cases(t);
+  return std::move(t.cases);
+}
+
+}  // namespace
+
+const std::vector<OpCase>& cases() {
+  static const std::vector<OpCase> all = build();
+  return all;
+}
+
+}  // namespace kiln::conformance

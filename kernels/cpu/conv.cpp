@@ -1,0 +1,191 @@
+// 2-D convolution as im2col + sgemm per image. Images are spread over the OpenMP team (each thread owns a
+// column buffer in the workspace); with fewer images than threads, the images run in turn and the GEMM is split.
+// A 1x1, stride-1, unpadded convolution is a plain GEMM on the image (no column buffer).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels.hpp"
+
+namespace kiln::cpu {
+namespace {
+
+int64_t crs(const ConvAttrs& a) { return a.c * a.r * a.s; }
+int64_t ohw(const ConvAttrs& a) { return a.oh * a.ow; }
+bool is_pointwise(const ConvAttrs& a) {
+  return a.r == 1 && a.s == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_h == 0 && a.pad_w == 0 &&
+         a.oh == a.h && a.ow == a.w;
+}
+bool images_in_parallel(const ConvAttrs& a, int threads) { return threads > 1 && a.n >= threads; }
+
+int64_t ceil_div(int64_t p, int64_t q) { return p <= 0 ? 0 : (p + q - 1) / q; }
+
+// The output columns [lo, hi) whose input column ox*sw - pw + s lies inside the image.
+void valid_cols(const ConvAttrs& a, int64_t s, int64_t& lo, int64_t& hi) {
+  lo = std::min(ceil_div(a.pad_w - s, a.stride_w), a.ow);
+  hi = std::max(lo, std::min(ceil_div(a.w + a.pad_w - s, a.stride_w), a.ow));
+}
+
+// x: (c, h, w) of one image -> col: (c*r*s, oh*ow).
+void im2col(const ConvAttrs& a, const float* x, float* col) {
+  const int64_t cols = ohw(a);
+  for (int64_t c = 0; c < a.c; ++c)
+    for (int64_t r = 0; r < a.r; ++r)
+      for (int64_t s = 0; s < a.s; ++s) {
+        float* dst = col + ((c * a.r + r) * a.s + s) * cols;
+        int64_t lo, hi;
+        valid_cols(a, s, lo, hi);
+        for (int64_t oy = 0; oy < a.oh; ++oy) {
+          float* d = dst + oy * a.ow;
+          const int64_t iy = oy * a.stride_h - a.pad_h + r;
+          if (iy < 0 || iy >= a.h) {
+            std::fill(d, d + a.ow, 0.f);
+            continue;
+          }
+          const float* row = x + (c * a.h + iy) * a.w;
+          const int64_t off = s - a.pad_w;  // row[ox * sw + off] is output column ox
+          std::fill(d, d + lo, 0.f);
+          if (a.stride_w == 1)
+            std::memcpy(d + lo, row + lo + off, static_cast<size_t>(hi - lo) * sizeof(float));
+          else
+            for (int64_t ox = lo; ox < hi; ++ox) d[ox] = row[ox * a.stride_w + off];
+          std::fill(d + hi, d + a.ow, 0.f);
+        }
+      }
+}
+
+// dx: (c, h, w) of one image = the sum of col's entries over the taps that read each pixel.
+void col2im(const ConvAttrs& a, const float* col, float* dx) {
+  const int64_t cols = ohw(a);
+  std::fill(dx, dx + a.c * a.h * a.w, 0.f);
+  for (int64_t c = 0; c < a.c; ++c)
+    for (int64_t r = 0; r < a.r; ++r)
+      for (int64_t s = 0; s < a.s; ++s) {
+        const float* src = col + ((c * a.r + r) * a.s + s) * cols;
+        int64_t lo, hi;
+        valid_cols(a, s, lo, hi);
+        for (int64_t oy = 0; oy < a.oh; ++oy) {
+          const int64_t iy = oy * a.stride_h - a.pad_h + r;
+          if (iy < 0 || iy >= a.h) continue;
+          float* row = dx + (c * a.h + iy) * a.w;
+          const int64_t off = s - a.pad_w;
+          const float* sp = src + oy * a.ow;
+          if (a.stride_w == 1)
+            for (int64_t ox = lo; ox < hi; ++ox) row[ox + off] += sp[ox];
+          else
+            for (int64_t ox = lo; ox < hi; ++ox) row[ox * a.stride_w + off] += sp[ox];
+        }
+      }
+}
+
+// Backward-filter partial sums: images are summed in fixed groups, so the result depends on the thread
+// count only, never on which thread ran which group.
+int64_t filter_groups(const ConvAttrs& a, int threads) {
+  return std::max<int64_t>(1, std::min<int64_t>(a.n, 2 * static_cast<int64_t>(threads)));
+}
+
+}  // namespace
+
+size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
+  const size_t col = is_pointwise(a) ? 0 : static_cast<size_t>(crs(a) * ohw(a));
+  const size_t t = static_cast<size_t>(std::max(threads, 1));
+  if (k == OpKind::Conv2dBackwardFilter)
+    return t * col + static_cast<size_t>(filter_groups(a, threads) - 1) * static_cast<size_t>(a.k * crs(a));
+  return t * col;
+}
+
+// y(n) (k, oh*ow) = w (k, c*r*s) * col(n). Images are handed out one at a time, so a thread that loses its
+// core to another process does not hold up the others.
+void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, int threads) {
+  const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
+  const bool pw = is_pointwise(a);
+  if (images_in_parallel(a, threads)) {
+#pragma omp parallel num_threads(threads)
+    {
+      float* col = ws + static_cast<size_t>(omp_get_thread_num()) * static_cast<size_t>(CRS * P);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t n = 0; n < a.n; ++n) {
+        const float* src = x + n * img;
+        if (!pw) im2col(a, src, col);
+        sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, 0.f, y + n * K * P, P);
+      }
+    }
+    return;
+  }
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* src = x + n * img;
+    if (!pw) im2col(a, src, ws);
+    gemm(GemmAttrs{K, P, CRS, false, false, 1.f, 0.f}, w, pw ? src : ws, y + n * K * P, threads);
+  }
+}
+
+// dcol(n) (c*r*s, oh*ow) = w^T * dy(n); dx(n) = col2im(dcol(n))
+void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, int threads) {
+  const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
+  const bool pw = is_pointwise(a);
+  if (images_in_parallel(a, threads)) {
+#pragma omp parallel num_threads(threads)
+    {
+      float* col = ws + static_cast<size_t>(omp_get_thread_num()) * static_cast<size_t>(CRS * P);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t n = 0; n < a.n; ++n) {
+        float* dst = dx + n * img;
+        sgemm_1t(true, false, CRS, P, K, 1.f, w, CRS, dy + n * K * P, P, 0.f, pw ? dst : col, P);
+        if (!pw) col2im(a, col, dst);
+      }
+    }
+    return;
+  }
+  for (int64_t n = 0; n < a.n; ++n) {
+    float* dst = dx + n * img;
+    gemm(GemmAttrs{CRS, P, K, true, false, 1.f, 0.f}, w, dy + n * K * P, pw ? dst : ws, threads);
+    if (!pw) col2im(a, ws, dst);
+  }
+}
+
+// dw (k, c*r*s) = sum_n dy(n) (k, oh*ow) * col(n)^T. Group g sums its images into its own copy (group 0
+// into dw); the copies are then added in group order.
+void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws, int threads) {
+  const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
+  const int64_t wsize = K * CRS;
+  const bool pw = is_pointwise(a);
+  const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
+  if (images_in_parallel(a, threads)) {
+    const int64_t groups = filter_groups(a, threads);
+    float* partial_base = ws + static_cast<size_t>(threads) * col_floats;
+    auto partial = [&](int64_t g) {
+      return g == 0 ? dw : partial_base + static_cast<size_t>(g - 1) * static_cast<size_t>(wsize);
+    };
+#pragma omp parallel num_threads(threads)
+    {
+      float* col = ws + static_cast<size_t>(omp_get_thread_num()) * col_floats;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t b = a.n * g / groups, e = a.n * (g + 1) / groups;
+        float* acc = partial(g);
+        if (b == e) std::fill(acc, acc + wsize, 0.f);
+        for (int64_t n = b; n < e; ++n) {
+          const float* src = x + n * img;
+          if (!pw) im2col(a, src, col);
+          sgemm_1t(false, true, K, CRS, P, 1.f, dy + n * K * P, P, pw ? src : col, P, n == b ? 0.f : 1.f, acc, CRS);
+        }
+      }
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < wsize; ++i) {
+        float s = dw[i];
+        for (int64_t g = 1; g < groups; ++g) s += partial(g)[i];
+        dw[i] = s;
+      }
+    }
+    return;
+  }
+  if (a.n == 0) std::fill(dw, dw + wsize, 0.f);
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* src = x + n * img;
+    if (!pw) im2col(a, src, ws);
+    gemm(GemmAttrs{K, CRS, P, false, true, 1.f, n == 0 ? 0.f : 1.f}, dy + n * K * P, pw ? src : ws, dw, threads);
+  }
+}
+
+}  // namespace kiln::cpu

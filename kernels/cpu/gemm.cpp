@@ -1,0 +1,63 @@
+// GEMM through OpenBLAS's sgemm. OpenBLAS is kept single-threaded and the product is split across our own
+// OpenMP team: OpenBLAS's pthreads and libgomp's spinning workers would otherwise fight over the same cores
+// (measured in bench/results/cpu_ops.md), and one thread model keeps the `threads` option exact.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels.hpp"
+
+namespace kiln::cpu {
+
+void blas_init() { openblas_set_num_threads(1); }
+
+void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // BLAS rejects lda = 0; y = beta * y without reading y when beta == 0
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = C + i * ldc;
+      if (beta == 0.f)
+        std::fill(row, row + n, 0.f);
+      else
+        for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+    }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+              beta, C, static_cast<int>(ldc));
+}
+
+void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, int threads) {
+  const int64_t m = a.m, n = a.n, k = a.k;
+  const int64_t lda = a.trans_a ? m : k, ldb = a.trans_b ? k : n;
+  // Below ~1 MFLOP the team wake-up costs more than the second core gives.
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  if (threads <= 1 || flops < 1.0e6 || k == 0) {
+    sgemm_1t(a.trans_a, a.trans_b, m, n, k, a.alpha, A, lda, B, ldb, a.beta, y, n);
+    return;
+  }
+  // Split the larger output dimension into one contiguous slab per thread, rounded to the micro-kernel tile.
+  const bool split_rows = m >= n;
+  const int64_t dim = split_rows ? m : n;
+  const int64_t tile = split_rows ? 8 : 16;
+  const int parts = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(1, dim / tile)));
+  const int64_t chunk = ((dim + parts - 1) / parts + tile - 1) / tile * tile;
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+  for (int p = 0; p < parts; ++p) {
+    const int64_t b = p * chunk, e = std::min(dim, b + chunk);
+    if (b >= e) continue;
+    if (split_rows) {
+      const float* As = a.trans_a ? A + b : A + b * k;
+      sgemm_1t(a.trans_a, a.trans_b, e - b, n, k, a.alpha, As, lda, B, ldb, a.beta, y + b * n, n);
+    } else {
+      const float* Bs = a.trans_b ? B + b * k : B + b;
+      sgemm_1t(a.trans_a, a.trans_b, m, e - b, k, a.alpha, A, lda, Bs, ldb, a.beta, y + b, n);
+    }
+  }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,119 @@
+// Fused losses: value and gradient in one pass. Each thread sums its contiguous share into its own double
+// slot; the slots are added in thread order, so the loss does not depend on scheduling.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels.hpp"
+#include "vec_math.hpp"
+
+namespace kiln::cpu {
+namespace {
+
+// Runs body(begin, end) -> double over [0, n) split into contiguous ranges, and returns the ordered sum.
+template <class Body>
+double ordered_sum(int64_t n, bool par, int threads, double* partials, Body body) {
+  if (!par || threads <= 1) return body(int64_t{0}, n);
+  int used = 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    if (t == 0) used = nt;
+    partials[t * 8] = body(n * t / nt, n * (t + 1) / nt);
+  }
+  double total = 0;
+  for (int t = 0; t < used; ++t) total += partials[t * 8];
+  return total;
+}
+
+}  // namespace
+
+void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labels, float* loss, float* dx,
+                           double* partials, int threads) {
+  const int64_t cols = a.cols;
+  const float scale = a.scale;
+  const bool par = threads > 1 && a.rows * cols >= kParallelMin && a.rows > 1;
+  const double total = ordered_sum(a.rows, par, threads, partials, [&](int64_t b, int64_t e) {
+    double acc = 0;
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * cols;
+      float* dr = dx + r * cols;
+      float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, xr[j]);
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float ex = exp_approx(xr[j] - mx);
+        dr[j] = ex;
+        sum += ex;
+      }
+      const float lf = labels[r];
+      const bool ok = lf >= 0.f && lf < static_cast<float>(cols);  // NaN labels fail too
+      const int64_t label = ok ? static_cast<int64_t>(lf) : -1;
+      const float k = scale / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) dr[j] *= k;
+      if (ok) {
+        dr[label] -= scale;
+        acc += double(mx) + std::log(double(sum)) - double(xr[label]);
+      } else {
+        acc += std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+    return acc;
+  });
+  loss[0] = static_cast<float>(double(scale) * total);
+}
+
+void mean_squared_error(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp,
+                        double* partials, int threads) {
+  const int64_t n = a.rows * a.cols;
+  const float per = a.cols > 0 ? a.scale / static_cast<float>(a.cols) : 0.f;
+  const float g2 = 2.f * per;
+  const double total = ordered_sum(n, threads > 1 && n >= kParallelMin, threads, partials, [&](int64_t b, int64_t e) {
+    float acc = 0.f;  // float lanes, summed per thread into double below
+    double out = 0;
+    for (int64_t c = b; c < e; c += 4096) {  // blocks keep the float partial sums short
+      const int64_t ce = std::min(e, c + 4096);
+      acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = c; i < ce; ++i) {
+        const float d = p[i] - t[i];
+        dp[i] = g2 * d;
+        acc += d * d;
+      }
+      out += acc;
+    }
+    return out;
+  });
+  loss[0] = static_cast<float>(double(per) * total);
+}
+
+void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp,
+                          double* partials, int threads) {
+  const int64_t n = a.rows * a.cols;
+  const float per = a.cols > 0 ? a.scale / static_cast<float>(a.cols) : 0.f;
+  const bool logits = a.from_logits;
+  const double total = ordered_sum(n, threads > 1 && n >= kParallelMin, threads, partials, [&](int64_t b, int64_t e) {
+    double out = 0;
+    for (int64_t i = b; i < e; ++i) {
+      const float z = p[i], tv = t[i];
+      if (logits) {
+        const float s = sigmoid_approx(z);
+        dp[i] = per * (s - tv);
+        out += double(std::max(z, 0.f)) - double(z) * tv + std::log1p(std::exp(-std::fabs(double(z))));
+      } else {
+        const float pc = std::clamp(z, 1e-7f, 1.f - 1e-7f);
+        dp[i] = per * (pc - tv) / (pc * (1.f - pc));
+        out += -(double(tv) * std::log(double(pc)) + (1.0 - tv) * std::log(1.0 - double(pc)));
+      }
+    }
+    return out;
+  });
+  loss[0] = static_cast<float>(double(per) * total);
+}
+
+}  // namespace kiln::cpu

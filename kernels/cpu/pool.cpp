@@ -1,0 +1,123 @@
+// Max and average pooling, one (n, c) plane per OpenMP iteration (planes never share output).
+#include <algorithm>
+
+#include "kernels.hpp"
+
+namespace kiln::cpu {
+namespace {
+
+struct Window {
+  int64_t y0, y1, x0, x1;  // clipped to the image, [y0, y1) x [x0, x1)
+  int64_t count() const { return std::max<int64_t>(y1 - y0, 0) * std::max<int64_t>(x1 - x0, 0); }
+};
+
+Window window(const PoolAttrs& a, int64_t oy, int64_t ox) {
+  const int64_t ty = oy * a.stride_h - a.pad_h, tx = ox * a.stride_w - a.pad_w;
+  return {std::max<int64_t>(ty, 0), std::min<int64_t>(ty + a.kh, a.h), std::max<int64_t>(tx, 0),
+          std::min<int64_t>(tx + a.kw, a.w)};
+}
+
+bool is_2x2_s2(const PoolAttrs& a) {
+  return a.kh == 2 && a.kw == 2 && a.stride_h == 2 && a.stride_w == 2 && a.pad_h == 0 && a.pad_w == 0 &&
+         a.oh * 2 <= a.h && a.ow * 2 <= a.w;
+}
+
+bool parallel(const PoolAttrs& a, int threads) { return threads > 1 && a.n * a.c * a.h * a.w >= kParallelMin; }
+
+}  // namespace
+
+void max_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads) {
+  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+  const bool fast = is_2x2_s2(a);
+#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * in_plane;
+    float* yp = y + p * out_plane;
+    for (int64_t oy = 0; oy < a.oh; ++oy) {
+      if (fast) {  // first element wins ties and NaN, as in the general path
+        const float* r0 = xp + 2 * oy * a.w;
+        const float* r1 = r0 + a.w;
+        for (int64_t ox = 0; ox < a.ow; ++ox) {
+          float b = r0[2 * ox];
+          b = r0[2 * ox + 1] > b ? r0[2 * ox + 1] : b;
+          b = r1[2 * ox] > b ? r1[2 * ox] : b;
+          b = r1[2 * ox + 1] > b ? r1[2 * ox + 1] : b;
+          yp[oy * a.ow + ox] = b;
+        }
+        continue;
+      }
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const Window w = window(a, oy, ox);
+        float best = 0.f;
+        bool found = false;
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix) {
+            const float v = xp[iy * a.w + ix];
+            if (!found || v > best) best = v;
+            found = true;
+          }
+        yp[oy * a.ow + ox] = best;
+      }
+    }
+  }
+}
+
+void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, int threads) {
+  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * in_plane;
+    float* dxp = dx + p * in_plane;
+    std::fill(dxp, dxp + in_plane, 0.f);
+    for (int64_t oy = 0; oy < a.oh; ++oy)
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const int64_t o = p * out_plane + oy * a.ow + ox;
+        const float yv = y[o];
+        const Window w = window(a, oy, ox);
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix)
+            if (xp[iy * a.w + ix] == yv) {
+              dxp[iy * a.w + ix] += dy[o];
+              goto next;  // only the first match gets the gradient
+            }
+      next:;
+      }
+  }
+}
+
+void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads) {
+  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * in_plane;
+    for (int64_t oy = 0; oy < a.oh; ++oy)
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const Window w = window(a, oy, ox);
+        const int64_t count = w.count();
+        float sum = 0.f;
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix) sum += xp[iy * a.w + ix];
+        y[p * out_plane + oy * a.ow + ox] = count > 0 ? sum / static_cast<float>(count) : 0.f;
+      }
+  }
+}
+
+void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, int threads) {
+  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    float* dxp = dx + p * in_plane;
+    std::fill(dxp, dxp + in_plane, 0.f);
+    for (int64_t oy = 0; oy < a.oh; ++oy)
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const Window w = window(a, oy, ox);
+        const int64_t count = w.count();
+        if (count == 0) continue;
+        const float g = dy[p * out_plane + oy * a.ow + ox] / static_cast<float>(count);
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix) dxp[iy * a.w + ix] += g;
+      }
+  }
+}
+
+}  // namespace kiln::cpu

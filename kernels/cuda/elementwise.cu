@@ -1,0 +1,152 @@
+// Elementwise kernels: bias add, add/mul/axpby/scale/fill, activations, dropout, and the 2-D shifted copy used
+// for explicit convolution padding. Built with --fmad=false: no contraction, so a*x + b*y rounds like the CPU
+// reference does.
+#include "common.cuh"
+
+namespace kiln::cuda::kernels {
+namespace {
+
+__global__ void bias_add_kernel(const float* x, const float* b, float* y, int64_t n, int64_t channels,
+                                int64_t inner) {
+  KILN_GRID_STRIDE(i, n) y[i] = x[i] + b[(i / inner) % channels];
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n, float alpha, float beta) {
+  KILN_GRID_STRIDE(i, n) y[i] = alpha * a[i] + beta * b[i];
+}
+
+__global__ void mul_kernel(const float* a, const float* b, float* y, int64_t n) {
+  KILN_GRID_STRIDE(i, n) y[i] = a[i] * b[i];
+}
+
+__global__ void axpby_kernel(const float* x, float* y, int64_t n, float alpha, float beta) {
+  KILN_GRID_STRIDE(i, n) y[i] = alpha * x[i] + beta * y[i];
+}
+
+__global__ void scale_kernel(const float* x, float* y, int64_t n, float alpha) {
+  KILN_GRID_STRIDE(i, n) y[i] = alpha * x[i];
+}
+
+__global__ void fill_kernel(float* y, int64_t n, float value) {
+  KILN_GRID_STRIDE(i, n) y[i] = value;
+}
+
+__global__ void activation_forward_kernel(Act act, const float* x, float* y, int64_t n) {
+  KILN_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    switch (act) {
+      case Act::relu: y[i] = v < 0.f ? 0.f : v; break;  // NaN passes through, like the reference
+      case Act::sigmoid: y[i] = 1.f / (1.f + expf(-v)); break;
+      case Act::tanh: y[i] = tanhf(v); break;
+    }
+  }
+}
+
+__global__ void activation_backward_kernel(Act act, const float* y, const float* dy, float* dx, int64_t n) {
+  KILN_GRID_STRIDE(i, n) {
+    const float v = y[i], g = dy[i];
+    switch (act) {
+      case Act::relu: dx[i] = v > 0.f ? g : 0.f; break;
+      case Act::sigmoid: dx[i] = g * v * (1.f - v); break;
+      case Act::tanh: dx[i] = g * (1.f - v * v); break;
+    }
+  }
+}
+
+// kiln_hash32 / dropout_uniform of core/include/kiln/reference.hpp, bit for bit.
+__device__ __forceinline__ uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+__global__ void dropout_kernel(const float* x, float* y, int64_t n, DropoutParams host, const DropoutParams* dev) {
+  const DropoutParams p = dev ? *dev : host;
+  const uint32_t key = hash32(p.counter ^ hash32(p.seed));
+  const float keep_scale = 1.0f - p.rate;
+  KILN_GRID_STRIDE(i, n) {
+    const uint32_t h = hash32(static_cast<uint32_t>(i) ^ key);
+    const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+    y[i] = u >= p.rate ? x[i] / keep_scale : 0.0f;
+  }
+}
+
+__global__ void shift_copy_kernel(const float* in, float* out, int64_t total, int64_t ih, int64_t iw, int64_t oh,
+                                  int64_t ow, int64_t dy, int64_t dx) {
+  KILN_GRID_STRIDE(i, total) {
+    const int64_t x = i % ow, y = (i / ow) % oh, p = i / (ow * oh);
+    const int64_t sy = y + dy, sx = x + dx;
+    out[i] = (sy >= 0 && sy < ih && sx >= 0 && sx < iw) ? in[(p * ih + sy) * iw + sx] : 0.f;
+  }
+}
+
+}  // namespace
+
+void bias_add(cudaStream_t s, const float* x, const float* b, float* y, int64_t outer, int64_t channels,
+              int64_t inner) {
+  const int64_t n = outer * channels * inner;
+  if (n == 0) return;
+  bias_add_kernel<<<grid_for(n), kThreads, 0, s>>>(x, b, y, n, channels, inner);
+  KILN_CUDA_LAUNCHED("bias_add_kernel");
+}
+
+void add(cudaStream_t s, const float* a, const float* b, float* y, int64_t n, float alpha, float beta) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, y, n, alpha, beta);
+  KILN_CUDA_LAUNCHED("add_kernel");
+}
+
+void mul(cudaStream_t s, const float* a, const float* b, float* y, int64_t n) {
+  if (n == 0) return;
+  mul_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, y, n);
+  KILN_CUDA_LAUNCHED("mul_kernel");
+}
+
+void axpby(cudaStream_t s, const float* x, float* y, int64_t n, float alpha, float beta) {
+  if (n == 0) return;
+  axpby_kernel<<<grid_for(n), kThreads, 0, s>>>(x, y, n, alpha, beta);
+  KILN_CUDA_LAUNCHED("axpby_kernel");
+}
+
+void scale(cudaStream_t s, const float* x, float* y, int64_t n, float alpha) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, s>>>(x, y, n, alpha);
+  KILN_CUDA_LAUNCHED("scale_kernel");
+}
+
+void fill(cudaStream_t s, float* y, int64_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, s>>>(y, n, value);
+  KILN_CUDA_LAUNCHED("fill_kernel");
+}
+
+void activation_forward(cudaStream_t s, Act act, const float* x, float* y, int64_t n) {
+  if (n == 0) return;
+  activation_forward_kernel<<<grid_for(n), kThreads, 0, s>>>(act, x, y, n);
+  KILN_CUDA_LAUNCHED("activation_forward_kernel");
+}
+
+void activation_backward(cudaStream_t s, Act act, const float* y, const float* dy, float* dx, int64_t n) {
+  if (n == 0) return;
+  activation_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(act, y, dy, dx, n);
+  KILN_CUDA_LAUNCHED("activation_backward_kernel");
+}
+
+void dropout(cudaStream_t s, const float* x, float* y, int64_t n, const DropoutParams& p, const DropoutParams* dev) {
+  if (n == 0) return;
+  dropout_kernel<<<grid_for(n), kThreads, 0, s>>>(x, y, n, p, dev);
+  KILN_CUDA_LAUNCHED("dropout_kernel");
+}
+
+void shift_copy(cudaStream_t s, const float* in, float* out, int64_t planes, int64_t ih, int64_t iw, int64_t oh,
+                int64_t ow, int64_t dy, int64_t dx) {
+  const int64_t total = planes * oh * ow;
+  if (total == 0) return;
+  shift_copy_kernel<<<grid_for(total), kThreads, 0, s>>>(in, out, total, ih, iw, oh, ow, dy, dx);
+  KILN_CUDA_LAUNCHED("shift_copy_kernel");
+}
+
+}  // namespace kiln::cuda::kernels

@@ -1,0 +1,24 @@
+#version 450
+// Row-wise softmax, max-subtracted; one workgroup per row.
+#include "common.glsl"
+#define WG_SIZE 64u
+layout(local_size_x = 64) in;
+#include "reduce.glsl"
+BUF_RO(0, X)
+BUF_WO(1, Y)
+KILN_PUSH_BEGIN
+  uint rows; uint cols;
+KILN_PUSH_END
+void main() {
+  const uint lid = gl_LocalInvocationID.x;
+  for (uint row = gl_WorkGroupID.x; row < pc.rows; row += gl_NumWorkGroups.x) {
+    const uint xo = pc.base0 + row * pc.cols, yo = pc.base1 + row * pc.cols;
+    float mx = -1.0 / 0.0;
+    for (uint j = lid; j < pc.cols; j += WG_SIZE) mx = max(mx, X[xo + j]);
+    mx = wg_max(mx);
+    float s = 0.0;
+    for (uint j = lid; j < pc.cols; j += WG_SIZE) s += exp(X[xo + j] - mx);
+    s = wg_sum(s);
+    for (uint j = lid; j < pc.cols; j += WG_SIZE) Y[yo + j] = exp(X[xo + j] - mx) / s;
+  }
+}

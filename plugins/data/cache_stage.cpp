@@ -1,0 +1,179 @@
+// Cache stage: records the upstream's epoch-0 stream once, then serves every later epoch from the cache without
+// touching the upstream. kind = "memory" keeps the elements in RAM; kind = "file" writes them to `path` (see
+// cache_file.hpp) and reuses a complete, valid file across runs. Whatever comes before the cache is frozen at its
+// epoch-0 output: put shuffling and random augmentation after it.
+// save() records the position only: if the cache is complete it seeks; if not (a memory cache in a new process,
+// or a file not yet complete) restore() refills it by replaying the upstream's epoch 0 up to that position.
+#include <cstdio>
+#include <optional>
+
+#include "cache_file.hpp"
+#include "common.hpp"
+#include "stages.hpp"
+
+namespace kiln::data {
+namespace {
+
+class CacheStage final : public Stage {
+ public:
+  CacheStage(std::unique_ptr<Stage> up, bool file, std::string path)
+      : up_(std::move(up)), file_(file), path_(std::move(path)), x_(up_->example_shape()), y_(up_->label_shape()) {
+    if (file_) open_existing();
+  }
+
+  std::string name() const override { return "cache"; }
+  Shape example_shape() const override { return x_; }
+  Shape label_shape() const override { return y_; }
+  int64_t size_hint() const override {
+    if (complete_) return static_cast<int64_t>(file_ ? reader_->examples() : memory_examples_);
+    return up_->size_hint();
+  }
+
+  void reset(uint64_t) override {
+    pos_ = 0;
+    if (complete_) {
+      if (reader_) reader_->seek(0);
+      return;
+    }
+    start_fill();
+  }
+
+  std::optional<Element> next() override {
+    if (complete_) {
+      ScopedTimer t(stats_.busy_seconds);
+      if (pos_ >= count()) return std::nullopt;
+      Element e = file_ ? reader_->next() : memory_[pos_];
+      ++pos_;
+      ++stats_.elements;
+      return e;
+    }
+    std::optional<Element> e;
+    {
+      ScopedTimer t(stats_.wait_seconds);
+      e = up_->next();
+    }
+    ScopedTimer t(stats_.busy_seconds);
+    if (!e) {
+      finish_fill();
+      return std::nullopt;
+    }
+    record(*e);
+    ++pos_;
+    ++stats_.elements;
+    return e;
+  }
+
+  StageState save() const override {
+    StateWriter w;
+    w.tag(name(), 1);
+    w.u64(pos_);
+    return w.take();
+  }
+
+  void restore(const StageState& s) override {
+    StateReader r(s, name(), 1);
+    uint64_t pos = r.u64();
+    r.done();
+    if (complete_) {
+      if (pos > count())
+        r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(count()) +
+               " cached elements (was the cache rebuilt from other data?)");
+      if (reader_) reader_->seek(pos);
+      pos_ = pos;
+      return;
+    }
+    start_fill();
+    for (uint64_t i = 0; i < pos; ++i) {
+      std::optional<Element> e = up_->next();
+      if (!e)
+        r.fail("replaying " + std::to_string(pos) + " elements to refill the cache ran out after " +
+               std::to_string(i) + " (has the upstream data changed?)");
+      record(*e);
+      ++pos_;
+    }
+  }
+
+  void collect_stats(std::vector<StageStats>& out) const override {
+    up_->collect_stats(out);
+    out.push_back(stats_);
+    out.back().name = name();
+  }
+
+ private:
+  uint64_t count() const { return file_ ? reader_->elements() : memory_.size(); }
+
+  void open_existing() {
+    std::string why;
+    reader_ = CacheReader::open(path_, x_, y_, why);
+    const int64_t expect = up_->size_hint();
+    if (reader_ && expect >= 0 && static_cast<int64_t>(reader_->examples()) != expect) {
+      why = "holds " + std::to_string(reader_->examples()) + " examples, the upstream has " + std::to_string(expect);
+      reader_.reset();
+    }
+    complete_ = reader_ != nullptr;
+    if (!complete_ && why != "no such file")
+      std::fprintf(stderr, "kiln: warning: data cache %s is not usable (%s); rebuilding it from the source\n",
+                   path_.c_str(), why.c_str());
+  }
+
+  // The cache always holds the upstream's epoch 0, whichever epoch is running.
+  void start_fill() {
+    up_->reset(0);
+    pos_ = 0;
+    memory_.clear();
+    memory_examples_ = 0;
+    writer_.reset();
+    if (file_) writer_ = std::make_unique<CacheWriter>(path_, x_, y_);
+  }
+
+  void record(const Element& e) {
+    if (file_) {
+      writer_->append(e);
+    } else {
+      memory_.push_back(e);
+      memory_examples_ += static_cast<uint64_t>(example_count(e));
+    }
+  }
+
+  void finish_fill() {
+    if (file_) {
+      writer_->commit();
+      writer_.reset();
+      std::string why;
+      reader_ = CacheReader::open(path_, x_, y_, why);
+      if (!reader_) throw DataError("cache: the file just written, " + path_ + ", does not read back: " + why);
+      reader_->seek(count());
+    }
+    complete_ = true;
+    pos_ = count();
+  }
+
+  std::unique_ptr<Stage> up_;
+  bool file_;
+  std::string path_;
+  Shape x_, y_;
+  bool complete_ = false;
+  uint64_t pos_ = 0, memory_examples_ = 0;
+  std::vector<Element> memory_;
+  std::unique_ptr<CacheWriter> writer_;
+  std::unique_ptr<CacheReader> reader_;
+  StageStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Stage> make_cache(const ConfigNode& cfg, StageContext ctx) {
+  require_upstream(cfg, ctx, "cache");
+  std::string kind = cfg.get_choice("kind", {"memory", "file"}, "memory");
+  std::string path;
+  if (kind == "file") {
+    if (!cfg.has("path")) cfg.fail("path", "is required for kind = \"file\" (where the cache file is written)");
+    path = resolve_path(ctx.base_dir, cfg.get_string("path"));
+  } else if (cfg.has("path")) {
+    cfg.fail("path", "is only used with kind = \"file\"; a memory cache has no path");
+  }
+  cfg.finish();
+  return std::make_unique<CacheStage>(std::move(ctx.upstream), kind == "file", path);
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,95 @@
+// Helpers shared by the data stages: saved-state encoding, counter-based randomness, timing, element
+// stacking, path resolution.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kiln/data.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::data {
+
+// A path as given in the config, resolved against the config's directory when relative.
+std::string resolve_path(const std::string& base_dir, const std::string& path);
+
+// Appends typed fields to a StageState. Every stage starts its state with tag(name(), version).
+class StateWriter {
+ public:
+  void tag(const std::string& stage, uint32_t version);
+  void u64(uint64_t v) { put(&v, sizeof v); }
+  void i64(int64_t v) { put(&v, sizeof v); }
+  void f64(double v) { put(&v, sizeof v); }
+  void str(const std::string& s);
+  void blob(const StageState& s);  // a nested state (the upstream's)
+  void element(const Element& e);
+  StageState take() { return std::move(out_); }
+
+ private:
+  void put(const void* p, size_t n);
+  StageState out_;
+};
+
+// Reads what StateWriter wrote; any mismatch or short read is a DataError naming the stage.
+class StateReader {
+ public:
+  StateReader(const StageState& s, const std::string& stage, uint32_t version);
+  uint64_t u64() { uint64_t v; get(&v, sizeof v); return v; }
+  int64_t i64() { int64_t v; get(&v, sizeof v); return v; }
+  double f64() { double v; get(&v, sizeof v); return v; }
+  std::string str();
+  StageState blob();
+  Element element();
+  void done() const;  // throws if bytes are left over
+  [[noreturn]] void fail(const std::string& what) const;
+
+ private:
+  void get(void* p, size_t n);
+  const StageState& s_;
+  std::string stage_;
+  size_t pos_ = 0;
+};
+
+// Stateless randomness: every draw is a hash of (key, counter), so results do not depend on which thread
+// draws or in which order elements are processed.
+uint64_t mix64(uint64_t x);
+inline uint64_t hash_key(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0) {
+  return mix64(mix64(mix64(mix64(a ^ 0x9e3779b97f4a7c15ULL) ^ b) ^ c) ^ d);
+}
+
+class CounterRng {
+ public:
+  explicit CounterRng(uint64_t key) : key_(key) {}
+  uint64_t next_u64() { return mix64(key_ ^ mix64(++counter_)); }
+  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }  // [0, 1)
+  uint64_t below(uint64_t n) { return n ? next_u64() % n : 0; }
+  float normal();
+
+ private:
+  uint64_t key_;
+  uint64_t counter_ = 0;
+};
+
+// Adds the elapsed wall time to `acc` when it goes out of scope.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& acc) : acc_(acc), t0_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() { acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  double& acc_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// Number of examples in an element (1 for a single example).
+inline int64_t example_count(const Element& e) { return e.batch > 0 ? e.batch : 1; }
+// Stacks single examples into one batch element; throws DataError (naming `stage`) on shape mismatch.
+Element stack_examples(std::vector<Element>& examples, const std::string& stage);
+// The examples of a batch element (a single example is returned as is).
+std::vector<Element> split_examples(Element e);
+
+}  // namespace kiln::data

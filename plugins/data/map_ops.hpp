@@ -1,0 +1,26 @@
+// Per-example transforms of the map stage. Each op checks at build time that the shapes it will see fit,
+// and transforms one example (batch == 0) in place; random ops draw only from the rng they are given.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "common.hpp"
+#include "kiln/config.hpp"
+
+namespace kiln::data {
+
+class MapOp {
+ public:
+  virtual ~MapOp() = default;
+  virtual std::string name() const = 0;
+  virtual void apply(Element& e, CounterRng& rng) const = 0;
+  Shape x_out, y_out;  // shapes after the op
+};
+
+// Builds the op described by `cfg` (key "op" selects it) for examples of shapes x, y. Throws ConfigError
+// naming the key when the op or its parameters do not fit. Calls cfg.finish().
+std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const Shape& y);
+// The scale op without a config table (used by the "scale" stage).
+std::unique_ptr<MapOp> make_scale_op(double factor, const Shape& x, const Shape& y);
+
+}  // namespace kiln::data

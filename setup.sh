@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Kiln's one-stop script: installs what is missing (Debian 12), builds, and runs the sample or the tests.
+#   ./setup.sh sample   install + build + train the Fashion-MNIST MLP sample on the CPU
+#   ./setup.sh test     install + build + run the whole test suite (what CI runs)
+#   ./setup.sh build    install + build only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+what="${1:-sample}"
+BUILD_DIR="${KILN_BUILD_DIR:-build}"
+JOBS="${KILN_JOBS:-$(nproc)}"
+
+PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev
+  libtomlplusplus-dev libboost-dev libboost-filesystem-dev catch2 libcli11-dev libspdlog-dev libfmt-dev
+  libopenblas-dev libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
+  dataset-fashion-mnist)
+
+install_missing() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+build() {
+  echo "== configuring ($BUILD_DIR)"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR.configure.log" 2>&1 ||
+    { cat "$BUILD_DIR.configure.log"; exit 1; }
+  grep -E "Kiln:" "$BUILD_DIR.configure.log" || true
+  echo "== building with $JOBS jobs"
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+case "$what" in
+  sample)
+    install_missing
+    build
+    echo "== training samples/fashion_mnist_mlp.toml on the CPU"
+    "$BUILD_DIR/bin/kiln" train samples/fashion_mnist_mlp.toml
+    ;;
+  test)
+    install_missing
+    build
+    echo "== running the test suite"
+    cd "$BUILD_DIR"
+    ctest --output-on-failure --timeout 900 -j 1
+    ;;
+  build)
+    install_missing
+    build
+    ;;
+  *)
+    echo "usage: ./setup.sh sample|test|build" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,142 @@
+// The CUDA plugin without a GPU: it loads, registers its backend and communicator, lists no devices with the
+// driver's reason, refuses to open one, and formats library errors. With a GPU the same tests check what the
+// device reports instead.
+#include <dlfcn.h>
+
+#include <regex>
+
+#include "kiln/error.hpp"
+#include "test_cuda_support.hpp"
+
+using namespace kiln;
+namespace kc = kiln::test::cuda;
+
+TEST_CASE("cuda plugin loads and registers the cuda backend and the nccl communicator", "[cuda]") {
+  if (!std::filesystem::exists(kc::plugin_path())) {
+    WARN("skipped: this build has no CUDA backend (nvcc or the CUDA toolkit was not found)");
+    return;
+  }
+  test::registry();  // loads every plugin of the build
+  for (const auto& p : test::loader().plugins())
+    if (p.path.find("libkiln_cuda.so") != std::string::npos) INFO("loader error: " << p.error);
+  REQUIRE(test::registry().has_backend("cuda"));
+  CHECK(test::registry().has_communicator("nccl"));
+  const auto& provided = test::registry().provided();
+  REQUIRE(provided.count("cuda") == 1);
+}
+
+TEST_CASE("cuda backend without a device lists none and gives the driver's reason", "[cuda]") {
+  std::string why;
+  auto b = kc::backend_or_reason(why);
+  KILN_CUDA_SKIP_IF_NO(b, why);
+  CHECK(b->name() == "cuda");
+  const auto devices = b->enumerate();
+  if (!devices.empty()) {
+    // A GPU machine: what enumerate() says about each device instead.
+    for (const auto& d : devices) {
+      INFO(d.label() << " " << d.name << " " << d.hardware_id);
+      CHECK(d.backend == "cuda");
+      CHECK(d.name.find("(sm_") != std::string::npos);
+      CHECK(d.name.find("GPU-") != std::string::npos);  // the UUID
+      CHECK(std::regex_match(d.hardware_id, std::regex("[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.0")));
+      CHECK(d.total_memory > 0);
+      CHECK(d.free_memory <= d.total_memory);
+    }
+    CHECK(b->unavailable_reason().empty());
+    return;
+  }
+  const std::string reason = b->unavailable_reason();
+  INFO("reason: " << reason);
+  // "cudaGetDeviceCount: cudaErrorInsufficientDriver: CUDA driver version is insufficient ..." or similar.
+  REQUIRE(reason.rfind("cudaGetDeviceCount: ", 0) == 0);
+  CHECK(reason.size() > std::string("cudaGetDeviceCount: ").size() + 10);
+  try {
+    b->open(0);
+    FAIL("open(0) succeeded without a device");
+  } catch (const DeviceError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("cuda:0") != std::string::npos);
+    CHECK(msg.find(reason) != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda backend refuses an index past the devices present", "[cuda]") {
+  std::string why;
+  auto b = kc::backend_or_reason(why);
+  KILN_CUDA_SKIP_IF_NO(b, why);
+  CHECK_THROWS_AS(b->open(64), DeviceError);
+  CHECK_THROWS_WITH(b->open(64), Catch::Contains("cuda:64"));
+  CHECK_THROWS_AS(b->open(-1), DeviceError);
+}
+
+namespace {
+
+using FormatFn = size_t (*)(const char*, int, const char*, char*, size_t);
+
+std::string format(FormatFn f, const char* lib, int code, const char* call) {
+  char buf[1024];
+  const size_t n = f(lib, code, call, buf, sizeof buf);
+  REQUIRE(n == std::string(buf).size());
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE("cuda error messages name the call, the library's error name and its text", "[cuda]") {
+  if (!std::filesystem::exists(kc::plugin_path())) {
+    WARN("skipped: this build has no CUDA backend");
+    return;
+  }
+  void* lib = dlopen(kc::plugin_path().c_str(), RTLD_NOW | RTLD_LOCAL);
+  INFO("dlopen: " << (lib ? "" : dlerror()));
+  REQUIRE(lib);
+  auto f = reinterpret_cast<FormatFn>(dlsym(lib, "kiln_cuda_format_error"));
+  REQUIRE(f);
+
+  const std::string oom = format(f, "cuda", 2, "cudaMalloc(&p, bytes)");  // cudaErrorMemoryAllocation
+  CHECK(oom.rfind("CUDA call cudaMalloc(&p, bytes) failed: ", 0) == 0);
+  CHECK_THAT(oom, Catch::Contains("cudaErrorMemoryAllocation") && Catch::Contains("out of memory"));
+  CHECK_THAT(oom, Catch::Contains("[status 2]"));
+
+  const std::string nodev = format(f, "cuda", 100, "cudaGetDeviceCount(&n)");  // cudaErrorNoDevice
+  CHECK_THAT(nodev, Catch::Contains("cudaErrorNoDevice") && Catch::Contains("Hint: ") &&
+                        Catch::Contains("CUDA_VISIBLE_DEVICES"));
+
+  const std::string blas = format(f, "cublas", 7, "cublasGemmEx(...)");  // CUBLAS_STATUS_INVALID_VALUE
+  CHECK(blas.rfind("cuBLAS call cublasGemmEx(...) failed: CUBLAS_STATUS_INVALID_VALUE (", 0) == 0);
+
+  const std::string dnn = format(f, "cudnn", 2000, "cudnnConvolutionForward(...)");  // CUDNN_STATUS_BAD_PARAM
+  CHECK_THAT(dnn, Catch::StartsWith("cuDNN call cudnnConvolutionForward(...) failed: CUDNN_STATUS_BAD_PARAM"));
+
+  const std::string nccl = format(f, "nccl", 4, "ncclAllReduce(...)");  // ncclInvalidArgument
+  CHECK_THAT(nccl, Catch::StartsWith("NCCL call ncclAllReduce(...) failed: ncclInvalidArgument (invalid argument"));
+
+  CHECK(f("opencl", 1, "x", nullptr, 0) == 0);
+  char small[8];
+  const size_t full = f("cuda", 2, "cudaMalloc(&p, bytes)", small, sizeof small);
+  CHECK(full == oom.size());
+  CHECK(std::string(small) == oom.substr(0, 7));
+  dlclose(lib);
+}
+
+TEST_CASE("nccl communicator refuses devices that are not CUDA devices", "[cuda]") {
+  if (!test::registry().has_communicator("nccl")) {
+    WARN("skipped: this build has no NCCL communicator");
+    return;
+  }
+  const auto& make = test::registry().communicator("nccl");
+  CHECK_THROWS_WITH(make({}), Catch::Contains("no devices"));
+  if (!test::registry().has_backend("cpu")) {
+    WARN("skipped the cpu half: no cpu backend in this build");
+    return;
+  }
+  auto cpu = test::registry().backend("cpu")(BackendOptions{});
+  auto dev = cpu->open(0);
+  Device* devs[] = {dev.get()};
+  try {
+    make(devs);
+    FAIL("a cpu device was accepted");
+  } catch (const DeviceError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("cpu:0") && Catch::Contains("not a CUDA device"));
+  }
+}
