@@ -117,6 +117,70 @@ void bench_conv(Device& dev, int reps) {
   }
 }
 
+// Every op of the Fashion-MNIST CNN's training step at batch 64, timed one by one (best of reps), with
+// fresh random buffers sized by op_arity. Prints each op and the sum.
+void bench_cnn_ops(Device& dev, int reps) {
+  const int64_t n = 64;
+  const ConvAttrs c1{n, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 28, 28}, c2{n, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14};
+  const PoolAttrs p1{n, 32, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14}, p2{n, 64, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7};
+  struct Op {
+    const char* name;
+    OpKind kind;
+    OpAttrs attrs;
+  };
+  const std::vector<Op> ops = {
+      {"conv1 forward", OpKind::Conv2dForward, c1},
+      {"conv1 bias", OpKind::BiasAdd, BiasAttrs{n, 32, 784}},
+      {"conv1 relu", OpKind::ActivationForward, ActivationAttrs{Activation::relu, n * 32 * 784}},
+      {"pool1 forward", OpKind::MaxPoolForward, p1},
+      {"conv2 forward", OpKind::Conv2dForward, c2},
+      {"conv2 bias", OpKind::BiasAdd, BiasAttrs{n, 64, 196}},
+      {"conv2 relu", OpKind::ActivationForward, ActivationAttrs{Activation::relu, n * 64 * 196}},
+      {"pool2 forward", OpKind::MaxPoolForward, p2},
+      {"dense1 gemm", OpKind::Gemm, GemmAttrs{n, 128, 3136}},
+      {"dense1 bias+relu", OpKind::BiasAdd, BiasAttrs{n, 128, 1}},
+      {"dense2 gemm", OpKind::Gemm, GemmAttrs{n, 10, 128}},
+      {"softmax xent", OpKind::SoftmaxCrossEntropy, LossAttrs{n, 10, 1.f / n}},
+      {"dense2 dW", OpKind::Gemm, GemmAttrs{128, 10, n, true, false}},
+      {"dense2 dx", OpKind::Gemm, GemmAttrs{n, 128, 10, false, true}},
+      {"dense1 relu backward", OpKind::ActivationBackward, ActivationAttrs{Activation::relu, n * 128}},
+      {"dense1 dW", OpKind::Gemm, GemmAttrs{3136, 128, n, true, false}},
+      {"dense1 db", OpKind::BiasGrad, BiasAttrs{n, 128, 1}},
+      {"dense1 dx", OpKind::Gemm, GemmAttrs{n, 3136, 128, false, true}},
+      {"pool2 backward", OpKind::MaxPoolBackward, p2},
+      {"conv2 relu backward", OpKind::ActivationBackward, ActivationAttrs{Activation::relu, n * 64 * 196}},
+      {"conv2 db", OpKind::BiasGrad, BiasAttrs{n, 64, 196}},
+      {"conv2 backward filter", OpKind::Conv2dBackwardFilter, c2},
+      {"conv2 backward data", OpKind::Conv2dBackwardData, c2},
+      {"pool1 backward", OpKind::MaxPoolBackward, p1},
+      {"conv1 relu backward", OpKind::ActivationBackward, ActivationAttrs{Activation::relu, n * 32 * 784}},
+      {"conv1 db", OpKind::BiasGrad, BiasAttrs{n, 32, 784}},
+      {"conv1 backward filter", OpKind::Conv2dBackwardFilter, c1},
+      {"adam dense1 kernel", OpKind::AdamUpdate, AdamAttrs{3136 * 128}},
+      {"adam conv2 kernel", OpKind::AdamUpdate, AdamAttrs{64 * 32 * 9}},
+  };
+  std::printf("\nCNN training step ops, batch 64 (each timed alone)\n%-24s %10s\n", "op", "ms");
+  double total = 0;
+  for (const auto& op : ops) {
+    const OpArity ar = op_arity(op.kind, op.attrs);
+    std::vector<int64_t> sizes(ar.in.begin(), ar.in.end());
+    sizes.insert(sizes.end(), ar.out.begin(), ar.out.end());
+    Buffers b(dev, sizes);
+    std::vector<int> in, out;
+    for (size_t i = 0; i < ar.in.size(); ++i) in.push_back(int(i));
+    for (size_t o = 0; o < ar.out.size(); ++o) out.push_back(int(ar.in.size() + o));
+    if (op.kind == OpKind::AdamUpdate)  // v must be >= 0
+      for (float* p = b.views[3].host(), *e = p + ar.out[2]; p < e; ++p) *p = *p < 0 ? -*p : *p;
+    Block* ws = nullptr;
+    OpCall c = call_for(dev, op.kind, op.attrs, b, in, out, ws);
+    const double t = best_time(reps, [&] { dev.run(c); });
+    if (ws) dev.free_block(ws);
+    total += t;
+    std::printf("%-24s %10.3f\n", op.name, t * 1e3);
+  }
+  std::printf("%-24s %10.3f\n", "sum", total * 1e3);
+}
+
 // An MLP 784-256-256-10 step's ops at batch n (gemms, bias, relu, their backward, Adam), run as calls.
 // `direct_blas` runs the GEMMs with cblas_sgemm on OpenBLAS's own threads instead of through the device.
 double mlp_step(Device& dev, int64_t n, bool direct_blas, int reps) {
@@ -203,6 +267,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", dev->info().name.c_str());
     bench_gemm(*dev, reps);
     bench_conv(*dev, std::max(3, reps / 4));
+    bench_cnn_ops(*dev, std::max(3, reps / 4));
     std::printf("\nMLP 784-256-256-10 step ops (median ms)\n%-8s %22s %26s\n", "batch", "A: OpenBLAS 1t in OMP",
                 "B: OpenBLAS pthreads + OMP");
     for (int64_t n : {32, 128}) {

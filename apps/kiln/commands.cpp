@@ -67,51 +67,7 @@ int cmd_train(const Options& o) {
   return 0;
 }
 
-int cmd_plan(const Options& o) {
-  PluginLoader loader;
-  Registry reg = Registry::with_builtins();
-  load_plugins(o, loader, reg, o.config);
-  Config cfg = Config::load_file(o.config, o.overrides);
-  Session s(cfg, reg);
-  if (auto train = s.make_pipeline("train")) s.model().label_shape = train->label_shape();
-  std::cout << "model: " << s.run_name() << " (input " << s.model().input_shape.str() << ", batch " << s.train().batch_size << ")\n";
-  std::cout << format_layer_table(layer_table(s.model()));
-  s.open_devices();
-  auto ctx = s.runner_context();
-  auto plans = s.strategy().plan(ctx);
-  std::vector<size_t> limits;
-  for (auto& d : ctx.devices) limits.push_back(d.allocator->limit());
-  bool fits = true;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    size_t limit = limits.at(std::min(i, limits.size() - 1));
-    std::cout << format_device_plan(plans[i], limit);
-    fits = fits && plans[i].total() <= limit;
-  }
-  int64_t best = largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size);
-  std::cout << "largest batch size that fits: " << best << "\n";
-  return fits ? 0 : 1;
-}
-
-int cmd_devices(const Options& o) {
-  PluginLoader loader;
-  Registry reg = Registry::with_builtins();
-  load_plugins(o, loader, reg);
-  for (const auto& name : reg.backend_names()) {
-    if (!o.backend.empty() && name != o.backend) continue;
-    auto b = reg.backend(name)(BackendOptions{});
-    auto list = b->enumerate();
-    std::cout << "backend " << name << ": " << list.size() << " device(s)";
-    if (list.empty()) std::cout << " (" << b->unavailable_reason() << ")";
-    std::cout << "\n";
-    for (const auto& d : list) {
-      std::cout << "  " << d.label() << "  " << d.name << "\n"
-                << "      hardware id " << d.hardware_id << ", memory " << format_bytes(d.free_memory) << " free of "
-                << format_bytes(d.total_memory) << "\n";
-      for (const auto& p : d.processes) std::cout << "      used by " << p << "\n";
-    }
-  }
-  return 0;
-}
+// cmd_plan: plan_cmd.cpp; cmd_devices: devices_cmd.cpp.
 
 int cmd_plugins(const Options& o) {
   PluginLoader loader;

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -50,7 +51,8 @@ CpuBackend::CpuBackend(const BackendOptions& opts) : devices_(opts.virtual_devic
     throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
   if (threads_ < 0)
     throw ConfigError("cpu backend: threads must be >= 0 (0 = all cores), found " + std::to_string(threads_));
-  if (threads_ == 0) threads_ = omp_get_max_threads();  // all cores unless OMP_NUM_THREADS says otherwise
+  // 0: the devices share all cores (OMP_NUM_THREADS caps them), since data-parallel runs them concurrently.
+  if (threads_ == 0) threads_ = std::max(1, omp_get_max_threads() / devices_);
 }
 
 std::vector<DeviceInfo> CpuBackend::enumerate() {

@@ -1,5 +1,6 @@
 // The fused losses. Each is two independent dispatches: the gradient (parallel over elements or rows) and the
 // scalar loss (one workgroup, fixed-order tree sum), so no workspace is needed and results are deterministic.
+#include <algorithm>
 #include <variant>
 
 #include "vulkan_ops.hpp"
@@ -27,11 +28,20 @@ void run_loss(Encoder& e, const OpCall& c) {
   struct {
     uint32_t count;
     float per;
-    uint32_t kind, mode;
-  } p{u32(count), per, kind, 0};
+    uint32_t kind, mode, i0, i1, accumulate;
+  } p{u32(count), per, kind, 0, 0, 0, 0};
   e.dispatch("loss", {rd(c.in[0]), rd(c.in[1]), unused(c.out[0]), wr(c.out[1])}, p, e.groups_for(count));
+  // The scalar loss: one workgroup per slice short enough for one shader loop, later slices accumulate.
   p.mode = 1;
-  e.dispatch("loss", {rd(c.in[0]), rd(c.in[1]), wr(c.out[0]), unused(c.out[1])}, p, 1);
+  const int64_t slice = 256 * kMaxLoop;
+  int64_t i0 = 0;
+  do {
+    p.i0 = u32(i0);
+    p.i1 = u32(std::min(count, i0 + slice));
+    p.accumulate = i0 > 0;
+    e.dispatch("loss", {rd(c.in[0]), rd(c.in[1]), i0 > 0 ? rw(c.out[0]) : wr(c.out[0]), unused(c.out[1])}, p, 1);
+    i0 += slice;
+  } while (i0 < count);
 }
 
 }  // namespace kiln::vulkan

@@ -18,10 +18,17 @@ Support tiles_fit(int64_t rows, int64_t cols, const DeviceLimits& l) {
   return {};
 }
 
+// A shader loop over `n` items, `per_iteration` at a time, must stay within kMaxLoop iterations.
+Support loop_fits(int64_t n, int64_t per_iteration, const char* what) {
+  if (n <= per_iteration * kMaxLoop) return {};
+  return no(std::string(what) + " = " + std::to_string(n) + " exceeds " + std::to_string(per_iteration * kMaxLoop) +
+            ", the longest loop these kernels run in one invocation (llvmpipe ends loops after 65535 iterations)");
+}
+
 Support window_fits(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t kh, int64_t kw) {
-  constexpr int64_t kMax = 1 << 20;
+  constexpr int64_t kMax = kMaxLoop;  // windows are walked by shader loops
   if (sh > kMax || sw > kMax || ph > kMax || pw > kMax || kh > kMax || kw > kMax)
-    return no("strides, paddings and window sizes above 2^20 are not supported");
+    return no("strides, paddings and window sizes above " + std::to_string(kMax) + " are not supported");
   return {};
 }
 
@@ -47,6 +54,7 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
   switch (kind) {
     case OpKind::Gemm: {
       const auto& a = std::get<GemmAttrs>(attrs);
+      if (Support s = loop_fits(a.k, 16, "k"); !s.yes) return s;
       return tiles_fit(a.m, a.n, limits);
     }
     case OpKind::Conv2dForward:
@@ -54,8 +62,16 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
     case OpKind::Conv2dBackwardFilter: {
       const auto& a = std::get<ConvAttrs>(attrs);
       if (Support s = window_fits(a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.r, a.s); !s.yes) return s;
-      if (kind == OpKind::Conv2dForward) return tiles_fit(a.n * a.oh * a.ow, a.k, limits);
-      if (kind == OpKind::Conv2dBackwardData) return tiles_fit(a.n * a.h * a.w, a.c, limits);
+      if (kind == OpKind::Conv2dForward) {
+        if (Support s = loop_fits(a.c * a.r * a.s, 16, "c*r*s"); !s.yes) return s;
+        return tiles_fit(a.n * a.oh * a.ow, a.k, limits);
+      }
+      if (kind == OpKind::Conv2dBackwardData) {
+        if (Support s = loop_fits(a.k * a.r * a.s, 16, "k*r*s"); !s.yes) return s;
+        return tiles_fit(a.n * a.h * a.w, a.c, limits);
+      }
+      // Without a workspace the filter gradient reduces n*oh*ow in one pass.
+      if (Support s = loop_fits(a.n * a.oh * a.ow, 16, "n*oh*ow"); !s.yes) return s;
       return tiles_fit(a.k, a.c * a.r * a.s, limits);
     }
     case OpKind::MaxPoolForward:
@@ -71,6 +87,14 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
       if (static_cast<int>(a.act) > static_cast<int>(Activation::tanh))
         return no("unknown activation " + std::to_string(static_cast<int>(a.act)));
       return {};
+    }
+    case OpKind::SoftmaxForward:
+    case OpKind::SoftmaxBackward:
+      return loop_fits(std::get<SoftmaxAttrs>(attrs).cols, 64, "cols");
+    case OpKind::SoftmaxCrossEntropy: {
+      const auto& a = std::get<LossAttrs>(attrs);
+      if (Support s = loop_fits(a.cols, 1, "cols"); !s.yes) return s;  // the loss walks each row serially
+      return loop_fits(a.rows, 64, "rows");
     }
     default: return {};
   }

@@ -29,6 +29,10 @@ void run_concat(Encoder& e, const OpCall& c);
 void run_dropout(Encoder& e, const OpCall& c);
 void run_optimizer(Encoder& e, const OpCall& c);
 
+// The most iterations any one shader loop may run: llvmpipe (lavapipe) silently ends loops after 65535
+// iterations, so long reductions are split over several dispatches and longer inner loops are refused.
+inline constexpr int64_t kMaxLoop = 32768;
+
 // Narrowing for push constants; op_support has already refused sizes that do not fit.
 inline uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
 inline uint32_t ceil_div(int64_t a, int64_t b) { return static_cast<uint32_t>((a + b - 1) / b); }

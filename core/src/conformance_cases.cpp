@@ -195,6 +195,9 @@ void loss_cases(Table& t) {
   LossAttrs a{4, 10, 0.25f, true};
   t.add("4x10.bad_label_gives_nan", OpKind::SoftmaxCrossEntropy, a, {uni(-6.f, 6.f), {Gen::labels_bad, 0, 10.f}},
         {kOut, kOut}, Check::reduction, false);
+  t.add("2x4200000.int", OpKind::MeanSquaredError, LossAttrs{2, 4200000, 0.5f, true}, {kI, kI}, {kOut, kOut},
+        Check::reduction, false)
+      .large = true;
   t.add("8x10.int", OpKind::MeanSquaredError, LossAttrs{8, 10, 1.f, true}, {kI, kI}, {kOut, kOut}, Check::reduction,
         false);
 }
@@ -270,6 +273,7 @@ void bias_cases(Table& t) {
       .alias = {{0, 0}};
   t.add("8x16x49.float", OpKind::BiasGrad, BiasAttrs{8, 16, 49}, {kF}, {kOut}, Check::reduction, false);
   t.add("1x1x100000.float", OpKind::BiasGrad, BiasAttrs{1, 1, 100000}, {kF}, {kOut}, Check::reduction, false);
+  t.add("1x2x2200000.int", OpKind::BiasGrad, BiasAttrs{1, 2, 2200000}, {kI}, {kOut}, Check::reduction, true).large = true;
 }
 
 void concat_cases(Table& t) {

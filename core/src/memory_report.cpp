@@ -1,21 +1,84 @@
-// `kiln plan`: the per-layer table and the step's memory, before anything is allocated.
+// `kiln plan`: the per-layer table and the step's memory before anything is allocated, the verdict, and what
+// would fit instead. `kiln train` refuses with the same report.
 #include "kiln/memory_report.hpp"
 
 #include <cstdio>
 #include <iomanip>
 #include <map>
+#include <ostream>
 #include <set>
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/executor.hpp"
+#include "kiln/memory_savers.hpp"
+#include "kiln/session.hpp"
 
 namespace kiln {
+
+namespace {
+
+bool is_loss(OpKind k) {
+  return k == OpKind::SoftmaxCrossEntropy || k == OpKind::MeanSquaredError || k == OpKind::BinaryCrossEntropy;
+}
+
+const char* optimizer_name(const OptimizerSpec& o) {
+  switch (o.kind) {
+    case OptimizerKind::sgd: return o.momentum > 0 ? "sgd with momentum" : "sgd";
+    case OptimizerKind::adam: return "adam";
+    case OptimizerKind::rmsprop: return o.momentum > 0 ? "rmsprop with momentum" : "rmsprop";
+  }
+  return "?";
+}
+
+std::vector<size_t> device_limits(const RunnerContext& ctx) {
+  std::vector<size_t> l;
+  for (const auto& d : ctx.devices) l.push_back(d.allocator->limit());
+  return l;
+}
+
+size_t limit_for(const std::vector<size_t>& limits, size_t i) { return limits.at(std::min(i, limits.size() - 1)); }
+
+// Largest plan total over devices, and whether every plan fits its limit.
+std::pair<size_t, bool> plan_need(Strategy& s, const RunnerContext& ctx, const std::vector<size_t>& limits) {
+  auto plans = s.plan(ctx);
+  size_t need = 0;
+  bool fits = true;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    need = std::max(need, plans[i].total());
+    fits = fits && plans[i].total() <= limit_for(limits, i);
+  }
+  return {need, fits};
+}
+
+// Restores the model's savers when it goes out of scope (advice plans with other savers temporarily).
+class SaversGuard {
+ public:
+  explicit SaversGuard(ModelSpec& m) : m_(m), saved_(m.savers) {}
+  ~SaversGuard() { m_.savers = saved_; }
+  SaversGuard(const SaversGuard&) = delete;
+  SaversGuard& operator=(const SaversGuard&) = delete;
+
+ private:
+  ModelSpec& m_;
+  MemorySavers saved_;
+};
+
+}  // namespace
+
+std::string format_bytes_both(size_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(b) / 1e9);
+  return format_bytes(b) + (b >= 1000000000ull ? std::string(" (") + buf + ")" : "");
+}
 
 std::vector<LayerRow> layer_table(const ModelSpec& m) {
   GraphOptions o;
   o.batch = 1;
   o.training = false;
   Graph g = build_graph(m, o);
+  g.inplace = m.savers.inplace;
+  Liveness live = analyze_liveness(g, PlanOptions{});
   std::map<std::string, LayerRow> rows;
   std::vector<LayerRow> out;
   for (const auto& l : g.layer_outputs) {
@@ -25,14 +88,18 @@ std::vector<LayerRow> layer_table(const ModelSpec& m) {
     r.output_shape = g.tensor(l.out).shape.tail();
     rows[l.name] = r;
   }
-  std::set<TensorId> seen;
+  std::set<TensorId> forward_outputs;
+  for (const auto& n : g.nodes())
+    if (n.phase == Phase::forward && !is_loss(n.kind))
+      for (auto t : n.out) forward_outputs.insert(t);
   for (size_t t = 0; t < g.tensors().size(); ++t) {
     const auto& ti = g.tensors()[t];
     if (ti.alias_of != kNoTensor || !rows.count(ti.layer)) continue;
     if (ti.role == TensorRole::parameter) {
       rows[ti.layer].parameters += ti.shape.numel();
       rows[ti.layer].parameter_bytes += ti.bytes();
-    } else if (ti.role == TensorRole::activation) {
+    } else if (ti.role == TensorRole::activation && forward_outputs.count(static_cast<TensorId>(t)) &&
+               static_cast<size_t>(live.rep[t]) == t) {
       rows[ti.layer].activation_bytes_per_example += ti.bytes();
     }
   }
@@ -46,7 +113,7 @@ int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<
     try {
       auto plans = s.plan(ctx);
       for (size_t i = 0; i < plans.size(); ++i)
-        if (plans[i].total() > limits.at(std::min(i, limits.size() - 1))) return false;
+        if (plans[i].total() > limit_for(limits, i)) return false;
       return true;
     } catch (const ConfigError&) {
       return false;  // e.g. a batch that a data-parallel strategy cannot split
@@ -87,22 +154,173 @@ std::string format_layer_table(const std::vector<LayerRow>& rows) {
 
 std::string format_device_plan(const DevicePlan& p, size_t limit) {
   std::ostringstream os;
-  auto line = [&](const char* what, size_t b) { os << "  " << std::left << std::setw(18) << what << std::right << std::setw(12) << format_bytes(b) << "\n"; };
+  auto line = [&](const char* what, const std::string& b) { os << "  " << std::left << std::setw(18) << what << std::right << std::setw(12) << b << "\n"; };
   os << "step memory on " << p.device << ":\n";
-  line("weights", p.parameters);
-  line("gradients", p.gradients);
-  line("optimizer state", p.optimizer_state);
-  line("activations", p.activations);
-  line("workspace", p.workspace);
-  line("input buffers", p.input_data);
-  line("total (peak)", p.total());
-  line("limit", limit);
+  line("weights", format_bytes(p.parameters));
+  line("gradients", format_bytes(p.gradients));
+  line("optimizer state", format_bytes(p.optimizer_state));
+  line("activations", format_bytes(p.activations));
+  line("workspace", format_bytes(p.workspace));
+  line("input buffers", format_bytes(p.input_data));
+  line("total (peak)", format_bytes_both(p.total()));
+  line("limit", format_bytes_both(limit));
   if (p.total() <= limit)
     os << "  verdict: FITS with " << format_bytes(limit - p.total()) << " to spare\n";
   else
-    os << "  verdict: DOES NOT FIT: " << format_bytes(p.total() - limit) << " over the limit\n";
+    os << "  verdict: DOES NOT FIT: needs " << format_bytes_both(p.total()) << ", " << format_bytes(p.total() - limit)
+       << " over the limit\n";
   for (const auto& n : p.notes) os << "  " << n << "\n";
   return os.str();
+}
+
+std::string oom_advice(Session& s, size_t device) {
+  RunnerContext ctx = s.runner_context();
+  if (ctx.devices.empty() || !ctx.optimizer) return {};
+  const auto limits = device_limits(ctx);
+  const size_t limit = limit_for(limits, device);
+  Strategy& st = s.strategy();
+  std::ostringstream os;
+  auto verdict = [&](size_t need, bool fits) { return format_bytes_both(need) + (fits ? ": fits" : ": does not fit"); };
+  os << "what would fit in the " << format_bytes(limit) << " limit of " << ctx.devices.at(std::min(device, ctx.devices.size() - 1)).device->info().label()
+     << ":\n";
+  const int64_t batch = ctx.global_batch;
+  const int64_t best = largest_fitting_batch(st, ctx, limits, batch);
+  if (best == 0) {
+    RunnerContext one = ctx;
+    one.global_batch = 1;
+    os << "  - batch size: none fits; even batch 1 needs " << format_bytes_both(plan_need(st, one, limits).first) << "\n";
+  } else {
+    os << "  - batch size: the largest that fits is " << best << " ([train] batch_size = " << batch << " now)\n";
+  }
+  // Optimizers that keep less state per parameter, cheapest first.
+  const size_t state_now = ctx.optimizer->state_tensors_per_param();
+  struct Alt {
+    OptimizerKind kind;
+    double momentum;
+    const char* toml;
+  };
+  const Alt alts[] = {{OptimizerKind::sgd, 0.0, "[optimizer] type = \"sgd\" (no state)"},
+                      {OptimizerKind::rmsprop, 0.0, "[optimizer] type = \"rmsprop\" (1 state tensor)"},
+                      {OptimizerKind::sgd, 0.9, "[optimizer] type = \"sgd\", momentum = 0.9 (1 state tensor)"}};
+  for (const auto& a : alts) {
+    OptimizerSpec o = *ctx.optimizer;
+    o.kind = a.kind;
+    o.momentum = a.momentum;
+    o.nesterov = false;
+    if (o.state_tensors_per_param() >= state_now) continue;
+    RunnerContext c = ctx;
+    c.optimizer = &o;
+    auto [need, fits] = plan_need(st, c, limits);
+    os << "  - optimizer: " << a.toml << " needs " << verdict(need, fits) << "\n";
+  }
+  ModelSpec& m = s.model();
+  {
+    SaversGuard guard(m);
+    if (!m.savers.inplace) {
+      m.savers.inplace = true;
+      auto [need, fits] = plan_need(st, ctx, limits);
+      os << "  - in-place activations ([memory] inplace = true) need " << verdict(need, fits) << "\n";
+    }
+    if (m.savers.recompute == RecomputeMode::none) {
+      m.savers.recompute = RecomputeMode::auto_;
+      auto [need, fits] = plan_need(st, ctx, limits);
+      auto plans = st.plan(ctx);
+      os << "  - recomputation ([memory] recompute = \"auto\", or [train] memory_policy = \"fit\") needs " << verdict(need, fits);
+      if (!fits && !plans.empty() && plans[0].total() > 0)
+        os << " (activations are " << format_bytes(plans[0].activations) << " of it; weights, gradients and optimizer state "
+           << format_bytes(plans[0].parameters + plans[0].gradients + plans[0].optimizer_state) << ")";
+      os << "\n";
+    }
+  }
+  auto [need, fits] = plan_need(st, ctx, limits);
+  if (!fits) os << "  - a memory limit of at least " << format_bytes_both(need) << " (a larger [device] memory_limit, or a device with more memory)\n";
+  return os.str();
+}
+
+PlanCheck check_plan(Session& s) {
+  PlanCheck c;
+  RunnerContext ctx = s.runner_context();
+  if (ctx.devices.empty()) throw Error("check_plan: the session's devices are not open");
+  c.plans = s.strategy().plan(ctx);
+  const auto limits = device_limits(ctx);
+  std::ostringstream os;
+  const ModelSpec& m = s.model();
+  os << "model: " << s.run_name() << " (input " << m.input_shape.str() << ", batch " << ctx.global_batch << ", optimizer "
+     << (ctx.optimizer ? optimizer_name(*ctx.optimizer) : "none") << ", " << m.savers.describe() << ")\n";
+  os << format_layer_table(layer_table(m));
+  size_t worst = 0;
+  for (size_t i = 0; i < c.plans.size(); ++i) {
+    const size_t limit = limit_for(limits, i);
+    c.limits.push_back(limit);
+    os << format_device_plan(c.plans[i], limit);
+    const size_t di = std::min(i, ctx.devices.size() - 1);
+    Device& dev = *ctx.devices[di].device;
+    const auto& info = dev.info();
+    os << "  device: " << info.label() << " (" << info.name << "), " << format_bytes(info.total_memory) << " total, "
+       << format_bytes(dev.query_free_memory()) << " free now\n";
+    os << "  limit from: "
+       << (s.explicit_limit() ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\""
+                              : std::string("the device's memory minus other Kiln jobs' reservations (no [device] memory_limit)"))
+       << (s.device_settings().growth ? ", growth on demand" : ", reserved at start (growth = false)") << "\n";
+    const auto& others = s.reservations_of_others(di);
+    if (!others.empty())
+      os << "  reserved by other Kiln jobs: " << format_bytes(total_bytes(others)) << "\n" << format_holders(others);
+    if (c.plans[i].total() > limit) {
+      c.fits = false;
+      if (c.plans[i].total() > c.worst_need) c.worst_need = c.plans[i].total(), worst = i;
+    }
+  }
+  const int64_t best = largest_fitting_batch(s.strategy(), ctx, limits, ctx.global_batch);
+  os << "largest batch size that fits: " << best << (best == 0 ? " (not even 1)" : "") << "\n";
+  if (!c.fits) os << oom_advice(s, worst);
+  c.report = os.str();
+  return c;
+}
+
+void enforce_memory_plan(Session& s, std::ostream& out) {
+  const std::string policy = s.train().memory_policy;
+  if (policy == "none") return;
+  PlanCheck c = check_plan(s);
+  if (c.fits) return;
+  if (policy == "fit") {
+    ModelSpec& m = s.model();
+    const MemorySavers before = m.savers;
+    RunnerContext ctx = s.runner_context();
+    const auto limits = device_limits(ctx);
+    // Candidates from the least to the most recomputation: sqrt(layers) segments first, then shorter ones.
+    GraphOptions go;
+    go.batch = 1;
+    go.training = false;
+    const int64_t layers = static_cast<int64_t>(build_graph(m, go).layer_outputs.size());
+    std::vector<int64_t> everies{0};
+    for (int64_t k = layers; k >= 2; --k) everies.push_back(k);
+    MemorySavers best = before;
+    size_t best_need = SIZE_MAX;
+    if (!before.inplace) {  // exact and free of extra compute: preferred when it is enough
+      m.savers.inplace = true;
+      auto [need, fits] = plan_need(s.strategy(), ctx, limits);
+      if (fits) best = m.savers, best_need = need;
+    }
+    for (size_t ki = 0; best_need == SIZE_MAX && before.recompute == RecomputeMode::none && ki < everies.size(); ++ki) {
+      m.savers = before;
+      m.savers.inplace = true;
+      m.savers.recompute = RecomputeMode::auto_;
+      m.savers.checkpoint_every = everies[ki];
+      auto [need, fits] = plan_need(s.strategy(), ctx, limits);
+      if (fits && need < best_need) best = m.savers, best_need = need;
+    }
+    m.savers = before;
+    if (best_need != SIZE_MAX) {
+      m.savers = best;
+      out << "memory_policy = \"fit\": the plan needs " << format_bytes_both(c.worst_need) << "; turned on " << best.describe()
+          << ", which needs " << format_bytes_both(best_need) << "\n";
+      return;
+    }
+  }
+  throw OutOfMemory("the planned training step does not fit the memory limit; nothing was allocated" +
+                        std::string(policy == "fit" ? " (memory_policy = \"fit\": no recomputation makes it fit)" : "") + ".\n" +
+                        c.report,
+                    c.worst_need, MemoryStats{});
 }
 
 }  // namespace kiln

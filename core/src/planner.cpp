@@ -4,6 +4,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
+#include "kiln/memory_savers.hpp"
 
 namespace kiln {
 
@@ -19,33 +20,93 @@ DevicePlan MemoryPlan::summary(const std::string& label) const {
   return d;
 }
 
+namespace {
+
+bool arena_role(const TensorInfo& t) {
+  return !role_persistent(t.role) && t.role != TensorRole::input && t.role != TensorRole::label &&
+         t.role != TensorRole::gradient;
+}
+
+// Which inputs output 0 of an op may share storage with (ops.hpp: "may alias").
+std::vector<size_t> aliasable_inputs(OpKind k) {
+  switch (k) {
+    case OpKind::BiasAdd:
+    case OpKind::ActivationForward:
+    case OpKind::DropoutForward:
+    case OpKind::DropoutBackward:
+    case OpKind::Scale: return {0};
+    case OpKind::ActivationBackward: return {1};
+    case OpKind::Add:
+    case OpKind::Mul: return {0, 1};
+    default: return {};
+  }
+}
+
+}  // namespace
+
+Liveness analyze_liveness(const Graph& g, const PlanOptions& o) {
+  const size_t nt = g.tensors().size();
+  Liveness L;
+  L.first.assign(nt, SIZE_MAX);
+  L.last.assign(nt, 0);
+  L.used.assign(nt, false);
+  L.rep.resize(nt);
+  for (size_t t = 0; t < nt; ++t) L.rep[t] = static_cast<int32_t>(t);
+  const size_t end = g.nodes().size();
+  for (size_t i = 0; i < end; ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.device != o.device) continue;
+    auto touch = [&](TensorId t, bool write) {
+      auto r = static_cast<size_t>(g.root(t));
+      L.used[r] = true;
+      if (write) L.first[r] = std::min(L.first[r], i);
+      if (!write && L.first[r] == SIZE_MAX) L.first[r] = i;  // read before any write here (copied in from another device)
+      L.last[r] = std::max(L.last[r], i);
+    };
+    for (auto t : n.in) touch(t, false);
+    for (auto t : n.out) touch(t, true);
+  }
+  for (auto t : o.keep_alive) L.last[static_cast<size_t>(g.root(t))] = end;
+  for (auto t : g.losses) L.last[static_cast<size_t>(g.root(t))] = end;
+  for (auto t : g.outputs) L.last[static_cast<size_t>(g.root(t))] = end;
+  for (auto t : {g.input, g.label})
+    if (t != kNoTensor) L.used[static_cast<size_t>(t)] = L.used[static_cast<size_t>(t)] || o.device == g.tensor(t).device;
+  if (!g.inplace) return L;
+  // In place: output 0 takes over an input's storage when nothing reads that input afterwards.
+  auto cls = [&](TensorId t) { return static_cast<size_t>(L.rep[static_cast<size_t>(g.root(t))]); };
+  for (size_t i = 0; i < end; ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.device != o.device || n.out.empty()) continue;
+    auto y = static_cast<size_t>(g.root(n.out[0]));
+    if (!arena_role(g.tensors()[y]) || L.first[y] != i || static_cast<size_t>(L.rep[y]) != y) continue;
+    for (size_t k : aliasable_inputs(n.kind)) {
+      if (k >= n.in.size()) continue;
+      auto xr = static_cast<size_t>(g.root(n.in[k]));
+      size_t c = cls(n.in[k]);
+      if (!arena_role(g.tensors()[xr]) || L.last[c] != i || L.first[c] >= i) continue;
+      if (g.tensors()[c].bytes() != g.tensors()[y].bytes() || g.tensor(n.in[k]).bytes() != g.tensors()[y].bytes()) continue;
+      bool shared = false;  // another operand in the same storage would be overwritten while read
+      for (size_t j = 0; j < n.in.size(); ++j)
+        shared = shared || (j != k && cls(n.in[j]) == c);
+      for (size_t j = 1; j < n.out.size(); ++j) shared = shared || cls(n.out[j]) == c;
+      if (shared) continue;
+      L.rep[y] = static_cast<int32_t>(c);
+      L.last[c] = std::max(L.last[c], L.last[y]);
+      break;
+    }
+  }
+  return L;
+}
+
 MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
   const size_t nt = g.tensors().size();
   MemoryPlan p;
   p.region.assign(nt, Region::none);
   p.offset.assign(nt, 0);
-  const size_t end = g.nodes().size();
-  std::vector<size_t> first(nt, SIZE_MAX), last(nt, 0);
-  std::vector<bool> used(nt, false);
-  // Nodes of this device only.
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    if (n.device != o.device) continue;
-    auto touch = [&](TensorId t, bool write) {
-      auto r = static_cast<size_t>(g.root(t));
-      used[r] = true;
-      if (write) first[r] = std::min(first[r], i);
-      if (!write && first[r] == SIZE_MAX) first[r] = i;  // read before any write here (copied in from another device)
-      last[r] = std::max(last[r], i);
-    };
-    for (auto t : n.in) touch(t, false);
-    for (auto t : n.out) touch(t, true);
-  }
-  for (auto t : o.keep_alive) last[static_cast<size_t>(g.root(t))] = end;
-  for (auto t : g.losses) last[static_cast<size_t>(g.root(t))] = end;
-  for (auto t : g.outputs) last[static_cast<size_t>(g.root(t))] = end;
-  for (auto t : {g.input, g.label})
-    if (t != kNoTensor) used[static_cast<size_t>(t)] = used[static_cast<size_t>(t)] || o.device == g.tensor(t).device;
+  Liveness L = analyze_liveness(g, o);
+  const auto& first = L.first;
+  const auto& last = L.last;
+  const auto& used = L.used;
 
   // Gradients in the order backward produces them, so buckets fill front to back.
   std::vector<size_t> grads;
@@ -66,7 +127,7 @@ MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
       grads.push_back(t);
     } else {
       p.region[t] = Region::arena;
-      arena.push_back(t);
+      if (static_cast<size_t>(L.rep[t]) == t) arena.push_back(t);  // in-place members take their class's place
       p.activations_unplanned += bytes;
     }
   }
@@ -97,7 +158,9 @@ MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
     p.offset[t] = off;
     p.arena = std::max(p.arena, off + bytes);
   }
-  // Aliases share their root's placement.
+  // In-place members share their class's placement; aliases share their root's.
+  for (size_t t = 0; t < nt; ++t)
+    if (p.region[t] == Region::arena && static_cast<size_t>(L.rep[t]) != t) p.offset[t] = p.offset[static_cast<size_t>(L.rep[t])];
   for (size_t t = 0; t < nt; ++t)
     if (g.tensors()[t].alias_of != kNoTensor) {
       auto r = static_cast<size_t>(g.root(static_cast<TensorId>(t)));

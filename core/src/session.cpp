@@ -2,18 +2,84 @@
 #include "kiln/session.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <iostream>
 #include <set>
 
 #include "kiln/error.hpp"
+#include "kiln/memory_report.hpp"
 
 namespace kiln {
 
 namespace {
 
-const std::vector<std::string> kTopLevel = {"run", "plugins", "device", "strategy", "model", "optimizer", "train", "data"};
+std::string quoted_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& e : v) s += (s.empty() ? "\"" : ", \"") + e + "\"";
+  return s;
+}
+
+// [memory]: the savers go to the model (build_graph applies them), the rest to `mem`.
+void parse_memory(const ConfigNode& m, ModelSpec& model, MemorySettings& mem) {
+  MemorySavers& s = model.savers;
+  s.inplace = m.get_bool("inplace", true);
+  auto mode = m.get_choice("recompute", {"none", "auto", "layers"}, m.has("recompute_layers") ? "layers" : "none");
+  s.recompute = mode == "auto" ? RecomputeMode::auto_ : mode == "layers" ? RecomputeMode::layers : RecomputeMode::none;
+  s.recompute_layers = m.get_string_list("recompute_layers", {});
+  if (s.recompute == RecomputeMode::layers && s.recompute_layers.empty())
+    m.fail("recompute_layers", "recompute = \"layers\" needs the layers to recompute, e.g. recompute_layers = [\"conv2d_2\", \"conv2d_3\"]");
+  if (s.recompute != RecomputeMode::layers && !s.recompute_layers.empty())
+    m.fail("recompute_layers", "only used with recompute = \"layers\" (found recompute = \"" + mode + "\")");
+  std::vector<std::string> names;
+  for (const auto& l : model.layers) names.push_back(l.name);
+  std::set<std::string> seen;
+  for (const auto& l : s.recompute_layers) {
+    if (std::find(names.begin(), names.end(), l) == names.end())
+      m.fail("recompute_layers", "\"" + l + "\" is not a layer of the model; layers: " + quoted_list(names));
+    if (!seen.insert(l).second) m.fail("recompute_layers", "\"" + l + "\" is listed twice");
+  }
+  s.checkpoint_every = m.get_int("checkpoint_every", 0);
+  if (s.checkpoint_every < 0 || s.checkpoint_every == 1)
+    m.fail("checkpoint_every", "expected 0 (about sqrt(layers)) or a layer count >= 2, found " + std::to_string(s.checkpoint_every));
+  if (s.checkpoint_every > 0 && s.recompute != RecomputeMode::auto_)
+    m.fail("checkpoint_every", "only used with recompute = \"auto\"");
+  mem.sweep_batches = m.get_int_list("sweep_batches", {});
+  for (auto b : mem.sweep_batches)
+    if (b < 1) m.fail("sweep_batches", "batch sizes must be positive, found " + std::to_string(b));
+  m.finish();
+}
 
 }  // namespace
+
+std::vector<std::string> parse_cuda_visible_devices(const std::string& value) {
+  auto bad = [&](const std::string& entry, const std::string& why) -> std::vector<std::string> {
+    throw ConfigError("CUDA_VISIBLE_DEVICES=\"" + value + "\": entry \"" + entry + "\" " + why +
+                      ". Expected comma-separated device indices or UUIDs, e.g. CUDA_VISIBLE_DEVICES=0,2 (CUDA would silently "
+                      "ignore this entry and every one after it; Kiln refuses instead)");
+  };
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  if (value.empty()) return bad("", "is empty, which hides every GPU (unset the variable to see all of them)");
+  size_t pos = 0;
+  while (true) {
+    size_t comma = value.find(',', pos);
+    std::string e = value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (e.empty()) bad(e, "is empty (two commas in a row, or a trailing comma)");
+    bool digits = std::all_of(e.begin(), e.end(), [](char c) { return c >= '0' && c <= '9'; });
+    bool uuid = (e.rfind("GPU-", 0) == 0 || e.rfind("MIG-", 0) == 0) && e.size() > 4 &&
+                std::all_of(e.begin() + 4, e.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/'; });
+    if (e == "-1") bad(e, "is not a device (CUDA treats it as the end of the list and hides every later device)");
+    if (!digits && !uuid) bad(e, "is neither a device index nor a GPU-/MIG- UUID");
+    std::string key = e;
+    if (digits) key = std::to_string(std::stoll(e.size() > 18 ? e.substr(e.size() - 18) : e));  // "01" and "1" are one device
+    if (!seen.insert(key).second) bad(e, "is listed twice");
+    out.push_back(e);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
 
 Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
   ConfigNode root = cfg_.root();
@@ -42,6 +108,8 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
       d->fail("backend", "no backend \"" + device_.backend + "\" is loaded; available: auto" + (known.empty() ? "" : ", " + known) +
                              " (see `kiln plugins` for plugins that failed to load)");
     }
+    if (device_.backend == "cuda" || (device_.backend == "auto" && reg_.has_backend("cuda")))
+      if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) parse_cuda_visible_devices(cvd);
     device_.visible = d->get_int_list("visible", {});
     std::set<int64_t> seen;
     for (auto v : device_.visible) {
@@ -65,7 +133,9 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     device_.options.threads = static_cast<int>(d->get_int("threads", 0));
     if (device_.options.threads < 0) d->fail("threads", "expected 0 (all cores) or a positive count");
     device_.options.validation = d->get_bool("validation", false);
-    device_.fail_block_request = static_cast<int>(d->get_int("fault_injection_block", 0));
+    int64_t fault = d->get_int("fault_injection_block", 0);
+    if (fault < 0 || fault > 1000000) d->fail("fault_injection_block", "expected 0 (off) or the 1-based block request to fail");
+    device_.fail_block_request = static_cast<int>(fault);
     d->finish();
   }
 
@@ -82,7 +152,7 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     train_.checkpoint_every = t->get_int("checkpoint_every", 1);
     if (train_.checkpoint_every < 0) t->fail("checkpoint_every", "expected 0 (never) or a number of epochs");
     train_.resume = t->get_bool("resume", false);
-    train_.memory_policy = t->get_choice("memory_policy", {"strict", "none"}, "strict");
+    train_.memory_policy = t->get_choice("memory_policy", {"strict", "fit", "none"}, "strict");
     t->finish();
   }
   if (train_.output_dir.empty()) train_.output_dir = "runs/" + name_;
@@ -91,6 +161,8 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
   if (!m) root.fail("model", "missing [model] table (input_shape and layers)");
   model_ = parse_model(*m, reg_);
   model_.seed = seed_;
+
+  if (auto mem = root.table("memory")) parse_memory(*mem, model_, memory_);
 
   if (auto o = root.table("optimizer")) optimizer_ = parse_optimizer(*o);
   if (optimizer_.schedule.kind == ScheduleKind::cosine && optimizer_.schedule.total_steps == 0)
@@ -172,7 +244,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
   return cur;
 }
 
-void Session::open_devices() {
+void Session::open_devices(bool reserve) {
   if (!device_ctx_.empty()) return;
   std::string bname = device_.backend;
   std::vector<DeviceInfo> infos;
@@ -208,6 +280,8 @@ void Session::open_devices() {
     infos = b->enumerate();
     if (infos.empty()) {
       std::string why = b->unavailable_reason();
+      if (bname == "cuda" && std::getenv("CUDA_VISIBLE_DEVICES"))
+        why += std::string(why.empty() ? "" : "; ") + "CUDA_VISIBLE_DEVICES=\"" + std::getenv("CUDA_VISIBLE_DEVICES") + "\"";
       if (device_.fallback != "cpu")
         throw DeviceError(cfg_.file() + ": [device] backend = \"" + bname + "\" has no usable device" +
                           (why.empty() ? "" : ": " + why) + ". Set [device] fallback = \"cpu\" to train on the CPU instead.");
@@ -219,6 +293,15 @@ void Session::open_devices() {
       backend_ = std::move(b);
     }
   }
+  // CUDA drops every entry after one it cannot use; a shorter device list than CUDA_VISIBLE_DEVICES names means that.
+  if (bname == "cuda")
+    if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) {
+      auto entries = parse_cuda_visible_devices(cvd);
+      if (entries.size() > infos.size())
+        throw ConfigError("CUDA_VISIBLE_DEVICES=\"" + std::string(cvd) + "\" names " + std::to_string(entries.size()) +
+                          " devices but CUDA sees " + std::to_string(infos.size()) + ": entry \"" + entries[infos.size()] +
+                          "\" does not exist on this host (CUDA ignores it and every entry after it). See `kiln devices`.");
+    }
   std::vector<int64_t> order = device_.visible;
   if (order.empty() || bname != device_.backend)
     for (size_t i = 0; i < infos.size(); ++i) order.push_back(static_cast<int64_t>(i));
@@ -227,10 +310,16 @@ void Session::open_devices() {
       if (v >= static_cast<int64_t>(infos.size()))
         throw ConfigError(cfg_.file() + ": [device] visible lists device " + std::to_string(v) + ", but backend \"" + bname +
                           "\" has " + std::to_string(infos.size()) + " device(s) (0.." + std::to_string(infos.size() - 1) + ")");
+  // What other Kiln jobs have promised on each candidate; select counts it as used.
+  std::vector<std::vector<ReservationHolder>> holders(infos.size());
+  for (auto idx : order) holders[static_cast<size_t>(idx)] = live_reservations(infos[static_cast<size_t>(idx)].hardware_id);
+  auto effective_free = [&](int64_t i) {
+    const auto& d = infos[static_cast<size_t>(i)];
+    size_t promised = total_bytes(holders[static_cast<size_t>(i)]);
+    return std::min(d.free_memory, d.total_memory > promised ? d.total_memory - promised : 0);
+  };
   if (device_.select == "most_free_memory")
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return infos[static_cast<size_t>(a)].free_memory > infos[static_cast<size_t>(b)].free_memory;
-    });
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return effective_free(a) > effective_free(b); });
   size_t want = static_cast<size_t>(std::max(1, strategy_->device_count(static_cast<int>(order.size()))));
   if (want > order.size())
     throw ConfigError(cfg_.file() + ": strategy \"" + strategy_->name() + "\" needs " + std::to_string(want) +
@@ -238,19 +327,37 @@ void Session::open_devices() {
   order.resize(want);
   for (auto idx : order) {
     auto dev = backend_->open(static_cast<int>(idx));
+    const DeviceInfo& info = dev->info();
+    const auto& others = holders[static_cast<size_t>(idx)];
+    const size_t total = info.total_memory, promised = total_bytes(others);
     AllocatorOptions ao;
-    size_t total = dev->info().total_memory;
-    ao.limit = total;
     if (!device_.memory_limit.empty()) {
       ao.limit = parse_memory_size(device_.memory_limit, total);
       if (ao.limit > total)
         throw ConfigError(cfg_.file() + ": [device] memory_limit = \"" + device_.memory_limit + "\" (" + format_bytes(ao.limit) +
-                          ") exceeds the " + format_bytes(total) + " of " + dev->info().label() + " (" + dev->info().name + ")");
+                          ") exceeds the " + format_bytes(total) + " of " + info.label() + " (" + info.name + ")");
+      if (reserve) reservations_.push_back(Reservation::acquire(info, ao.limit, total));  // throws naming the holders
+    } else {
+      // No promise made: bounded by what other jobs have not reserved.
+      if (promised >= total)
+        throw DeviceError(info.label() + " (" + info.name + "): other Kiln jobs have reserved all of its " + format_bytes(total) +
+                          ":\n" + format_holders(others) + "Choose another device or wait for a holder to finish.");
+      ao.limit = total - promised;
+    }
+    const size_t free_now = dev->query_free_memory();
+    if (!device_.memory_limit.empty() && ao.limit > free_now && reserve) {
+      warnings_.push_back("WARNING: the memory limit " + format_bytes(ao.limit) + " on " + info.label() + " is more than the " +
+                          format_bytes(free_now) + " the device reports free now (other processes use memory); the run may "
+                          "fail when it allocates. Lower [device] memory_limit or set growth = false to claim it at start.");
+      std::cerr << "*** " << warnings_.back() << " ***\n";
     }
     ao.growth = device_.growth;
     ao.fail_block_request = device_.fail_block_request;
     allocators_.push_back(std::make_unique<Allocator>(*dev, ao));
+    const size_t i = device_ctx_.size();
+    allocators_.back()->set_oom_hint_provider([this, i] { return oom_advice(*this, i); });
     device_ctx_.push_back(DeviceContext{dev.get(), allocators_.back().get()});
+    others_.push_back(others);
     opened_.push_back(std::move(dev));
   }
 }

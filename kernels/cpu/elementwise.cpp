@@ -175,7 +175,8 @@ void dropout(const DropoutAttrs& a, const float* x, float* y, int threads) {
   for (int64_t i = 0; i < a.count; ++i) {
     const uint32_t h = kiln_hash32(static_cast<uint32_t>(i) ^ base);
     const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
-    y[i] = u >= rate ? x[i] / keep_div : 0.f;
+    const float kept = x[i] / keep_div;  // computed unconditionally so the select vectorizes
+    y[i] = u >= rate ? kept : 0.f;
   }
 }
 

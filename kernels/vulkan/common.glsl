@@ -18,3 +18,6 @@
 // Grid-stride loop over [0, n) for a 1-D dispatch.
 #define FOR_EACH_INDEX(i, n) \
   for (uint i = gl_GlobalInvocationID.x; i < (n); i += gl_NumWorkGroups.x * gl_WorkGroupSize.x)
+
+// Note for kernel authors: llvmpipe (lavapipe) stops any loop after 65535 iterations, so no loop may run
+// longer than that; the host splits long reductions into several dispatches (vulkan_ops.hpp kMaxLoop).

@@ -1,17 +1,18 @@
 #version 450
 // Fused MSE / binary cross-entropy over (rows, cols) with per = scale / cols.
 // kind 0 MSE: term (p-t)^2, grad 2(p-t); kind 1 BCE from logits; kind 2 BCE from probabilities (clamped).
-// mode 0: dpred = per * grad, elementwise; mode 1: loss = per * sum(term), one workgroup.
+// mode 0: dpred = per * grad, elementwise; mode 1: loss = per * sum(term) over [i0, i1), one workgroup, added to
+// loss with accumulate (the host splits long sums so shader loops stay short).
 #include "common.glsl"
 #define WG_SIZE 256u
 layout(local_size_x = 256) in;
 #include "reduce.glsl"
 BUF_RO(0, P)
 BUF_RO(1, T)
-BUF_WO(2, LOSS)
+BUF_RW(2, LOSS)
 BUF_WO(3, DP)
 KILN_PUSH_BEGIN
-  uint count; float per; uint kind; uint mode;
+  uint count; float per; uint kind; uint mode; uint i0; uint i1; uint accumulate;
 KILN_PUSH_END
 
 void term_grad(float p, float t, out float term, out float grad) {
@@ -37,12 +38,13 @@ void main() {
     }
   } else {
     float total = 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < pc.count; i += WG_SIZE) {
+    for (uint i = pc.i0 + gl_LocalInvocationID.x; i < pc.i1; i += WG_SIZE) {
       float term, grad;
       term_grad(P[pc.base0 + i], T[pc.base1 + i], term, grad);
       total += term;
     }
     total = wg_sum(total);
-    if (gl_LocalInvocationID.x == 0u) LOSS[pc.base2] = pc.per * total;
+    if (gl_LocalInvocationID.x == 0u)
+      LOSS[pc.base2] = pc.accumulate != 0u ? LOSS[pc.base2] + pc.per * total : pc.per * total;
   }
 }

@@ -79,6 +79,8 @@ class Graph {
   std::vector<std::string> output_names;
   std::vector<std::pair<TensorId, TensorId>> param_grads;  // (parameter, gradient)
   int64_t batch = 0;
+  // The planner may run ops whose contract says "may alias" in place (MemorySavers::inplace).
+  bool inplace = true;
   // Per layer, in model order: name, type, output tensor (for plan tables and NaN tracing).
   struct LayerOut {
     std::string name, type;

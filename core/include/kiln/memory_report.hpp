@@ -1,5 +1,7 @@
-// Reports of planned memory: the per-layer table, a device's step breakdown, the largest batch that fits.
+// Reports of planned memory: the per-layer table, a device's step breakdown, the largest batch that fits, advice
+// when it does not, the up-front check `kiln train` runs, and `kiln plan --sweep`.
 #pragma once
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -8,12 +10,14 @@
 
 namespace kiln {
 
+class Session;
+
 struct LayerRow {
   std::string name, type;
   Shape output_shape;  // per example
   int64_t parameters = 0;
   size_t parameter_bytes = 0;
-  size_t activation_bytes_per_example = 0;  // forward outputs of the layer
+  size_t activation_bytes_per_example = 0;  // storage of the layer's forward outputs (after in-place sharing)
 };
 
 std::vector<LayerRow> layer_table(const ModelSpec& m);
@@ -21,5 +25,42 @@ std::string format_layer_table(const std::vector<LayerRow>& rows);
 std::string format_device_plan(const DevicePlan& p, size_t limit);
 // The largest global batch whose plan fits every device's limit (0 if not even 1 fits). Starts probing at `hint`.
 int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<size_t>& limits, int64_t hint);
+// "3.12 GiB (3.35 GB)": binary and decimal, since drivers and people use both.
+std::string format_bytes_both(size_t bytes);
+
+// The whole plan of a session whose devices are open: what `kiln plan` prints and `kiln train` refuses with.
+struct PlanCheck {
+  std::vector<DevicePlan> plans;
+  std::vector<size_t> limits;  // per plan
+  bool fits = true;
+  size_t worst_need = 0;       // the largest plan total that exceeds its limit (0 when everything fits)
+  std::string report;          // layer table, per-device breakdown and verdict, largest batch, advice
+};
+PlanCheck check_plan(Session& s);
+
+// "What would fit" on opened device `device`: the largest batch, optimizers with less state, recomputation.
+// Used in OutOfMemory reports (Session installs it as every allocator's hint provider).
+std::string oom_advice(Session& s, size_t device);
+
+// The up-front check of `kiln train` (call after open_devices, before the strategy creates its runner):
+// memory_policy "strict" throws OutOfMemory carrying check_plan's full report when the plan does not fit;
+// "fit" first turns on memory savers (recomputation) and keeps them in s.model().savers if that makes it fit,
+// writing what it chose to `out`; "none" checks nothing.
+void enforce_memory_plan(Session& s, std::ostream& out);
+
+// `kiln plan --sweep`: predicted (and, with `measure`, measured with one real training step each) peak memory
+// against batch size.
+struct SweepPoint {
+  int64_t batch = 0;
+  size_t predicted = 0;   // plan total (largest over devices)
+  size_t measured = 0;    // allocator peak_in_use after one training step (0 when not measured)
+  size_t limit = 0;
+  bool fits = false;
+  double step_seconds = 0;
+};
+std::vector<int64_t> default_sweep_batches(int64_t largest_fit);
+std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure, std::ostream* progress);
+std::string sweep_csv(const std::vector<SweepPoint>& points);
+std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& title);
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 
 #include "kiln/graph.hpp"
 #include "kiln/layer.hpp"
+#include "kiln/memory_savers.hpp"
 
 namespace kiln {
 
@@ -54,6 +55,7 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
   std::vector<OutputSpec> outputs;
   uint32_t seed = 0;
+  MemorySavers savers;  // [memory]: applied by build_graph (apply_memory_savers)
 };
 
 // Reads [model] (layers, outputs/loss) using the layer factories in `reg`. Throws ConfigError.

@@ -11,6 +11,7 @@
 #include "kiln/data.hpp"
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
+#include "kiln/reservation.hpp"
 #include "kiln/strategy.hpp"
 
 namespace kiln {
@@ -36,8 +37,20 @@ struct TrainSettings {
   std::string output_dir;         // metrics.jsonl and checkpoints; default runs/<name>
   int64_t checkpoint_every = 1;   // epochs; 0 = never
   bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists
-  std::string memory_policy = "strict";  // "strict": refuse up front if the plan does not fit
+  // "strict": refuse up front if the plan does not fit; "fit": turn on memory savers (recomputation) until it
+  // fits, else refuse; "none": no up-front check (an allocation that does not fit fails with OutOfMemory).
+  std::string memory_policy = "strict";
 };
+
+// Memory settings of [memory] that are not graph savers (those live in ModelSpec::savers).
+struct MemorySettings {
+  std::vector<int64_t> sweep_batches;  // `kiln plan --sweep` batch sizes; empty = powers of two up to the largest fit
+};
+
+// Checks CUDA_VISIBLE_DEVICES the way CUDA should: every comma-separated entry must be a device index (0, 1, ...)
+// or a UUID ("GPU-...", "MIG-..."), with no duplicates and no empty entries. CUDA silently drops everything after
+// an invalid entry such as "-1"; Kiln refuses with a ConfigError naming the entry. Returns the entries.
+std::vector<std::string> parse_cuda_visible_devices(const std::string& value);
 
 class Session {
  public:
@@ -46,7 +59,13 @@ class Session {
   ~Session();
 
   // Opens the configured devices (with allocators) through the backend. Throws DeviceError/ConfigError.
-  void open_devices();
+  // With `reserve`, an explicit memory_limit is recorded as a cooperative reservation (see reservation.hpp) and
+  // refused when other Kiln jobs' reservations leave too little; `kiln plan` opens without reserving.
+  void open_devices(bool reserve = true);
+  // Live reservations of other Kiln jobs on opened device i, as seen when it was opened.
+  const std::vector<ReservationHolder>& reservations_of_others(size_t i) const { return others_.at(i); }
+  // Whether device i's limit came from [device] memory_limit (else: the device minus others' reservations).
+  bool explicit_limit() const { return !device_.memory_limit.empty(); }
   const std::vector<DeviceContext>& devices() const { return device_ctx_; }
   RunnerContext runner_context() const;
   Strategy& strategy() { return *strategy_; }
@@ -61,6 +80,7 @@ class Session {
   OptimizerSpec& optimizer() { return optimizer_; }
   const TrainSettings& train() const { return train_; }
   const DeviceSettings& device_settings() const { return device_; }
+  const MemorySettings& memory_settings() const { return memory_; }
   const std::string& run_name() const { return name_; }
   uint32_t seed() const { return seed_; }
   const Config& config() const { return cfg_; }
@@ -81,6 +101,9 @@ class Session {
   std::vector<std::unique_ptr<Device>> opened_;
   std::vector<std::unique_ptr<Allocator>> allocators_;
   std::vector<DeviceContext> device_ctx_;
+  std::vector<std::vector<ReservationHolder>> others_;
+  std::vector<std::unique_ptr<Reservation>> reservations_;  // released after the allocators
+  MemorySettings memory_;
   std::vector<std::string> warnings_;
 };
 

@@ -1,0 +1,54 @@
+// kiln plan CONFIG [--sweep]: the memory plan before anything is allocated; with --sweep, memory against batch
+// size, predicted and measured, as CSV and SVG.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "commands.hpp"
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/memory_report.hpp"
+#include "kiln/session.hpp"
+
+namespace kiln::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream f(p);
+  f << text;
+  if (!f) throw Error(p.string() + ": cannot write the sweep output");
+}
+
+}  // namespace
+
+int cmd_plan(const Options& o) {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  load_plugins(o, loader, reg, o.config);
+  Config cfg = Config::load_file(o.config, o.overrides);
+  Session s(cfg, reg);
+  if (auto train = s.make_pipeline("train")) s.model().label_shape = train->label_shape();
+  s.open_devices(/*reserve=*/false);
+  PlanCheck c = check_plan(s);
+  std::cout << c.report;
+  if (!o.sweep) return c.fits ? 0 : 1;
+
+  auto ctx = s.runner_context();
+  std::vector<size_t> limits;
+  for (auto& d : ctx.devices) limits.push_back(d.allocator->limit());
+  std::vector<int64_t> batches = s.memory_settings().sweep_batches;
+  if (batches.empty()) batches = default_sweep_batches(largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size));
+  fs::path dir = o.sweep_out.empty() ? fs::path(s.train().output_dir) : fs::path(o.sweep_out);
+  fs::create_directories(dir);
+  std::cout << "\nsweep: one real training step per batch size that fits (allocator peak in use):\n";
+  auto points = memory_sweep(s, batches, /*measure=*/true, &std::cout);
+  write_file(dir / "memory_sweep.csv", sweep_csv(points));
+  write_file(dir / "memory_sweep.svg", sweep_svg(points, s.run_name() + ": peak memory against batch size"));
+  std::cout << "wrote " << (dir / "memory_sweep.csv").string() << " and " << (dir / "memory_sweep.svg").string() << "\n";
+  return 0;
+}
+
+}  // namespace kiln::app

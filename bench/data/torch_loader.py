@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""PyTorch DataLoader on the same Fashion-MNIST data and transforms as kiln_data_bench, in samples/s.
+
+    /usr/bin/python3 bench/data/torch_loader.py [--workers N] [--aug] [--epochs N] [--batch B] [--data DIR]
+
+Debian has no torchvision, so the dataset mirrors torchvision's FashionMNIST: the whole IDX file is decoded into
+a uint8 tensor up front (not timed), and __getitem__ applies the per-example transforms with tensor ops:
+x / 255, normalize(0.2860, 0.3530), and with --aug a random 28x28 crop of the image zero-padded by 2 and a
+horizontal flip with probability 0.5 (what torchvision's RandomCrop(28, padding=2) and RandomHorizontalFlip do).
+Tensor ops instead of PIL make this faster than torchvision's own path, so the comparison favours PyTorch.
+One untimed epoch, then N timed epochs (shuffle=True, batch 128 by default), like the Kiln benchmark.
+"""
+import argparse
+import gzip
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    ndim = magic & 0xFF
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy())
+
+
+class FashionMNIST(Dataset):
+    def __init__(self, root, aug):
+        self.images = read_idx(f"{root}/train-images-idx3-ubyte.gz")
+        self.labels = read_idx(f"{root}/train-labels-idx1-ubyte.gz").long()
+        self.aug = aug
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        x = self.images[i].float().div_(255).unsqueeze_(0)
+        x = (x - 0.2860) / 0.3530
+        if self.aug:
+            x = F.pad(x, (2, 2, 2, 2))
+            oy, ox = torch.randint(0, 5, (2,)).tolist()
+            x = x[:, oy:oy + 28, ox:ox + 28]
+            if torch.rand(1).item() < 0.5:
+                x = torch.flip(x, dims=[2])
+        return x, self.labels[i]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--aug", action="store_true")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    ds = FashionMNIST(a.data, a.aug)
+    dl = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=a.workers,
+                    persistent_workers=a.workers > 0, generator=torch.Generator().manual_seed(1))
+
+    def epoch():
+        n, s = 0, 0.0
+        for x, y in dl:
+            n += x.shape[0]
+            s += float(x[0, 0, 0, 0])
+        return n
+
+    epoch()
+    t0 = time.perf_counter()
+    n = sum(epoch() for _ in range(a.epochs))
+    dt = time.perf_counter() - t0
+    name = f"torch{'_aug' if a.aug else ''}_w{a.workers}"
+    print(f"{name:<14} {n / dt:12.0f} {dt / a.epochs:10.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+// strategy = { type = "data_parallel", devices = [...] }: the model replicated on every listed device, the global
+// batch split over the replicas, gradients averaged (by share) through a Communicator in buckets while backward
+// runs, and one optimizer update per replica (or per shard of the parameters, ZeRO stage 1 style).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "kiln/plugin.hpp"
+
+namespace kiln::parallel {
+
+struct DataParallelOptions {
+  std::vector<DeviceEntry> devices;  // empty: every opened device
+  bool uneven = false;               // a global batch that does not divide: weight each replica by its share
+  size_t bucket_bytes = size_t{1} << 20;
+  bool overlap = true;               // reduce each bucket as soon as every replica has produced it
+  bool concurrent = true;            // one thread per replica (false: replicas run one after another)
+  bool sharded = false;              // optimizer_state = "sharded"
+  std::string communicator = "host";
+  std::string where = "[strategy]";          // "run.toml:12: key 'strategy'", for errors
+  std::string where_devices = "[strategy] devices";
+};
+
+// Creates the Runner for these options (used by the strategy and by benchmarks).
+std::unique_ptr<Runner> make_data_parallel_runner(const DataParallelOptions& o, const RunnerContext& ctx,
+                                                  std::unique_ptr<Communicator> comm);
+std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const RunnerContext& ctx);
+
+// Registers "data_parallel". `reg` is consulted for communicators other than "host" and must outlive the strategies.
+void register_data_parallel(Registry& reg);
+
+}  // namespace kiln::parallel

@@ -1,0 +1,374 @@
+// The data-parallel runner: replicas step together; gradient buckets are all-reduced by a communication lane
+// while the replicas' backward passes are still running.
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "data_parallel.hpp"
+#include "kiln/error.hpp"
+#include "lanes.hpp"
+#include "replica.hpp"
+
+namespace kiln::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+BufferView range_of(const BufferView& region, const Bucket& b) {
+  BufferView v = region;
+  v.offset += b.begin;
+  v.bytes = b.end - b.begin;
+  return v;
+}
+
+size_t first_of_kind(const Graph& g, OpKind k, size_t from) {
+  for (size_t i = from; i < g.nodes().size(); ++i)
+    if (g.nodes()[i].kind == k) return i;
+  return g.nodes().size();
+}
+
+class DataParallelRunner final : public Runner {
+ public:
+  DataParallelRunner(const DataParallelOptions& o, const RunnerContext& ctx, std::unique_ptr<Communicator> comm)
+      : o_(o), ctx_(ctx), comm_(std::move(comm)) {
+    dev_ = resolve_devices(o_.devices, ctx_.devices, o_.where_devices);
+    const int n = static_cast<int>(dev_.size());
+    base_rows_ = split_rows(ctx_.global_batch, n);
+    if (o_.sharded) owners_ = make_shards(replica_graph(ctx_, base_rows_[0], true, false, {}, 0), n);
+    bool mixed = false;
+    for (int r = 0; r < n; ++r) {
+      reps_.push_back(std::make_unique<Replica>(ctx_, dev_[static_cast<size_t>(r)], r, owners_));
+      devices_.push_back(&reps_.back()->device());
+      mixed = mixed || devices_.back()->info().backend != devices_[0]->info().backend;
+      stats_.emplace_back();
+    }
+    if (comm_->size() != n)
+      throw Error("data_parallel: the communicator has " + std::to_string(comm_->size()) + " ranks for " + std::to_string(n) + " replicas");
+    // Replicas of one backend compute bit-identical updates; across backends the rounding may differ, so the
+    // weights are re-sent from replica 0 after every update.
+    for (int r = 0; r < n; ++r) reps_[static_cast<size_t>(r)]->executor(base_rows_[static_cast<size_t>(r)], true, false);
+    const Graph& g0 = reps_[0]->executor(base_rows_[0], true, false).graph();
+    for (auto [param, grad] : g0.param_grads) {
+      (void)grad;
+      const std::string& name = g0.tensor(param).name;
+      if (o_.sharded) send_from_.emplace_back(name, owners_.at(name));
+      else if (mixed) send_from_.emplace_back(name, 0);
+    }
+    for (int r = 0; r < n; ++r) {
+      auto& rep = *reps_[static_cast<size_t>(r)];
+      rep.executor(base_rows_[static_cast<size_t>(r)], false, false);
+      if (ctx_.optimizer && ctx_.optimizer->ema_decay > 0) rep.executor(base_rows_[static_cast<size_t>(r)], false, true);
+    }
+    std::vector<std::string> names;
+    for (int r = 0; r < n; ++r) names.push_back("replica " + std::to_string(r) + " (" + devices_[static_cast<size_t>(r)]->info().label() + ")");
+    if (!o_.concurrent) names = {"replicas " + devices_[0]->info().label() + ".." + devices_.back()->info().label()};
+    names.push_back("the gradient all-reduce (" + o_.communicator + " communicator)");
+    lanes_ = std::make_unique<Lanes>(names);
+    comm_lane_ = lanes_->size() - 1;
+  }
+
+  StepResult train_step(const Element& batch, const StepScalars& s) override {
+    auto t_step = Clock::now();
+    const int n = static_cast<int>(reps_.size());
+    auto rows = rows_for(batch.batch, true);
+    auto parts = split(batch, rows);
+    std::vector<Executor*> ex(static_cast<size_t>(n));
+    std::vector<const std::vector<Bucket>*> buckets(static_cast<size_t>(n));
+    for (size_t r = 0; r < ex.size(); ++r) {
+      ex[r] = &reps_[r]->executor(rows[r] > 0 ? rows[r] : base_rows_[r], true, false);
+      buckets[r] = &buckets_for(*ex[r]);
+      if (buckets[r]->size() != buckets[0]->size())
+        throw Error("data_parallel: replicas disagree on the gradient layout (" + std::to_string(buckets[r]->size()) + " vs " +
+                    std::to_string(buckets[0]->size()) + " buckets)");
+    }
+    const size_t fwd_end = ex[0]->first_node_of(Phase::backward);
+    std::vector<std::vector<float>> losses(static_cast<size_t>(n));
+    lanes_->run([&](int lane) {
+      each_replica(lane, [&](size_t r) {
+        if (rows[r] == 0) return;
+        auto t0 = Clock::now();
+        ex[r]->load_batch(*parts[r]);
+        ex[r]->run_range(0, fwd_end, s);
+        for (auto t : ex[r]->graph().losses) losses[r].push_back(ex[r]->read_scalar(t));
+        stats_[r].compute += since(t0);
+      });
+    });
+    StepResult res;
+    res.losses.assign(ex[0]->graph().losses.size(), 0.f);
+    for (size_t r = 0; r < ex.size(); ++r)
+      for (size_t i = 0; i < losses[r].size(); ++i)
+        res.losses[i] += static_cast<float>(static_cast<double>(losses[r][i]) * static_cast<double>(rows[r]) / static_cast<double>(batch.batch));
+    for (float l : res.losses) res.total_loss += l;
+    if (!std::isfinite(res.total_loss)) return res;  // no replica changes its weights
+
+    const size_t nb = buckets[0]->size();
+    ready_.assign(nb, 0);
+    reduced_ = 0;
+    backward_done_ = updated_ = 0;
+    sent_ = false;
+    lanes_->run([&](int lane) {
+      if (lane == comm_lane_) return reduce_and_send(*buckets[0]);
+      each_replica(lane, [&](size_t r) { backward(r, *ex[r], *buckets[r], rows[r], batch.batch, s); });
+      each_replica(lane, [&](size_t r) { update(r, *ex[r], s, false); });
+      each_replica(lane, [&](size_t r) { update(r, *ex[r], s, true); });
+    });
+    for (size_t r = 0; r < ex.size(); ++r) stats_[r].examples += rows[r], ++stats_[r].steps;
+    ++steps_;
+    step_seconds_ += since(t_step);
+    return res;
+  }
+
+  EvalResult eval_batch(const Element& batch, bool use_ema) override {
+    auto rows = rows_for(batch.batch, false);
+    auto parts = split(batch, rows);
+    const size_t n = reps_.size();
+    std::vector<Executor*> ex(n, nullptr);
+    for (size_t r = 0; r < n; ++r)
+      if (rows[r] > 0) ex[r] = &reps_[r]->executor(rows[r], false, use_ema);
+    std::vector<EvalResult> part(n);
+    lanes_->run([&](int lane) {
+      each_replica(lane, [&](size_t r) {
+        if (!ex[r]) return;
+        ex[r]->load_batch(*parts[r]);
+        ex[r]->run({});
+        for (size_t i = 0; i < ex[r]->graph().losses.size(); ++i) {
+          part[r].losses.push_back(ex[r]->read_scalar(ex[r]->graph().losses[i]) * static_cast<float>(rows[r]));
+          part[r].outputs.push_back(ex[r]->read(ex[r]->graph().outputs[i]));
+        }
+      });
+    });
+    EvalResult out;
+    for (size_t i = 0; i < part[0].losses.size(); ++i) {
+      float sum = 0;
+      std::vector<HostTensor> outs;
+      for (size_t r = 0; r < n; ++r)
+        if (ex[r]) sum += part[r].losses[i], outs.push_back(std::move(part[r].outputs[i]));
+      out.losses.push_back(sum);
+      out.outputs.push_back(concat_rows(outs));
+    }
+    return out;
+  }
+
+  // Replica 0's tensors plus the optimizer-state shards of the others. Every tensor two replicas both hold must be
+  // bit-identical: a difference means the replicas diverged, which is reported instead of saved.
+  std::map<std::string, HostTensor> save_state() override {
+    auto all = reps_[0]->state().read_all();
+    for (size_t r = 1; r < reps_.size(); ++r)
+      for (auto& [name, t] : reps_[r]->state().read_all()) {
+        auto it = all.find(name);
+        if (it == all.end()) {
+          all.emplace(name, std::move(t));
+          continue;
+        }
+        if (it->second.data == t.data) continue;
+        double worst = 0;
+        for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, std::fabs(double(t.data[i]) - double(it->second.data[i])));
+        throw Error("data_parallel: replica " + std::to_string(r) + " (" + reps_[r]->label() + ") holds different values for '" +
+                    name + "' than replica 0 (" + reps_[0]->label() + "), largest difference " + std::to_string(worst) +
+                    "; the replicas diverged and no state was saved");
+      }
+    return all;
+  }
+
+  void load_state(const std::map<std::string, HostTensor>& st) override {
+    for (const auto& [name, t] : st) {
+      bool found = false;
+      for (auto& rep : reps_)
+        if (rep->state().has(name)) rep->state().write(name, t), found = true;
+      if (!found) throw Error("checkpoint tensor '" + name + "' does not exist in this model");
+    }
+  }
+
+  std::string find_nonfinite_layer(const Element& batch, int64_t step) override {
+    auto rows = rows_for(batch.batch, false);
+    auto parts = split(batch, rows);
+    for (size_t r = 0; r < reps_.size(); ++r)
+      if (rows[r] > 0)
+        if (auto l = reps_[r]->find_nonfinite_layer(*parts[r], step); !l.empty()) return l + " on " + reps_[r]->label();
+    return {};
+  }
+
+  std::vector<DevicePlan> plan() const override { return plan_data_parallel(o_, ctx_); }
+
+  std::string report() const override {
+    std::ostringstream os;
+    const size_t n = reps_.size();
+    os << "data_parallel: " << n << " replica(s), global batch " << ctx_.global_batch << ", optimizer state "
+       << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator, buckets of "
+       << bytes_text(o_.bucket_bytes) << (o_.overlap ? " reduced during backward" : " reduced after backward") << "\n";
+    for (size_t r = 0; r < n; ++r) {
+      const auto& st = stats_[r];
+      os << "  replica " << r << " on " << reps_[r]->label() << ": batch " << base_rows_[r];
+      if (st.steps > 0 && st.compute > 0) {
+        os << std::fixed << std::setprecision(0) << ", " << static_cast<double>(st.examples) / st.compute << " examples/s of compute, "
+           << std::setprecision(4) << st.compute / static_cast<double>(st.steps) << " s/batch computing, " << st.wait / static_cast<double>(st.steps)
+           << " s/batch waiting for gradients";
+      }
+      os << "\n";
+    }
+    if (steps_ > 0) {
+      int64_t examples = 0;
+      for (const auto& st : stats_) examples += st.examples;
+      double hidden = comm_seconds_ > 0 ? std::clamp(1.0 - exposed_seconds_ / comm_seconds_, 0.0, 1.0) : 1.0;
+      os << std::fixed << std::setprecision(0) << "  total: " << static_cast<double>(examples) / step_seconds_ << " examples/s, "
+         << std::setprecision(4) << step_seconds_ / static_cast<double>(steps_) << " s/batch; all-reduce "
+         << comm_seconds_ / static_cast<double>(steps_) << " s/step, " << std::setprecision(0) << hidden * 100
+         << "% of it hidden behind backward\n";
+    }
+    return os.str();
+  }
+
+ private:
+  template <class F>
+  void each_replica(int lane, F&& f) {
+    if (o_.concurrent) {
+      if (lane < static_cast<int>(reps_.size())) f(static_cast<size_t>(lane));
+    } else if (lane == 0) {
+      for (size_t r = 0; r < reps_.size(); ++r) f(r);
+    }
+  }
+
+  std::vector<int64_t> rows_for(int64_t n, bool training) const {
+    const int parts = static_cast<int>(reps_.size());
+    if (training && n == ctx_.global_batch && n % parts != 0 && !o_.uneven)
+      throw ConfigError(o_.where + ": a batch of " + std::to_string(n) + " does not split evenly over " + std::to_string(parts) +
+                        " replicas; set uneven = true to weight each replica's gradient by its share");
+    return split_rows(n, parts);
+  }
+
+  // Per replica: its rows of the batch (the batch itself with one replica).
+  std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows) {
+    std::vector<const Element*> out;
+    parts_.clear();
+    parts_.reserve(rows.size());
+    int64_t at = 0;
+    for (auto n : rows) {
+      if (rows.size() == 1) {
+        out.push_back(&b);
+        break;
+      }
+      parts_.push_back(slice_rows(b, at, n));
+      at += n;
+    }
+    for (auto& p : parts_) out.push_back(&p);
+    return out;
+  }
+
+  const std::vector<Bucket>& buckets_for(const Executor& ex) {
+    auto it = buckets_.find(&ex);
+    if (it != buckets_.end()) return it->second;
+    if (ex.size() != ex.graph().nodes().size()) throw Error("data_parallel: a replica graph has nodes placed on another device");
+    return buckets_.emplace(&ex, make_buckets(ex.graph(), ex.plan(), o_.bucket_bytes)).first->second;
+  }
+
+  void backward(size_t r, Executor& ex, const std::vector<Bucket>& bk, int64_t rows, int64_t global, const StepScalars& s) {
+    Replica& rep = *reps_[r];
+    auto t0 = Clock::now();
+    const BufferView grads = rep.state().region(Region::gradients);
+    const float share = static_cast<float>(static_cast<double>(rows) / static_cast<double>(global));
+    size_t at = ex.first_node_of(Phase::backward);
+    for (size_t k = 0; k < bk.size(); ++k) {
+      if (rows > 0) {
+        ex.run_range(at, bk[k].ready, s);
+        at = bk[k].ready;
+        if (share != 1.f) rep.run_op(OpKind::Scale, share, range_of(grads, bk[k]));
+      } else {
+        rep.run_op(OpKind::Fill, 0.f, range_of(grads, bk[k]));  // a replica without rows contributes nothing
+      }
+      rep.device().synchronize();
+      lanes_->signal([&] { ++ready_[k]; });
+    }
+    if (rows > 0) ex.run_range(at, ex.first_node_of(Phase::update), s);
+    rep.device().synchronize();
+    stats_[r].compute += since(t0);
+    lanes_->signal([&] {
+      if (++backward_done_ == static_cast<int>(reps_.size())) backward_end_ = Clock::now();
+    });
+  }
+
+  // Optimizer updates (ema = false) or the EMA updates that follow the weight broadcast (ema = true).
+  void update(size_t r, Executor& ex, const StepScalars& s, bool ema) {
+    const size_t upd = ex.first_node_of(Phase::update);
+    const size_t ema_at = send_from_.empty() ? ex.size() : first_of_kind(ex.graph(), OpKind::EmaUpdate, upd);
+    if (!ema) {
+      stats_[r].wait += lanes_->wait([&] { return reduced_ == ready_.size(); });
+      auto t0 = Clock::now();
+      ex.run_range(upd, ema_at, s);
+      reps_[r]->device().synchronize();
+      stats_[r].compute += since(t0);
+      lanes_->signal([&] { ++updated_; });
+    } else if (ema_at < ex.size()) {
+      stats_[r].wait += lanes_->wait([&] { return sent_; });
+      auto t0 = Clock::now();
+      ex.run_range(ema_at, ex.size(), s);
+      stats_[r].compute += since(t0);
+    }
+  }
+
+  void reduce_and_send(const std::vector<Bucket>& bk) {
+    const int n = static_cast<int>(reps_.size());
+    std::vector<BufferView> views(reps_.size());
+    for (size_t k = 0; k < bk.size(); ++k) {
+      lanes_->wait([&] { return o_.overlap ? ready_[k] == n : backward_done_ == n; });
+      for (size_t r = 0; r < reps_.size(); ++r) views[r] = range_of(reps_[r]->state().region(Region::gradients), bk[k]);
+      auto t0 = Clock::now();
+      comm_->all_reduce_sum(views, devices_);
+      comm_seconds_ += since(t0);
+      lanes_->signal([&] { reduced_ = k + 1; });
+    }
+    // Exposed communication: how long the last reduction outlasted the last replica's backward pass.
+    const auto reduced_at = Clock::now();
+    Clock::time_point bwd_end;
+    lanes_->wait([&] { return backward_done_ == n; });
+    lanes_->signal([&] { bwd_end = backward_end_; });
+    exposed_seconds_ += std::max(0.0, std::chrono::duration<double>(reduced_at - bwd_end).count());
+    if (send_from_.empty()) return;
+    lanes_->wait([&] { return updated_ == n; });
+    for (const auto& [name, owner] : send_from_) {
+      for (size_t r = 0; r < reps_.size(); ++r) views[r] = reps_[r]->state().persistent(name);
+      comm_->broadcast(views, devices_, owner);
+    }
+    lanes_->signal([&] { sent_ = true; });
+  }
+
+  struct ReplicaStats {
+    int64_t examples = 0, steps = 0;
+    double compute = 0, wait = 0;
+  };
+
+  DataParallelOptions o_;
+  RunnerContext ctx_;
+  std::unique_ptr<Communicator> comm_;
+  std::vector<int> dev_;
+  std::vector<int64_t> base_rows_;
+  ShardMap owners_;
+  std::vector<std::unique_ptr<Replica>> reps_;
+  std::vector<Device*> devices_;
+  std::vector<std::pair<std::string, int>> send_from_;  // weights broadcast after each update, with their source
+  std::map<const Executor*, std::vector<Bucket>> buckets_;
+  std::vector<Element> parts_;
+  std::unique_ptr<Lanes> lanes_;
+  int comm_lane_ = 0;
+  // One step's progress, guarded by the lanes' lock.
+  std::vector<int> ready_;
+  size_t reduced_ = 0;
+  int backward_done_ = 0, updated_ = 0;
+  bool sent_ = false;
+  Clock::time_point backward_end_;
+  // Statistics since creation.
+  std::vector<ReplicaStats> stats_;
+  double comm_seconds_ = 0, exposed_seconds_ = 0, step_seconds_ = 0;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_data_parallel_runner(const DataParallelOptions& o, const RunnerContext& ctx,
+                                                  std::unique_ptr<Communicator> comm) {
+  return std::make_unique<DataParallelRunner>(o, ctx, std::move(comm));
+}
+
+}  // namespace kiln::parallel

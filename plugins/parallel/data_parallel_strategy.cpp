@@ -1,0 +1,135 @@
+// The "data_parallel" strategy: [strategy] keys, the per-replica memory plan, and the checks before any step.
+#include <algorithm>
+#include <sstream>
+
+#include "data_parallel.hpp"
+#include "host_communicator.hpp"
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/executor.hpp"
+#include "replica.hpp"
+
+namespace kiln::parallel {
+
+namespace {
+
+std::string share_text(int64_t rows, int64_t total) {
+  std::ostringstream os;
+  os << rows << "/" << total;
+  return os.str();
+}
+
+}  // namespace
+
+std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const RunnerContext& ctx) {
+  auto dev = resolve_devices(o.devices, ctx.devices, o.where_devices);
+  const int n = static_cast<int>(dev.size());
+  if (ctx.global_batch < n)
+    throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(ctx.global_batch) + " is smaller than the " +
+                      std::to_string(n) + " replicas; every replica needs at least one example per step");
+  if (ctx.global_batch % n != 0 && !o.uneven)
+    throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(ctx.global_batch) + " does not split evenly over " +
+                      std::to_string(n) + " replicas; use a multiple of " + std::to_string(n) + " (" +
+                      std::to_string(ctx.global_batch / n * n) + " or " +
+                      std::to_string((ctx.global_batch / n + 1) * n) +
+                      "), or set uneven = true to give replicas different shares and weight their gradients by them");
+  auto rows = split_rows(ctx.global_batch, n);
+  ShardMap owners;
+  if (o.sharded) owners = make_shards(replica_graph(ctx, rows[0], true, false, {}, 0), n);
+  std::vector<DevicePlan> out;
+  for (int r = 0; r < n; ++r) {
+    Device* d = ctx.devices.at(static_cast<size_t>(dev[static_cast<size_t>(r)])).device;
+    Graph train = replica_graph(ctx, rows[static_cast<size_t>(r)], true, false, owners, r);
+    Graph eval = replica_graph(ctx, rows[static_cast<size_t>(r)], false, false, owners, r);
+    MemoryPlan pt = plan_memory(train, d), pe = plan_memory(eval, d);
+    auto buckets = make_buckets(train, pt, o.bucket_bytes);
+    pt.arena = std::max(pt.arena, pe.arena);
+    pt.workspace = std::max(pt.workspace, pe.workspace);
+    pt.input = std::max(pt.input, pe.input);
+    DevicePlan p = pt.summary(d->info().label());
+    p.notes.push_back("data_parallel replica " + std::to_string(r) + " of " + std::to_string(n) + ": batch " +
+                      std::to_string(rows[static_cast<size_t>(r)]) + " of " + std::to_string(ctx.global_batch) +
+                      " (gradient weight " + share_text(rows[static_cast<size_t>(r)], ctx.global_batch) + ")");
+    p.notes.push_back("gradient all-reduce: " + bytes_text(pt.gradients) + " per step in " + std::to_string(buckets.size()) +
+                      " bucket(s) of about " + bytes_text(o.bucket_bytes) + " through the \"" + o.communicator + "\" communicator, " +
+                      (o.overlap ? "overlapped with backward" : "after backward"));
+    if (o.sharded) {
+      int owned = 0;
+      for (const auto& [name, owner] : owners) owned += owner == r;
+      p.notes.push_back("optimizer state sharded: this replica updates and keeps the state of " + std::to_string(owned) + " of " +
+                        std::to_string(owners.size()) + " parameters, then broadcasts them");
+    } else {
+      p.notes.push_back("optimizer state replicated: every replica updates every parameter");
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+namespace {
+
+class DataParallelStrategy final : public Strategy {
+ public:
+  DataParallelStrategy(const ConfigNode& c, const Registry* reg) : reg_(reg) {
+    o_.where = c.where();
+    o_.where_devices = c.has("devices") ? c.where("devices") : c.where();
+    o_.devices = parse_device_list(c, "devices");
+    o_.uneven = c.get_bool("uneven", false);
+    auto bucket = c.get_size_text("bucket_size", "1MiB");
+    try {
+      o_.bucket_bytes = parse_memory_size(bucket, 0);
+    } catch (const ConfigError& e) {
+      c.fail("bucket_size", std::string(e.what()) + " (expected a size such as \"1MiB\" or a byte count)");
+    }
+    if (o_.bucket_bytes == 0) c.fail("bucket_size", "expected a positive size such as \"1MiB\"");
+    o_.overlap = c.get_bool("overlap", true);
+    o_.concurrent = c.get_bool("concurrent", true);
+    o_.sharded = c.get_choice("optimizer_state", {"replicated", "sharded"}, "replicated") == "sharded";
+    o_.communicator = c.get_string("communicator", "host");
+    if (o_.communicator != "host" && !(reg_ && reg_->has_communicator(o_.communicator)))
+      c.fail("communicator", "no communicator \"" + o_.communicator + "\" is registered; \"host\" (in-process, any backend) " +
+                                 "always is, \"nccl\" comes with the cuda plugin");
+    c.finish();
+  }
+
+  std::string name() const override { return "data_parallel"; }
+  int device_count(int visible) const override { return devices_to_open(o_.devices, visible); }
+  std::vector<DevicePlan> plan(const RunnerContext& ctx) const override { return plan_data_parallel(o_, ctx); }
+
+  std::unique_ptr<Runner> create(const RunnerContext& ctx) override {
+    auto plans = plan_data_parallel(o_, ctx);  // validates the devices and the batch split before anything is allocated
+    auto dev = resolve_devices(o_.devices, ctx.devices, o_.where_devices);
+    std::vector<Device*> devices;
+    for (size_t r = 0; r < dev.size(); ++r) {
+      const auto& dc = ctx.devices.at(static_cast<size_t>(dev[r]));
+      devices.push_back(dc.device);
+      if (plans[r].total() > dc.allocator->limit())
+        throw OutOfMemory("data_parallel: replica " + std::to_string(r) + " needs " + format_bytes(plans[r].total()) + " on " +
+                              plans[r].device + " but its memory limit is " + format_bytes(dc.allocator->limit()) + " (parameters " +
+                              format_bytes(plans[r].parameters) + ", gradients " + format_bytes(plans[r].gradients) +
+                              ", optimizer state " + format_bytes(plans[r].optimizer_state) + ", activations " +
+                              format_bytes(plans[r].activations) + "). Nothing was allocated. Try optimizer_state = \"sharded\", "
+                              "more replicas or a smaller batch; `kiln plan` shows the breakdown.",
+                          plans[r].total(), {});
+    }
+    std::unique_ptr<Communicator> comm;
+    if (o_.communicator == "host") comm = std::make_unique<HostCommunicator>(devices);
+    else comm = reg_->communicator(o_.communicator)(devices);
+    return make_data_parallel_runner(o_, ctx, std::move(comm));
+  }
+
+ private:
+  const Registry* reg_;
+  DataParallelOptions o_;
+};
+
+}  // namespace
+
+void register_data_parallel(Registry& reg) {
+  const Registry* r = &reg;
+  reg.add_strategy("data_parallel", [r](const ConfigNode& c) -> std::unique_ptr<Strategy> {
+    return std::make_unique<DataParallelStrategy>(c, r);
+  });
+}
+
+}  // namespace kiln::parallel

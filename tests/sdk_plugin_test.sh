@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs Kiln's SDK to a temporary prefix, builds samples/third_party_plugin against it with find_package(kiln),
+# and trains a run that uses the plugin's layer and data stage.
+set -euo pipefail
+src=$1 bin=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$bin" --prefix "$work/prefix" >/dev/null
+cmake -S "$src/samples/third_party_plugin" -B "$work/plugin" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/plugin" >/dev/null
+out=$("$work/prefix/bin/kiln" --plugin-dir "$work/plugin" train "$src/samples/third_party_plugin/example.toml" \
+  --set train.output_dir="\"$work/run\"" 2>&1) || { echo "$out"; exit 1; }
+echo "$out" | tail -3
+echo "$out" | grep -q "test accuracy" || { echo "no evaluation line"; exit 1; }
+"$work/prefix/bin/kiln" --plugin-dir "$work/plugin" plugins | grep -q "layer residual_dense" || { echo "plugin not listed"; exit 1; }
+echo "sdk plugin test: ok"

@@ -1,0 +1,111 @@
+// Helpers for the parallel-strategy tests: logical CPU devices, models and strategies from TOML, random batches,
+// and comparisons of saved states.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/config.hpp"
+#include "kiln/executor.hpp"
+#include "kiln/model.hpp"
+#include "kiln/plugin.hpp"
+#include "kiln/strategy.hpp"
+#include "test_support.hpp"
+
+namespace kiln::test::par {
+
+inline ModelSpec model_from(const std::string& toml, uint32_t seed = 7) {
+  auto cfg = Config::load_string(toml, "model.toml");
+  auto m = parse_model(*cfg.root().table("model"), registry());
+  m.seed = seed;
+  return m;
+}
+
+inline OptimizerSpec optimizer_from(const std::string& toml) {
+  auto cfg = Config::load_string(toml, "optimizer.toml");
+  return parse_optimizer(*cfg.root().table("optimizer"));
+}
+
+// `n` logical devices of the real cpu backend (one thread each, so several replicas share the cores fairly).
+struct CpuDevices {
+  std::vector<std::unique_ptr<Device>> devs;
+  std::vector<std::unique_ptr<Allocator>> allocs;
+  explicit CpuDevices(int n, size_t limit = 0) {
+    BackendOptions bo;
+    bo.virtual_devices = n;
+    bo.threads = 1;
+    auto backend = registry().backend("cpu")(bo);
+    for (int i = 0; i < n; ++i) {
+      devs.push_back(backend->open(i));
+      AllocatorOptions ao;
+      ao.limit = limit ? limit : devs.back()->info().total_memory;
+      allocs.push_back(std::make_unique<Allocator>(*devs.back(), ao));
+    }
+  }
+  std::vector<DeviceContext> ctx(int first = 0, int count = -1) const {
+    std::vector<DeviceContext> out;
+    if (count < 0) count = static_cast<int>(devs.size()) - first;
+    for (int i = first; i < first + count; ++i) out.push_back({devs[size_t(i)].get(), allocs[size_t(i)].get()});
+    return out;
+  }
+};
+
+inline RunnerContext context(const ModelSpec& m, const OptimizerSpec& o, std::vector<DeviceContext> devices, int64_t batch,
+                             uint32_t seed = 11) {
+  RunnerContext c;
+  c.model = &m;
+  c.optimizer = &o;
+  c.devices = std::move(devices);
+  c.global_batch = batch;
+  c.seed = seed;
+  return c;
+}
+
+// A strategy built by its registered factory from a `[strategy]` table, as the Session does.
+inline std::unique_ptr<Strategy> strategy(const std::string& strategy_toml) {
+  auto cfg = Config::load_string(strategy_toml, "strategy.toml");
+  auto s = cfg.root().table("strategy");
+  auto type = s->get_string("type");
+  return registry().strategy(type)(*s);
+}
+
+inline Element random_batch(int64_t n, const Shape& x, int64_t classes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  Element e;
+  e.batch = n;
+  e.x = HostTensor(x.with_batch(n));
+  for (auto& v : e.x.data) v = d(rng);
+  e.y = HostTensor(Shape{n});
+  for (int64_t i = 0; i < n; ++i) e.y.data[size_t(i)] = float(rng() % uint32_t(classes));
+  return e;
+}
+
+// Largest |a - b| over every tensor of two saved states (which must hold the same names and shapes).
+inline double max_abs_diff(const std::map<std::string, HostTensor>& a, const std::map<std::string, HostTensor>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || it->second.shape != t.shape) return INFINITY;
+    for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, double(std::fabs(t.data[i] - it->second.data[i])));
+  }
+  return worst;
+}
+
+// Trains `steps` steps on deterministic random batches and returns the saved state.
+inline std::map<std::string, HostTensor> train(Runner& r, const ModelSpec& m, int64_t batch, int steps, int64_t classes,
+                                               std::vector<float>* losses = nullptr) {
+  for (int s = 0; s < steps; ++s) {
+    auto b = random_batch(batch, m.input_shape, classes, 100u + uint32_t(s));
+    auto res = r.train_step(b, {s, 0.05f});
+    if (losses) losses->push_back(res.total_loss);
+  }
+  return r.save_state();
+}
+
+}  // namespace kiln::test::par
