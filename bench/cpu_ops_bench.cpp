@@ -170,7 +170,7 @@ void bench_cnn_ops(Device& dev, int reps) {
     for (size_t i = 0; i < ar.in.size(); ++i) in.push_back(int(i));
     for (size_t o = 0; o < ar.out.size(); ++o) out.push_back(int(ar.in.size() + o));
     if (op.kind == OpKind::AdamUpdate)  // v must be >= 0
-      for (float* p = b.views[3].host(), *e = p + ar.out[2]; p < e; ++p) *p = *p < 0 ? -*p : *p;
+      for (float *p = b.views[3].host(), *e = p + ar.out[2]; p < e; ++p) *p = *p < 0 ? -*p : *p;
     Block* ws = nullptr;
     OpCall c = call_for(dev, op.kind, op.attrs, b, in, out, ws);
     const double t = best_time(reps, [&] { dev.run(c); });
@@ -249,9 +249,12 @@ int main(int argc, char** argv) {
   std::string dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--threads") threads = std::stoi(argv[i + 1]);
-    else if (k == "--plugin-dir") dir = argv[i + 1];
-    else if (k == "--reps") reps = std::stoi(argv[i + 1]);
+    if (k == "--threads")
+      threads = std::stoi(argv[i + 1]);
+    else if (k == "--plugin-dir")
+      dir = argv[i + 1];
+    else if (k == "--reps")
+      reps = std::stoi(argv[i + 1]);
   }
   try {
     PluginLoader loader;

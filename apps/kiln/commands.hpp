@@ -18,6 +18,7 @@ struct Options {
   std::string backend;
   int device_index = 0;
   std::string op_filter, case_id, report, matrix;
+  bool validation = false;
 };
 
 // Loads plugins from the default dirs, --plugin-dir, and (when given) the config's [plugins] table.

@@ -1,14 +1,24 @@
-// kiln conformance: wired to the core conformance library once it exists.
+// kiln conformance: runs the core conformance suite on a backend (built-in or a third-party plugin's).
 #include <iostream>
 
 #include "commands.hpp"
-#include "kiln/error.hpp"
+#include "kiln/conformance.hpp"
 
 namespace kiln::app {
 
 int cmd_conformance(const Options& o) {
-  (void)o;
-  throw Error("kiln conformance: the conformance suite is not built into this kiln yet");
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  load_plugins(o, loader, reg);
+  ConformanceOptions c;
+  c.backend = o.backend;
+  c.device = o.device_index;
+  c.op = o.op_filter;
+  c.case_id = o.case_id;
+  c.report_path = o.report;
+  c.matrix_path = o.matrix;
+  c.backend_options.validation = o.validation;
+  return run_conformance(reg, c, std::cout);
 }
 
 }  // namespace kiln::app

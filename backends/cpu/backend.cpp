@@ -47,8 +47,7 @@ size_t read_available_memory() { return meminfo_bytes("MemAvailable"); }
 HostInfo read_host_info() { return {cpu_model(), meminfo_bytes("MemTotal"), read_available_memory()}; }
 
 CpuBackend::CpuBackend(const BackendOptions& opts) : devices_(opts.virtual_devices), threads_(opts.threads) {
-  if (devices_ < 1)
-    throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
+  if (devices_ < 1) throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
   if (threads_ < 0)
     throw ConfigError("cpu backend: threads must be >= 0 (0 = all cores), found " + std::to_string(threads_));
   // 0: the devices share all cores (OMP_NUM_THREADS caps them), since data-parallel runs them concurrently.

@@ -44,7 +44,7 @@ class CpuDevice final : public Device {
   int threads_;
   std::atomic<uint64_t> next_block_id_{1};
   std::atomic<size_t> live_blocks_{0};
-  std::vector<double> partials_;  // per-thread loss sums (deterministic reduction order)
+  std::vector<double> partials_;   // per-thread loss sums (deterministic reduction order)
   std::vector<float*> part_ptrs_;  // concat/split part pointers, reused across calls
 };
 

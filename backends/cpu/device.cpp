@@ -2,6 +2,7 @@
 // sizes, forbidden overlaps, workspace) without allocating, then runs the kernel on the calling thread's team.
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -31,6 +32,12 @@ class Checked {
   }
   const float* in(size_t i, int64_t elems) const { return ptr(c_.in[i], "input", i, elems); }
   float* out(size_t i, int64_t elems) const { return ptr(c_.out[i], "output", i, elems); }
+  // BLAS takes 32-bit dimensions.
+  void blas_dims(std::initializer_list<int64_t> dims) const {
+    for (int64_t d : dims)
+      if (d > std::numeric_limits<int>::max())
+        fail("a dimension of " + std::to_string(d) + " exceeds what BLAS can index (2^31 - 1)");
+  }
   void positive(const char* what, int64_t v) const {
     if (v < 1) fail(std::string(what) + " must be >= 1, found " + std::to_string(v));
   }
@@ -43,8 +50,8 @@ class Checked {
       for (size_t i = 0; i < c_.in.size(); ++i) {
         const BufferView& iv = c_.in[i];
         if (!iv.block || iv.bytes == 0 || !ov.overlaps(iv)) continue;
-        const bool allowed = o == 0 && (int(i) == alias_in || int(i) == alias_in2) && iv.offset == ov.offset &&
-                             iv.bytes == ov.bytes;
+        const bool allowed =
+            o == 0 && (int(i) == alias_in || int(i) == alias_in2) && iv.offset == ov.offset && iv.bytes == ov.bytes;
         if (!allowed) fail("output " + std::to_string(o) + " overlaps input " + std::to_string(i));
       }
       for (size_t p = o + 1; p < c_.out.size(); ++p)
@@ -147,7 +154,8 @@ size_t CpuDevice::workspace_bytes(const OpCall& call) const {
       if (const auto* a = std::get_if<ConvAttrs>(&call.attrs))
         return conv_workspace_floats(call.kind, *a, threads_) * sizeof(float);
       return 0;
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
@@ -159,6 +167,7 @@ void CpuDevice::run(const OpCall& call) {
       const auto& a = c.attrs<GemmAttrs>();
       c.counts(2, 1);
       c.no_overlap();
+      c.blas_dims({a.m, a.n, a.k});
       return gemm(a, c.in(0, a.m * a.k), c.in(1, a.k * a.n), c.out(0, a.m * a.n), t);
     }
     case OpKind::BiasAdd: {
@@ -183,6 +192,7 @@ void CpuDevice::run(const OpCall& call) {
       c.positive("stride_h", a.stride_h);
       c.positive("stride_w", a.stride_w);
       if (a.pad_h < 0 || a.pad_w < 0) c.fail("padding must be >= 0");
+      c.blas_dims({a.k, a.c * a.r * a.s, a.oh * a.ow});
       const int64_t x = a.n * a.c * a.h * a.w, w = a.k * a.c * a.r * a.s, y = a.n * a.k * a.oh * a.ow;
       float* ws = c.workspace(conv_workspace_floats(call.kind, a, t));
       if (call.kind == OpKind::Conv2dForward) return conv2d_forward(a, c.in(0, x), c.in(1, w), c.out(0, y), ws, t);
@@ -332,7 +342,8 @@ void CpuDevice::run(const OpCall& call) {
       c.no_overlap();
       return ema_update(a, c.in(0, a.count), c.out(0, a.count), t);
     }
-    case OpKind::Count_: break;
+    case OpKind::Count_:
+      break;
   }
   c.fail("unknown op kind " + std::to_string(static_cast<int>(call.kind)));
 }

@@ -1,8 +1,9 @@
 // The "cpu" plugin's entry: descriptor + registration of the backend.
+#include "kiln/plugin.hpp"
+
 #include <memory>
 
 #include "backend.hpp"
-#include "kiln/plugin.hpp"
 
 namespace kiln::cpu {
 
@@ -13,9 +14,8 @@ const PluginDescriptor* descriptor() {
 }
 
 void register_all(Registry& reg) {
-  reg.add_backend("cpu", [](const BackendOptions& o) -> std::unique_ptr<Backend> {
-    return std::make_unique<CpuBackend>(o);
-  });
+  reg.add_backend("cpu",
+                  [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<CpuBackend>(o); });
 }
 
 }  // namespace kiln::cpu

@@ -1,6 +1,7 @@
 // The op dispatch of CudaDevice: validation, capability, workspace sizes, and which kernel or library call runs
 // each op (semantics: core/include/kiln/ops.hpp).
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -121,6 +122,11 @@ void CudaDevice::validate(const OpCall& call) const {
   };
   for (size_t i = 0; i < ar.in.size(); ++i) check(call.in[i], ar.in[i], "input", i);
   for (size_t i = 0; i < ar.out.size(); ++i) check(call.out[i], ar.out[i], "output", i);
+  // cuBLAS refuses a workspace below 256-byte alignment; the core allocator aligns every allocation to 256.
+  if (call.workspace.block && call.workspace.bytes > 0 &&
+      reinterpret_cast<uintptr_t>(static_cast<char*>(call.workspace.block->ptr) + call.workspace.offset) % 256 != 0)
+    throw DeviceError(op + ": the workspace must start at a 256-byte aligned address, found offset " +
+                      std::to_string(call.workspace.offset) + " in its block");
   if (is_loss(call.kind)) {
     const size_t need = workspace_bytes(call);
     if (!call.workspace.block || call.workspace.bytes < need)

@@ -8,8 +8,12 @@
 namespace kiln::cuda {
 
 const PluginDescriptor* descriptor() {
-  static const PluginDescriptor d{"cuda", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
-                                  "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs, NCCL"};
+#ifdef KILN_CUDA_HAVE_NCCL
+  static const char* what = "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs, NCCL communicator";
+#else
+  static const char* what = "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs (built without NCCL)";
+#endif
+  static const PluginDescriptor d{"cuda", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT, what};
   return &d;
 }
 

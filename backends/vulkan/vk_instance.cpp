@@ -193,6 +193,18 @@ void VulkanInstance::enumerate() {
   }
 }
 
+bool VulkanInstance::submit_test_message() {
+  if (!validation_) return false;
+  auto submit = reinterpret_cast<PFN_vkSubmitDebugUtilsMessageEXT>(
+      vkGetInstanceProcAddr(instance_, "vkSubmitDebugUtilsMessageEXT"));
+  if (!submit) return false;
+  auto data = vk_init<VkDebugUtilsMessengerCallbackDataEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CALLBACK_DATA_EXT);
+  data.pMessageIdName = "kiln-self-test";
+  data.pMessage = "kiln self-test: a message sent on purpose to check that validation messages are counted";
+  submit(instance_, VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT, VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT, &data);
+  return true;
+}
+
 size_t VulkanInstance::free_memory(const PhysicalDevice& pd, size_t used_by_us) const {
   if (pd.memory_budget) {
     auto budget = vk_init<VkPhysicalDeviceMemoryBudgetPropertiesEXT>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT);

@@ -44,6 +44,9 @@ class VulkanInstance {
   std::atomic<uint64_t>& validation_messages() { return messages_; }
   // Free bytes of the device-local heaps: budget - usage with VK_EXT_memory_budget, else the heap sizes.
   size_t free_memory(const PhysicalDevice& pd, size_t used_by_us) const;
+  // Sends one validation-type error through the debug messenger (vkSubmitDebugUtilsMessageEXT), so tests can
+  // check that messages are counted. False when validation is off.
+  bool submit_test_message();
 
  private:
   VulkanInstance() = default;

@@ -240,11 +240,14 @@ void VulkanDevice::begin_sequence(uint64_t) { stream_->begin_sequence(); }
 void VulkanDevice::end_sequence() { stream_->end_sequence(); }
 
 void* VulkanDevice::extension(std::string_view name) {
-  if (name == kValidationMessagesExtension) return &instance_->validation_messages();
+  if (name == kValidationMessagesExtension)
+    return instance_->validation() ? &instance_->validation_messages() : nullptr;
   if (name == "vulkan.submissions") {
     submissions_ = stream_->submissions();
     return &submissions_;
   }
+  if (name == "vulkan.debug.submit_test_message")
+    return instance_->submit_test_message() ? &instance_->validation_messages() : nullptr;
   if (name == "vulkan.pipelines") {
     pipelines_ = kernels_->created();
     return &pipelines_;

@@ -1,7 +1,8 @@
 // Samples/s of Kiln's data pipeline on Fashion-MNIST (train set, 60000 images) in several configurations:
 // from the gzip files every epoch, from a memory cache, and with augmentation on 1 or 2 map workers.
-//   kiln_data_bench [--data DIR] [--epochs N] [--batch B] [--only NAME]
-// Each case runs one untimed epoch (fills caches), then N timed epochs; prints samples/s per case.
+//   kiln_data_bench [--data DIR] [--epochs N] [--batch B] [--only NAME] [--stats 1]
+// Each case runs one untimed epoch (fills caches), then N timed epochs; prints samples/s per case, and with
+// --stats 1 each stage's busy/wait seconds summed over all epochs.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -54,14 +55,16 @@ int main(int argc, char** argv) {
   int epochs = 3;
   int64_t batch = 128;
   std::string only;
+  bool stats = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--data") data = argv[i + 1];
     else if (a == "--epochs") epochs = std::stoi(argv[i + 1]);
     else if (a == "--batch") batch = std::stoll(argv[i + 1]);
     else if (a == "--only") only = argv[i + 1];
+    else if (a == "--stats") stats = std::string(argv[i + 1]) == "1";
     else {
-      std::cerr << "usage: kiln_data_bench [--data DIR] [--epochs N] [--batch B] [--only NAME]\n";
+      std::cerr << "usage: kiln_data_bench [--data DIR] [--epochs N] [--batch B] [--only NAME] [--stats 1]\n";
       return 2;
     }
   }
@@ -100,6 +103,13 @@ int main(int argc, char** argv) {
         t += dt;
       }
       std::printf("%-14s %12.0f %10.3f\n", c.name.c_str(), static_cast<double>(n) / t, t / epochs);
+      if (stats) {
+        std::vector<kiln::StageStats> st;
+        p->collect_stats(st);
+        for (const auto& s : st)
+          std::printf("    %-10s elements %8llu  busy %7.3f s  wait %7.3f s\n", s.name.c_str(),
+                      static_cast<unsigned long long>(s.elements), s.busy_seconds, s.wait_seconds);
+      }
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

@@ -251,6 +251,7 @@ ConformanceReport run_conformance_suite(Registry& registry, const ConformanceOpt
     if (opts.fault_injection && opts.case_id.empty() && (opts.op.empty() || opts.op == "oom")) run.fault_injection(tols);
     dev->synchronize();
     if (void* p = dev->extension(kValidationMessagesExtension)) {
+      r.validation_checked = true;
       r.validation_messages = static_cast<std::atomic<uint64_t>*>(p)->load();
       out << (r.validation_messages ? "FAIL " : "PASS ") << r.device.label() << " validation layer: "
           << r.validation_messages << " warnings/errors\n";

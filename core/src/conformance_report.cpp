@@ -66,6 +66,7 @@ void write_conformance_json(const ConformanceReport& report, const std::string& 
       << ",\n      \"device\": {\"label\": " << json_str(r.available ? r.device.label() : "")
       << ", \"name\": " << json_str(r.device.name) << ", \"hardware_id\": " << json_str(r.device.hardware_id)
       << "},\n      \"tolerance_file\": " << json_str(r.tolerance_file)
+      << ",\n      \"validation_checked\": " << (r.validation_checked ? "true" : "false")
       << ",\n      \"validation_messages\": " << r.validation_messages << ",\n      \"summary\": {\"pass\": "
       << r.count(CaseStatus::pass) << ", \"fail\": " << r.count(CaseStatus::fail)
       << ", \"unsupported\": " << r.count(CaseStatus::unsupported) << "},\n      \"relaxations_applied\": [";
@@ -143,7 +144,9 @@ void write_support_matrix(const ConformanceReport& report, const std::string& pa
     }
     m << "- **" << b.backend << "**: " << b.device.label() << " " << b.device.name << " (" << b.device.hardware_id
       << "); " << b.count(CaseStatus::pass) << " passed, " << b.count(CaseStatus::fail) << " failed, "
-      << b.count(CaseStatus::unsupported) << " unsupported; validation messages: " << b.validation_messages << "\n";
+      << b.count(CaseStatus::unsupported) << " unsupported";
+    if (b.validation_checked) m << "; validation layer on, messages: " << b.validation_messages;
+    m << "\n";
     for (const auto& r : b.relaxations_applied) m << "  - relaxation: " << md_escape(r) << "\n";
   }
   if (!notes.empty()) {

@@ -11,58 +11,94 @@ namespace kiln {
 
 std::string_view op_name(OpKind k) {
   switch (k) {
-    case OpKind::Gemm: return "gemm";
-    case OpKind::BiasAdd: return "bias_add";
-    case OpKind::BiasGrad: return "bias_grad";
-    case OpKind::Conv2dForward: return "conv2d_forward";
-    case OpKind::Conv2dBackwardData: return "conv2d_backward_data";
-    case OpKind::Conv2dBackwardFilter: return "conv2d_backward_filter";
-    case OpKind::MaxPoolForward: return "max_pool_forward";
-    case OpKind::MaxPoolBackward: return "max_pool_backward";
-    case OpKind::AvgPoolForward: return "avg_pool_forward";
-    case OpKind::AvgPoolBackward: return "avg_pool_backward";
-    case OpKind::ActivationForward: return "activation_forward";
-    case OpKind::ActivationBackward: return "activation_backward";
-    case OpKind::SoftmaxForward: return "softmax_forward";
-    case OpKind::SoftmaxBackward: return "softmax_backward";
-    case OpKind::SoftmaxCrossEntropy: return "softmax_cross_entropy";
-    case OpKind::MeanSquaredError: return "mean_squared_error";
-    case OpKind::BinaryCrossEntropy: return "binary_cross_entropy";
-    case OpKind::Add: return "add";
-    case OpKind::Mul: return "mul";
-    case OpKind::Axpby: return "axpby";
-    case OpKind::Scale: return "scale";
-    case OpKind::Fill: return "fill";
-    case OpKind::Copy: return "copy";
-    case OpKind::ReduceSum: return "reduce_sum";
-    case OpKind::Concat: return "concat";
-    case OpKind::Split: return "split";
-    case OpKind::DropoutForward: return "dropout_forward";
-    case OpKind::DropoutBackward: return "dropout_backward";
-    case OpKind::SgdUpdate: return "sgd_update";
-    case OpKind::AdamUpdate: return "adam_update";
-    case OpKind::RmspropUpdate: return "rmsprop_update";
-    case OpKind::EmaUpdate: return "ema_update";
-    case OpKind::Count_: break;
+    case OpKind::Gemm:
+      return "gemm";
+    case OpKind::BiasAdd:
+      return "bias_add";
+    case OpKind::BiasGrad:
+      return "bias_grad";
+    case OpKind::Conv2dForward:
+      return "conv2d_forward";
+    case OpKind::Conv2dBackwardData:
+      return "conv2d_backward_data";
+    case OpKind::Conv2dBackwardFilter:
+      return "conv2d_backward_filter";
+    case OpKind::MaxPoolForward:
+      return "max_pool_forward";
+    case OpKind::MaxPoolBackward:
+      return "max_pool_backward";
+    case OpKind::AvgPoolForward:
+      return "avg_pool_forward";
+    case OpKind::AvgPoolBackward:
+      return "avg_pool_backward";
+    case OpKind::ActivationForward:
+      return "activation_forward";
+    case OpKind::ActivationBackward:
+      return "activation_backward";
+    case OpKind::SoftmaxForward:
+      return "softmax_forward";
+    case OpKind::SoftmaxBackward:
+      return "softmax_backward";
+    case OpKind::SoftmaxCrossEntropy:
+      return "softmax_cross_entropy";
+    case OpKind::MeanSquaredError:
+      return "mean_squared_error";
+    case OpKind::BinaryCrossEntropy:
+      return "binary_cross_entropy";
+    case OpKind::Add:
+      return "add";
+    case OpKind::Mul:
+      return "mul";
+    case OpKind::Axpby:
+      return "axpby";
+    case OpKind::Scale:
+      return "scale";
+    case OpKind::Fill:
+      return "fill";
+    case OpKind::Copy:
+      return "copy";
+    case OpKind::ReduceSum:
+      return "reduce_sum";
+    case OpKind::Concat:
+      return "concat";
+    case OpKind::Split:
+      return "split";
+    case OpKind::DropoutForward:
+      return "dropout_forward";
+    case OpKind::DropoutBackward:
+      return "dropout_backward";
+    case OpKind::SgdUpdate:
+      return "sgd_update";
+    case OpKind::AdamUpdate:
+      return "adam_update";
+    case OpKind::RmspropUpdate:
+      return "rmsprop_update";
+    case OpKind::EmaUpdate:
+      return "ema_update";
+    case OpKind::Count_:
+      break;
   }
   return "unknown_op";
 }
 
 std::string_view activation_name(Activation a) {
   switch (a) {
-    case Activation::relu: return "relu";
-    case Activation::sigmoid: return "sigmoid";
-    case Activation::tanh: return "tanh";
+    case Activation::relu:
+      return "relu";
+    case Activation::sigmoid:
+      return "sigmoid";
+    case Activation::tanh:
+      return "tanh";
   }
   return "unknown_activation";
 }
 
 namespace {
 
-constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",        "ConvAttrs",   "PoolAttrs",
-                                      "ActivationAttrs", "SoftmaxAttrs",     "LossAttrs",   "ElementwiseAttrs",
-                                      "ReduceAttrs",     "ConcatAttrs",      "DropoutAttrs", "SgdAttrs",
-                                      "AdamAttrs",       "RmspropAttrs",     "EmaAttrs"};
+constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAttrs",    "PoolAttrs",
+                                      "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",    "ElementwiseAttrs",
+                                      "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs", "SgdAttrs",
+                                      "AdamAttrs",       "RmspropAttrs", "EmaAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>);
 
 template <class T, size_t... I>
@@ -109,8 +145,17 @@ OpArity op_arity(OpKind k, const OpAttrs& attrs) {
     case OpKind::Conv2dBackwardData:
     case OpKind::Conv2dBackwardFilter: {
       const auto& a = attrs_as<ConvAttrs>(k, attrs);
-      check_dims(k, {{"n", a.n}, {"c", a.c}, {"h", a.h}, {"w", a.w}, {"k", a.k}, {"r", a.r}, {"s", a.s},
-                     {"pad_h", a.pad_h}, {"pad_w", a.pad_w}, {"oh", a.oh}, {"ow", a.ow}});
+      check_dims(k, {{"n", a.n},
+                     {"c", a.c},
+                     {"h", a.h},
+                     {"w", a.w},
+                     {"k", a.k},
+                     {"r", a.r},
+                     {"s", a.s},
+                     {"pad_h", a.pad_h},
+                     {"pad_w", a.pad_w},
+                     {"oh", a.oh},
+                     {"ow", a.ow}});
       if (a.stride_h < 1 || a.stride_w < 1)
         throw Error("op " + std::string(op_name(k)) + ": strides must be >= 1, found " + std::to_string(a.stride_h) +
                     "x" + std::to_string(a.stride_w));
@@ -124,8 +169,16 @@ OpArity op_arity(OpKind k, const OpAttrs& attrs) {
     case OpKind::AvgPoolForward:
     case OpKind::AvgPoolBackward: {
       const auto& a = attrs_as<PoolAttrs>(k, attrs);
-      check_dims(k, {{"n", a.n}, {"c", a.c}, {"h", a.h}, {"w", a.w}, {"kh", a.kh}, {"kw", a.kw}, {"pad_h", a.pad_h},
-                     {"pad_w", a.pad_w}, {"oh", a.oh}, {"ow", a.ow}});
+      check_dims(k, {{"n", a.n},
+                     {"c", a.c},
+                     {"h", a.h},
+                     {"w", a.w},
+                     {"kh", a.kh},
+                     {"kw", a.kw},
+                     {"pad_h", a.pad_h},
+                     {"pad_w", a.pad_w},
+                     {"oh", a.oh},
+                     {"ow", a.ow}});
       if (a.stride_h < 1 || a.stride_w < 1)
         throw Error("op " + std::string(op_name(k)) + ": strides must be >= 1, found " + std::to_string(a.stride_h) +
                     "x" + std::to_string(a.stride_w));
@@ -219,7 +272,8 @@ OpArity op_arity(OpKind k, const OpAttrs& attrs) {
       check_dims(k, {{"count", a.count}});
       return {{a.count}, {a.count}};
     }
-    case OpKind::Count_: break;
+    case OpKind::Count_:
+      break;
   }
   throw Error("op_arity: unknown op kind " + std::to_string(static_cast<int>(k)));
 }

@@ -56,13 +56,26 @@ void elementwise(OpKind k, const ElementwiseAttrs& a, In in, Out out) {
   float* y = out[0];
   for (int64_t i = 0; i < a.count; ++i) {
     switch (k) {
-      case OpKind::Add: y[i] = a.alpha * in[0][i] + a.beta * in[1][i]; break;
-      case OpKind::Mul: y[i] = in[0][i] * in[1][i]; break;
-      case OpKind::Axpby: y[i] = a.alpha * in[0][i] + a.beta * y[i]; break;
-      case OpKind::Scale: y[i] = a.alpha * in[0][i]; break;
-      case OpKind::Fill: y[i] = a.alpha; break;
-      case OpKind::Copy: y[i] = in[0][i]; break;
-      default: break;
+      case OpKind::Add:
+        y[i] = a.alpha * in[0][i] + a.beta * in[1][i];
+        break;
+      case OpKind::Mul:
+        y[i] = in[0][i] * in[1][i];
+        break;
+      case OpKind::Axpby:
+        y[i] = a.alpha * in[0][i] + a.beta * y[i];
+        break;
+      case OpKind::Scale:
+        y[i] = a.alpha * in[0][i];
+        break;
+      case OpKind::Fill:
+        y[i] = a.alpha;
+        break;
+      case OpKind::Copy:
+        y[i] = in[0][i];
+        break;
+      default:
+        break;
     }
   }
 }
@@ -160,8 +173,7 @@ void rmsprop(const RmspropAttrs& a, In in, Out out) {
 
 void ema(const EmaAttrs& a, In in, Out out) {
   const double d = a.decay;
-  for (int64_t i = 0; i < a.count; ++i)
-    out[0][i] = static_cast<float>(d * out[0][i] + (1.0 - d) * in[0][i]);
+  for (int64_t i = 0; i < a.count; ++i) out[0][i] = static_cast<float>(d * out[0][i] + (1.0 - d) * in[0][i]);
 }
 
 }  // namespace
@@ -175,39 +187,57 @@ void reference_op(OpKind kind, const OpAttrs& attrs, std::span<const float* cons
   const In i = in.data();
   const Out o = out.data();
   switch (kind) {
-    case OpKind::Gemm: return gemm(std::get<GemmAttrs>(attrs), i, o);
-    case OpKind::BiasAdd: return bias_add(std::get<BiasAttrs>(attrs), i, o);
-    case OpKind::BiasGrad: return bias_grad(std::get<BiasAttrs>(attrs), i, o);
+    case OpKind::Gemm:
+      return gemm(std::get<GemmAttrs>(attrs), i, o);
+    case OpKind::BiasAdd:
+      return bias_add(std::get<BiasAttrs>(attrs), i, o);
+    case OpKind::BiasGrad:
+      return bias_grad(std::get<BiasAttrs>(attrs), i, o);
     case OpKind::Conv2dForward:
     case OpKind::Conv2dBackwardData:
-    case OpKind::Conv2dBackwardFilter: return ref::conv2d(kind, std::get<ConvAttrs>(attrs), i, o);
+    case OpKind::Conv2dBackwardFilter:
+      return ref::conv2d(kind, std::get<ConvAttrs>(attrs), i, o);
     case OpKind::MaxPoolForward:
     case OpKind::MaxPoolBackward:
     case OpKind::AvgPoolForward:
-    case OpKind::AvgPoolBackward: return ref::pool(kind, std::get<PoolAttrs>(attrs), i, o);
+    case OpKind::AvgPoolBackward:
+      return ref::pool(kind, std::get<PoolAttrs>(attrs), i, o);
     case OpKind::ActivationForward:
-    case OpKind::ActivationBackward: return ref::activation(kind, std::get<ActivationAttrs>(attrs), i, o);
+    case OpKind::ActivationBackward:
+      return ref::activation(kind, std::get<ActivationAttrs>(attrs), i, o);
     case OpKind::SoftmaxForward:
-    case OpKind::SoftmaxBackward: return ref::softmax(kind, std::get<SoftmaxAttrs>(attrs), i, o);
+    case OpKind::SoftmaxBackward:
+      return ref::softmax(kind, std::get<SoftmaxAttrs>(attrs), i, o);
     case OpKind::SoftmaxCrossEntropy:
     case OpKind::MeanSquaredError:
-    case OpKind::BinaryCrossEntropy: return ref::loss(kind, std::get<LossAttrs>(attrs), i, o);
+    case OpKind::BinaryCrossEntropy:
+      return ref::loss(kind, std::get<LossAttrs>(attrs), i, o);
     case OpKind::Add:
     case OpKind::Mul:
     case OpKind::Axpby:
     case OpKind::Scale:
     case OpKind::Fill:
-    case OpKind::Copy: return elementwise(kind, std::get<ElementwiseAttrs>(attrs), i, o);
-    case OpKind::ReduceSum: return reduce_sum(std::get<ReduceAttrs>(attrs), i, o);
-    case OpKind::Concat: return concat_split(true, std::get<ConcatAttrs>(attrs), i, o);
-    case OpKind::Split: return concat_split(false, std::get<ConcatAttrs>(attrs), i, o);
+    case OpKind::Copy:
+      return elementwise(kind, std::get<ElementwiseAttrs>(attrs), i, o);
+    case OpKind::ReduceSum:
+      return reduce_sum(std::get<ReduceAttrs>(attrs), i, o);
+    case OpKind::Concat:
+      return concat_split(true, std::get<ConcatAttrs>(attrs), i, o);
+    case OpKind::Split:
+      return concat_split(false, std::get<ConcatAttrs>(attrs), i, o);
     case OpKind::DropoutForward:
-    case OpKind::DropoutBackward: return dropout(std::get<DropoutAttrs>(attrs), i, o);
-    case OpKind::SgdUpdate: return sgd(std::get<SgdAttrs>(attrs), i, o);
-    case OpKind::AdamUpdate: return adam(std::get<AdamAttrs>(attrs), i, o);
-    case OpKind::RmspropUpdate: return rmsprop(std::get<RmspropAttrs>(attrs), i, o);
-    case OpKind::EmaUpdate: return ema(std::get<EmaAttrs>(attrs), i, o);
-    case OpKind::Count_: break;
+    case OpKind::DropoutBackward:
+      return dropout(std::get<DropoutAttrs>(attrs), i, o);
+    case OpKind::SgdUpdate:
+      return sgd(std::get<SgdAttrs>(attrs), i, o);
+    case OpKind::AdamUpdate:
+      return adam(std::get<AdamAttrs>(attrs), i, o);
+    case OpKind::RmspropUpdate:
+      return rmsprop(std::get<RmspropAttrs>(attrs), i, o);
+    case OpKind::EmaUpdate:
+      return ema(std::get<EmaAttrs>(attrs), i, o);
+    case OpKind::Count_:
+      break;
   }
   throw Error("reference_op: unknown op kind " + std::to_string(static_cast<int>(kind)));
 }

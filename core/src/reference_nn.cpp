@@ -107,18 +107,30 @@ void activation(OpKind kind, const ActivationAttrs& a, In in, Out out) {
       const double x = in[0][i];
       double y = 0;
       switch (a.act) {
-        case Activation::relu: y = x < 0 ? 0.0 : x; break;  // NaN passes through
-        case Activation::sigmoid: y = 1.0 / (1.0 + std::exp(-x)); break;
-        case Activation::tanh: y = std::tanh(x); break;
+        case Activation::relu:
+          y = x < 0 ? 0.0 : x;
+          break;  // NaN passes through
+        case Activation::sigmoid:
+          y = 1.0 / (1.0 + std::exp(-x));
+          break;
+        case Activation::tanh:
+          y = std::tanh(x);
+          break;
       }
       out[0][i] = static_cast<float>(y);
     } else {
       const double y = in[0][i], dy = in[1][i];
       double dx = 0;
       switch (a.act) {
-        case Activation::relu: dx = y > 0 ? dy : 0.0; break;
-        case Activation::sigmoid: dx = dy * y * (1.0 - y); break;
-        case Activation::tanh: dx = dy * (1.0 - y * y); break;
+        case Activation::relu:
+          dx = y > 0 ? dy : 0.0;
+          break;
+        case Activation::sigmoid:
+          dx = dy * y * (1.0 - y);
+          break;
+        case Activation::tanh:
+          dx = dy * (1.0 - y * y);
+          break;
       }
       out[0][i] = static_cast<float>(dx);
     }

@@ -23,7 +23,7 @@ std::string quoted_list(const std::vector<std::string>& v) {
 // [memory]: the savers go to the model (build_graph applies them), the rest to `mem`.
 void parse_memory(const ConfigNode& m, ModelSpec& model, MemorySettings& mem) {
   MemorySavers& s = model.savers;
-  s.inplace = m.get_bool("inplace", true);
+  s.inplace = m.get_bool("inplace", false);
   auto mode = m.get_choice("recompute", {"none", "auto", "layers"}, m.has("recompute_layers") ? "layers" : "none");
   s.recompute = mode == "auto" ? RecomputeMode::auto_ : mode == "layers" ? RecomputeMode::layers : RecomputeMode::none;
   s.recompute_layers = m.get_string_list("recompute_layers", {});
@@ -67,8 +67,12 @@ std::vector<std::string> parse_cuda_visible_devices(const std::string& value) {
     std::string e = value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (e.empty()) bad(e, "is empty (two commas in a row, or a trailing comma)");
     bool digits = std::all_of(e.begin(), e.end(), [](char c) { return c >= '0' && c <= '9'; });
-    bool uuid = (e.rfind("GPU-", 0) == 0 || e.rfind("MIG-", 0) == 0) && e.size() > 4 &&
-                std::all_of(e.begin() + 4, e.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/'; });
+    std::string id = e;  // GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>
+    bool prefixed = false;
+    for (const char* p : {"MIG-", "GPU-"})
+      if (id.rfind(p, 0) == 0) id = id.substr(4), prefixed = true;
+    bool uuid = prefixed && !id.empty() &&
+                std::all_of(id.begin(), id.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/'; });
     if (e == "-1") bad(e, "is not a device (CUDA treats it as the end of the list and hides every later device)");
     if (!digits && !uuid) bad(e, "is neither a device index nor a GPU-/MIG- UUID");
     std::string key = e;
@@ -117,6 +121,8 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
       if (!seen.insert(v).second) d->fail("visible", "device " + std::to_string(v) + " is listed twice");
     }
     device_.memory_limit = d->get_size_text("memory_limit", "");
+    if (d->has("memory_limit") && device_.memory_limit.empty())
+      d->fail("memory_limit", "is empty; give bytes like \"1200MiB\" or a share like \"60%\", or leave the key out for the whole device");
     if (!device_.memory_limit.empty()) {
       try {
         parse_memory_size(device_.memory_limit, 1ull << 40);  // syntax only; the device's total is checked at open

@@ -14,8 +14,8 @@ namespace {
 int64_t crs(const ConvAttrs& a) { return a.c * a.r * a.s; }
 int64_t ohw(const ConvAttrs& a) { return a.oh * a.ow; }
 bool is_pointwise(const ConvAttrs& a) {
-  return a.r == 1 && a.s == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_h == 0 && a.pad_w == 0 &&
-         a.oh == a.h && a.ow == a.w;
+  return a.r == 1 && a.s == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_h == 0 && a.pad_w == 0 && a.oh == a.h &&
+         a.ow == a.w;
 }
 bool images_in_parallel(const ConvAttrs& a, int threads) { return threads > 1 && a.n >= threads; }
 

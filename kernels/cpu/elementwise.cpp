@@ -7,177 +7,184 @@
 #include "kiln/reference.hpp"
 
 namespace kiln::cpu {
-namespace {
-bool par_for(int64_t n, int threads) { return threads > 1 && n >= kParallelMin; }
-}  // namespace
 
 void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, int threads) {
   const int64_t C = a.channels, I = a.inner;
-  const bool par = par_for(a.outer * C * I, threads);
+  const int t = team(a.outer * C * I, threads);
   if (I == 1) {  // dense: (outer, channels)
-#pragma omp parallel for num_threads(threads) if (par) schedule(static)
-    for (int64_t o = 0; o < a.outer; ++o) {
+    parallel_ranges(a.outer, t, [&](int64_t ob, int64_t oe) {
+      for (int64_t o = ob; o < oe; ++o) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) y[o * C + c] = x[o * C + c] + b[c];
-    }
+        for (int64_t c = 0; c < C; ++c) y[o * C + c] = x[o * C + c] + b[c];
+      }
+    });
     return;
   }
-#pragma omp parallel for num_threads(threads) if (par) schedule(static)
-  for (int64_t oc = 0; oc < a.outer * C; ++oc) {  // one (o, c) plane of `inner` elements
-    const float bc = b[oc % C];
-    const float* xp = x + oc * I;
-    float* yp = y + oc * I;
+  parallel_ranges(a.outer * C, t, [&](int64_t pb, int64_t pe) {
+    for (int64_t oc = pb; oc < pe; ++oc) {  // one (o, c) plane of `inner` elements
+      const float bc = b[oc % C];
+      const float* xp = x + oc * I;
+      float* yp = y + oc * I;
 #pragma omp simd
-    for (int64_t i = 0; i < I; ++i) yp[i] = xp[i] + bc;
-  }
+      for (int64_t i = 0; i < I; ++i) yp[i] = xp[i] + bc;
+    }
+  });
 }
 
 void bias_grad(const BiasAttrs& a, const float* dy, float* db, int threads) {
   const int64_t C = a.channels, I = a.inner, O = a.outer;
-  const bool par = par_for(O * C * I, threads);
-  if (I == 1) {  // column sums of an (outer, channels) matrix, in column blocks per thread
+  const int t = team(O * C * I, threads);
+  if (I == 1) {  // column sums of an (outer, channels) matrix, in column blocks
     constexpr int64_t kBlock = 64;
-    const int64_t blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(threads) if (par && blocks > 1) schedule(static)
-    for (int64_t bl = 0; bl < blocks; ++bl) {
-      const int64_t c0 = bl * kBlock, c1 = std::min(C, c0 + kBlock);
-      float acc[kBlock] = {};
-      for (int64_t o = 0; o < O; ++o) {
-        const float* row = dy + o * C;
+    parallel_ranges((C + kBlock - 1) / kBlock, t, [&](int64_t bb, int64_t be) {
+      for (int64_t bl = bb; bl < be; ++bl) {
+        const int64_t c0 = bl * kBlock, c1 = std::min(C, c0 + kBlock);
+        float acc[kBlock] = {};
+        for (int64_t o = 0; o < O; ++o) {
+          const float* row = dy + o * C;
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+        }
+        std::copy(acc, acc + (c1 - c0), db + c0);
       }
-      std::copy(acc, acc + (c1 - c0), db + c0);
-    }
+    });
     return;
   }
-#pragma omp parallel for num_threads(threads) if (par && C > 1) schedule(static)
-  for (int64_t c = 0; c < C; ++c) {
-    double total = 0;
-    for (int64_t o = 0; o < O; ++o) {
-      const float* p = dy + (o * C + c) * I;
-      float s = 0.f;
+  parallel_ranges(C, t, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      double total = 0;
+      for (int64_t o = 0; o < O; ++o) {
+        const float* p = dy + (o * C + c) * I;
+        float s = 0.f;
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < I; ++i) s += p[i];
-      total += s;
+        for (int64_t i = 0; i < I; ++i) s += p[i];
+        total += s;
+      }
+      db[c] = static_cast<float>(total);
     }
-    db[c] = static_cast<float>(total);
-  }
+  });
 }
 
 void add(const ElementwiseAttrs& a, const float* x, const float* z, float* y, int threads) {
   const float al = a.alpha, be = a.beta;
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) y[i] = al * x[i] + be * z[i];
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) y[i] = al * x[i] + be * z[i];
+  });
 }
 
 void mul(const ElementwiseAttrs& a, const float* x, const float* z, float* y, int threads) {
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) y[i] = x[i] * z[i];
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) y[i] = x[i] * z[i];
+  });
 }
 
 void axpby(const ElementwiseAttrs& a, const float* x, float* y, int threads) {
   const float al = a.alpha, be = a.beta;
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) y[i] = al * x[i] + be * y[i];
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) y[i] = al * x[i] + be * y[i];
+  });
 }
 
 void scale(const ElementwiseAttrs& a, const float* x, float* y, int threads) {
   const float al = a.alpha;
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) y[i] = al * x[i];
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) y[i] = al * x[i];
+  });
 }
 
 void fill(const ElementwiseAttrs& a, float* y, int threads) {
   const float al = a.alpha;
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) y[i] = al;
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) { std::fill(y + b, y + e, al); });
 }
 
 void copy(const ElementwiseAttrs& a, const float* x, float* y, int threads) {
-  if (x == y || a.count == 0) return;
-  const int parts = par_for(a.count, threads) ? threads : 1;
-#pragma omp parallel for num_threads(parts) if (parts > 1) schedule(static, 1)
-  for (int p = 0; p < parts; ++p) {
-    const int64_t b = a.count * p / parts, e = a.count * (p + 1) / parts;
-    std::memcpy(y + b, x + b, static_cast<size_t>(e - b) * sizeof(float));
-  }
+  if (x == y) return;
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+    if (e > b) std::memcpy(y + b, x + b, static_cast<size_t>(e - b) * sizeof(float));
+  });
 }
 
 void reduce_sum(const ReduceAttrs& a, const float* x, float* y, int threads) {
   const int64_t R = a.reduce, I = a.inner;
-  const bool par = par_for(a.outer * R * I, threads);
+  const int t = team(a.outer * R * I, threads);
   if (I == 1) {
-#pragma omp parallel for num_threads(threads) if (par && a.outer > 1) schedule(static)
-    for (int64_t o = 0; o < a.outer; ++o) {
-      double total = 0;
-      for (int64_t c = 0; c < R; c += 4096) {  // float lanes over short runs, double across runs
-        const int64_t ce = std::min(R, c + 4096);
-        float s = 0.f;
+    parallel_ranges(a.outer, t, [&](int64_t ob, int64_t oe) {
+      for (int64_t o = ob; o < oe; ++o) {
+        double total = 0;
+        for (int64_t c = 0; c < R; c += 4096) {  // float lanes over short runs, double across runs
+          const int64_t ce = std::min(R, c + 4096);
+          float s = 0.f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t r = c; r < ce; ++r) s += x[o * R + r];
-        total += s;
+          for (int64_t r = c; r < ce; ++r) s += x[o * R + r];
+          total += s;
+        }
+        y[o] = static_cast<float>(total);
       }
-      y[o] = static_cast<float>(total);
-    }
+    });
     return;
   }
   constexpr int64_t kBlock = 256;  // (outer, inner block) tasks so both shapes spread over the team
   const int64_t blocks = (I + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(threads) if (par && a.outer * blocks > 1) schedule(static)
-  for (int64_t task = 0; task < a.outer * blocks; ++task) {
-    const int64_t o = task / blocks, i0 = (task % blocks) * kBlock, i1 = std::min(I, i0 + kBlock);
-    float acc[kBlock] = {};
-    for (int64_t r = 0; r < R; ++r) {
-      const float* row = x + (o * R + r) * I;
+  parallel_ranges(a.outer * blocks, t, [&](int64_t tb, int64_t te) {
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t o = task / blocks, i0 = (task % blocks) * kBlock, i1 = std::min(I, i0 + kBlock);
+      float acc[kBlock] = {};
+      for (int64_t r = 0; r < R; ++r) {
+        const float* row = x + (o * R + r) * I;
 #pragma omp simd
-      for (int64_t i = i0; i < i1; ++i) acc[i - i0] += row[i];
+        for (int64_t i = i0; i < i1; ++i) acc[i - i0] += row[i];
+      }
+      std::copy(acc, acc + (i1 - i0), y + o * I + i0);
     }
-    std::copy(acc, acc + (i1 - i0), y + o * I + i0);
-  }
+  });
 }
 
-void concat(const ConcatAttrs& a, const float* const* xs, float* y, int threads) {
+namespace {
+// Copies between the whole y(outer, sum sizes, inner) and its parts x_j(outer, sizes[j], inner).
+template <bool kConcat>
+void concat_split(const ConcatAttrs& a, float* const* parts, float* whole, int threads) {
   int64_t total = 0;
   for (int64_t s : a.sizes) total += s;
-  const size_t parts = a.sizes.size();
-#pragma omp parallel for num_threads(threads) if (par_for(a.outer * total * a.inner, threads)) schedule(static)
-  for (int64_t o = 0; o < a.outer; ++o) {
-    int64_t start = 0;
-    for (size_t j = 0; j < parts; ++j) {
-      const int64_t len = a.sizes[j] * a.inner;
-      std::memcpy(y + (o * total + start) * a.inner, xs[j] + o * len, static_cast<size_t>(len) * sizeof(float));
-      start += a.sizes[j];
+  parallel_ranges(a.outer, team(a.outer * total * a.inner, threads), [&](int64_t ob, int64_t oe) {
+    for (int64_t o = ob; o < oe; ++o) {
+      int64_t start = 0;
+      for (size_t j = 0; j < a.sizes.size(); ++j) {
+        const int64_t len = a.sizes[j] * a.inner;
+        float* w = whole + (o * total + start) * a.inner;
+        float* p = parts[j] + o * len;
+        if (len > 0) std::memcpy(kConcat ? w : p, kConcat ? p : w, static_cast<size_t>(len) * sizeof(float));
+        start += a.sizes[j];
+      }
     }
-  }
+  });
+}
+}  // namespace
+
+void concat(const ConcatAttrs& a, const float* const* xs, float* y, int threads) {
+  concat_split<true>(a, const_cast<float* const*>(xs), y, threads);  // parts are only read
 }
 
 void split(const ConcatAttrs& a, const float* y, float* const* xs, int threads) {
-  int64_t total = 0;
-  for (int64_t s : a.sizes) total += s;
-  const size_t parts = a.sizes.size();
-#pragma omp parallel for num_threads(threads) if (par_for(a.outer * total * a.inner, threads)) schedule(static)
-  for (int64_t o = 0; o < a.outer; ++o) {
-    int64_t start = 0;
-    for (size_t j = 0; j < parts; ++j) {
-      const int64_t len = a.sizes[j] * a.inner;
-      std::memcpy(xs[j] + o * len, y + (o * total + start) * a.inner, static_cast<size_t>(len) * sizeof(float));
-      start += a.sizes[j];
-    }
-  }
+  concat_split<false>(a, xs, const_cast<float*>(y), threads);  // the whole is only read
 }
 
 // Same bits as kiln::dropout_uniform, with the per-call part of the hash hoisted out of the loop.
 void dropout(const DropoutAttrs& a, const float* x, float* y, int threads) {
   const uint32_t base = kiln_hash32(a.counter ^ kiln_hash32(a.seed));
   const float rate = a.rate, keep_div = 1.0f - a.rate;
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) {
-    const uint32_t h = kiln_hash32(static_cast<uint32_t>(i) ^ base);
-    const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
-    const float kept = x[i] / keep_div;  // computed unconditionally so the select vectorizes
-    y[i] = u >= rate ? kept : 0.f;
-  }
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t h = kiln_hash32(static_cast<uint32_t>(i) ^ base);
+      const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+      const float kept = x[i] / keep_div;  // computed unconditionally so the select vectorizes
+      y[i] = u >= rate ? kept : 0.f;
+    }
+  });
 }
 
 }  // namespace kiln::cpu

@@ -27,8 +27,8 @@ void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
     return;
   }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb),
-              beta, C, static_cast<int>(ldc));
+              static_cast<int>(n), static_cast<int>(k), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
+              C, static_cast<int>(ldc));
 }
 
 void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, int threads) {

@@ -1,6 +1,8 @@
 // The CPU backend's kernels: plain functions over host pointers, multi-threaded with OpenMP.
 // Each takes the thread count to use (>= 1) and never allocates; scratch comes from the caller's workspace.
 #pragma once
+#include <omp.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -10,6 +12,24 @@ namespace kiln::cpu {
 
 // Below this many elements an elementwise kernel runs on the calling thread: waking the team costs more.
 inline constexpr int64_t kParallelMin = 32768;
+
+// The team size for `work` elements: `threads`, or 1 below kParallelMin.
+inline int team(int64_t work, int threads) { return threads > 1 && work >= kParallelMin ? threads : 1; }
+
+// Runs body(begin, end) over [0, n) in one contiguous range per thread. With one thread it calls body
+// directly: entering an OpenMP region costs about a microsecond even for a team of one.
+template <class Body>
+inline void parallel_ranges(int64_t n, int threads, Body&& body) {
+  if (threads <= 1 || n <= 1) {
+    body(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    body(n * t / nt, n * (t + 1) / nt);
+  }
+}
 
 // gemm.cpp. OpenBLAS runs single-threaded inside our OpenMP threads (see gemm.cpp for why).
 void blas_init();
@@ -40,10 +60,10 @@ void softmax_backward(const SoftmaxAttrs& a, const float* y, const float* dy, fl
 inline constexpr size_t loss_partials(int threads) { return static_cast<size_t>(threads) * 8; }
 void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labels, float* loss, float* dx,
                            double* partials, int threads);
-void mean_squared_error(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp,
-                        double* partials, int threads);
-void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp,
-                          double* partials, int threads);
+void mean_squared_error(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp, double* partials,
+                        int threads);
+void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp, double* partials,
+                          int threads);
 
 // elementwise.cpp: bias, elementwise, reductions, concat/split, dropout.
 void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, int threads);

@@ -43,13 +43,7 @@ void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labe
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, xr[j]);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < cols; ++j) {
-        const float ex = exp_approx(xr[j] - mx);
-        dr[j] = ex;
-        sum += ex;
-      }
+      const float sum = exp_shift_sum(xr, mx, dr, cols);
       const float lf = labels[r];
       const bool ok = lf >= 0.f && lf < static_cast<float>(cols);  // NaN labels fail too
       const int64_t label = ok ? static_cast<int64_t>(lf) : -1;
@@ -68,8 +62,8 @@ void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labe
   loss[0] = static_cast<float>(double(scale) * total);
 }
 
-void mean_squared_error(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp,
-                        double* partials, int threads) {
+void mean_squared_error(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp, double* partials,
+                        int threads) {
   const int64_t n = a.rows * a.cols;
   const float per = a.cols > 0 ? a.scale / static_cast<float>(a.cols) : 0.f;
   const float g2 = 2.f * per;
@@ -92,8 +86,8 @@ void mean_squared_error(const LossAttrs& a, const float* p, const float* t, floa
   loss[0] = static_cast<float>(double(per) * total);
 }
 
-void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp,
-                          double* partials, int threads) {
+void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp, double* partials,
+                          int threads) {
   const int64_t n = a.rows * a.cols;
   const float per = a.cols > 0 ? a.scale / static_cast<float>(a.cols) : 0.f;
   const bool logits = a.from_logits;

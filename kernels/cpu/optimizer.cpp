@@ -4,33 +4,31 @@
 #include "kernels.hpp"
 
 namespace kiln::cpu {
-namespace {
-bool par_for(int64_t n, int threads) { return threads > 1 && n >= kParallelMin; }
-}  // namespace
 
 void sgd_update(const SgdAttrs& a, const float* g, float* w, float* v, int threads) {
   const float lr = a.lr, mu = a.momentum, wd = a.weight_decay;
-  const int64_t n = a.count;
-  const bool par = par_for(n, threads);
-  if (mu == 0.f) {
-#pragma omp parallel for simd num_threads(threads) if (par) schedule(static)
-    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
-  } else if (a.nesterov) {
-#pragma omp parallel for simd num_threads(threads) if (par) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gp = g[i] + wd * w[i];
-      const float vn = mu * v[i] + gp;
-      v[i] = vn;
-      w[i] -= lr * (gp + mu * vn);
+  const bool nesterov = a.nesterov;
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+    if (mu == 0.f) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+    } else if (nesterov) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        const float gp = g[i] + wd * w[i];
+        const float vn = mu * v[i] + gp;
+        v[i] = vn;
+        w[i] -= lr * (gp + mu * vn);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        const float vn = mu * v[i] + (g[i] + wd * w[i]);
+        v[i] = vn;
+        w[i] -= lr * vn;
+      }
     }
-  } else {
-#pragma omp parallel for simd num_threads(threads) if (par) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float vn = mu * v[i] + (g[i] + wd * w[i]);
-      v[i] = vn;
-      w[i] -= lr * vn;
-    }
-  }
+  });
 }
 
 void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* v, int threads) {
@@ -38,45 +36,48 @@ void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* 
   const double t = static_cast<double>(a.step);
   const float step_size = static_cast<float>(double(a.lr) / (1.0 - std::pow(double(a.beta1), t)));
   const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(a.beta2), t)));
-  const int64_t n = a.count;
-#pragma omp parallel for simd num_threads(threads) if (par_for(n, threads)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gp = g[i] + wd * w[i];
-    const float mn = b1 * m[i] + (1.f - b1) * gp;
-    const float vn = b2 * v[i] + (1.f - b2) * gp * gp;
-    m[i] = mn;
-    v[i] = vn;
-    w[i] -= step_size * mn / (std::sqrt(vn * inv_bc2) + eps);
-  }
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const float gp = g[i] + wd * w[i];
+      const float mn = b1 * m[i] + (1.f - b1) * gp;
+      const float vn = b2 * v[i] + (1.f - b2) * gp * gp;
+      m[i] = mn;
+      v[i] = vn;
+      w[i] -= step_size * mn / (std::sqrt(vn * inv_bc2) + eps);
+    }
+  });
 }
 
 void rmsprop_update(const RmspropAttrs& a, const float* g, float* w, float* sq, float* buf, int threads) {
   const float lr = a.lr, rho = a.rho, eps = a.eps, mu = a.momentum;
-  const int64_t n = a.count;
-  const bool par = par_for(n, threads);
-  if (mu > 0.f) {
-#pragma omp parallel for simd num_threads(threads) if (par) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float sn = rho * sq[i] + (1.f - rho) * g[i] * g[i];
-      sq[i] = sn;
-      const float bn = mu * buf[i] + g[i] / (std::sqrt(sn) + eps);
-      buf[i] = bn;
-      w[i] -= lr * bn;
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+    if (mu > 0.f) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        const float sn = rho * sq[i] + (1.f - rho) * g[i] * g[i];
+        sq[i] = sn;
+        const float bn = mu * buf[i] + g[i] / (std::sqrt(sn) + eps);
+        buf[i] = bn;
+        w[i] -= lr * bn;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        const float sn = rho * sq[i] + (1.f - rho) * g[i] * g[i];
+        sq[i] = sn;
+        w[i] -= lr * g[i] / (std::sqrt(sn) + eps);
+      }
     }
-  } else {
-#pragma omp parallel for simd num_threads(threads) if (par) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float sn = rho * sq[i] + (1.f - rho) * g[i] * g[i];
-      sq[i] = sn;
-      w[i] -= lr * g[i] / (std::sqrt(sn) + eps);
-    }
-  }
+  });
 }
 
 void ema_update(const EmaAttrs& a, const float* w, float* shadow, int threads) {
-  const float d = a.decay, e = 1.f - a.decay;
-#pragma omp parallel for simd num_threads(threads) if (par_for(a.count, threads)) schedule(static)
-  for (int64_t i = 0; i < a.count; ++i) shadow[i] = d * shadow[i] + e * w[i];
+  const float d = a.decay, e1 = 1.f - a.decay;
+  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) shadow[i] = d * shadow[i] + e1 * w[i];
+  });
 }
 
 }  // namespace kiln::cpu

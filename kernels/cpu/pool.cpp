@@ -22,102 +22,128 @@ bool is_2x2_s2(const PoolAttrs& a) {
          a.oh * 2 <= a.h && a.ow * 2 <= a.w;
 }
 
-bool parallel(const PoolAttrs& a, int threads) { return threads > 1 && a.n * a.c * a.h * a.w >= kParallelMin; }
-
 }  // namespace
 
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
-#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * in_plane;
-    float* yp = y + p * out_plane;
-    for (int64_t oy = 0; oy < a.oh; ++oy) {
-      if (fast) {  // first element wins ties and NaN, as in the general path
-        const float* r0 = xp + 2 * oy * a.w;
-        const float* r1 = r0 + a.w;
-        for (int64_t ox = 0; ox < a.ow; ++ox) {
-          float b = r0[2 * ox];
-          b = r0[2 * ox + 1] > b ? r0[2 * ox + 1] : b;
-          b = r1[2 * ox] > b ? r1[2 * ox] : b;
-          b = r1[2 * ox + 1] > b ? r1[2 * ox + 1] : b;
-          yp[oy * a.ow + ox] = b;
-        }
-        continue;
-      }
-      for (int64_t ox = 0; ox < a.ow; ++ox) {
-        const Window w = window(a, oy, ox);
-        float best = 0.f;
-        bool found = false;
-        for (int64_t iy = w.y0; iy < w.y1; ++iy)
-          for (int64_t ix = w.x0; ix < w.x1; ++ix) {
-            const float v = xp[iy * a.w + ix];
-            if (!found || v > best) best = v;
-            found = true;
+  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      const float* xp = x + p * in_plane;
+      float* yp = y + p * out_plane;
+      for (int64_t oy = 0; oy < a.oh; ++oy) {
+        if (fast) {  // first element wins ties and NaN, as in the general path
+          const float* r0 = xp + 2 * oy * a.w;
+          const float* r1 = r0 + a.w;
+          for (int64_t ox = 0; ox < a.ow; ++ox) {
+            float b = r0[2 * ox];
+            b = r0[2 * ox + 1] > b ? r0[2 * ox + 1] : b;
+            b = r1[2 * ox] > b ? r1[2 * ox] : b;
+            b = r1[2 * ox + 1] > b ? r1[2 * ox + 1] : b;
+            yp[oy * a.ow + ox] = b;
           }
-        yp[oy * a.ow + ox] = best;
+          continue;
+        }
+        for (int64_t ox = 0; ox < a.ow; ++ox) {
+          const Window w = window(a, oy, ox);
+          float best = 0.f;
+          bool found = false;
+          for (int64_t iy = w.y0; iy < w.y1; ++iy)
+            for (int64_t ix = w.x0; ix < w.x1; ++ix) {
+              const float v = xp[iy * a.w + ix];
+              if (!found || v > best) best = v;
+              found = true;
+            }
+          yp[oy * a.ow + ox] = best;
+        }
       }
     }
-  }
+  });
 }
 
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, int threads) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * in_plane;
-    float* dxp = dx + p * in_plane;
-    std::fill(dxp, dxp + in_plane, 0.f);
-    for (int64_t oy = 0; oy < a.oh; ++oy)
-      for (int64_t ox = 0; ox < a.ow; ++ox) {
-        const int64_t o = p * out_plane + oy * a.ow + ox;
-        const float yv = y[o];
-        const Window w = window(a, oy, ox);
-        for (int64_t iy = w.y0; iy < w.y1; ++iy)
-          for (int64_t ix = w.x0; ix < w.x1; ++ix)
-            if (xp[iy * a.w + ix] == yv) {
-              dxp[iy * a.w + ix] += dy[o];
-              goto next;  // only the first match gets the gradient
-            }
-      next:;
+  const bool fast = is_2x2_s2(a);
+  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      const float* xp = x + p * in_plane;
+      float* dxp = dx + p * in_plane;
+      if (fast) {  // disjoint windows: write each window's 4 gradients directly, first match wins, no branches
+        for (int64_t oy = 0; oy < a.oh; ++oy) {
+          const float* r0 = xp + 2 * oy * a.w;
+          const float* r1 = r0 + a.w;
+          float* d0 = dxp + 2 * oy * a.w;
+          float* d1 = d0 + a.w;
+          const float* yr = y + p * out_plane + oy * a.ow;
+          const float* gr = dy + p * out_plane + oy * a.ow;
+          for (int64_t ox = 0; ox < a.ow; ++ox) {
+            const float yv = yr[ox], g = gr[ox];
+            const bool m0 = r0[2 * ox] == yv, m1 = !m0 && r0[2 * ox + 1] == yv;
+            const bool m2 = !m0 && !m1 && r1[2 * ox] == yv, m3 = !m0 && !m1 && !m2 && r1[2 * ox + 1] == yv;
+            d0[2 * ox] = m0 ? g : 0.f;
+            d0[2 * ox + 1] = m1 ? g : 0.f;
+            d1[2 * ox] = m2 ? g : 0.f;
+            d1[2 * ox + 1] = m3 ? g : 0.f;
+          }
+          std::fill(d0 + 2 * a.ow, d0 + a.w, 0.f);  // an odd last column is in no window
+          std::fill(d1 + 2 * a.ow, d1 + a.w, 0.f);
+        }
+        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, 0.f);  // likewise an odd last row
+        continue;
       }
-  }
+      std::fill(dxp, dxp + in_plane, 0.f);
+      for (int64_t oy = 0; oy < a.oh; ++oy)
+        for (int64_t ox = 0; ox < a.ow; ++ox) {
+          const int64_t o = p * out_plane + oy * a.ow + ox;
+          const float yv = y[o];
+          const Window w = window(a, oy, ox);
+          for (int64_t iy = w.y0; iy < w.y1; ++iy)
+            for (int64_t ix = w.x0; ix < w.x1; ++ix)
+              if (xp[iy * a.w + ix] == yv) {
+                dxp[iy * a.w + ix] += dy[o];
+                goto next;  // only the first match gets the gradient
+              }
+        next:;
+        }
+    }
+  });
 }
 
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * in_plane;
-    for (int64_t oy = 0; oy < a.oh; ++oy)
-      for (int64_t ox = 0; ox < a.ow; ++ox) {
-        const Window w = window(a, oy, ox);
-        const int64_t count = w.count();
-        float sum = 0.f;
-        for (int64_t iy = w.y0; iy < w.y1; ++iy)
-          for (int64_t ix = w.x0; ix < w.x1; ++ix) sum += xp[iy * a.w + ix];
-        y[p * out_plane + oy * a.ow + ox] = count > 0 ? sum / static_cast<float>(count) : 0.f;
-      }
-  }
+  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      const float* xp = x + p * in_plane;
+      for (int64_t oy = 0; oy < a.oh; ++oy)
+        for (int64_t ox = 0; ox < a.ow; ++ox) {
+          const Window w = window(a, oy, ox);
+          const int64_t count = w.count();
+          float sum = 0.f;
+          for (int64_t iy = w.y0; iy < w.y1; ++iy)
+            for (int64_t ix = w.x0; ix < w.x1; ++ix) sum += xp[iy * a.w + ix];
+          y[p * out_plane + oy * a.ow + ox] = count > 0 ? sum / static_cast<float>(count) : 0.f;
+        }
+    }
+  });
 }
 
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, int threads) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-#pragma omp parallel for num_threads(threads) if (parallel(a, threads)) schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    float* dxp = dx + p * in_plane;
-    std::fill(dxp, dxp + in_plane, 0.f);
-    for (int64_t oy = 0; oy < a.oh; ++oy)
-      for (int64_t ox = 0; ox < a.ow; ++ox) {
-        const Window w = window(a, oy, ox);
-        const int64_t count = w.count();
-        if (count == 0) continue;
-        const float g = dy[p * out_plane + oy * a.ow + ox] / static_cast<float>(count);
-        for (int64_t iy = w.y0; iy < w.y1; ++iy)
-          for (int64_t ix = w.x0; ix < w.x1; ++ix) dxp[iy * a.w + ix] += g;
-      }
-  }
+  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      float* dxp = dx + p * in_plane;
+      std::fill(dxp, dxp + in_plane, 0.f);
+      for (int64_t oy = 0; oy < a.oh; ++oy)
+        for (int64_t ox = 0; ox < a.ow; ++ox) {
+          const Window w = window(a, oy, ox);
+          const int64_t count = w.count();
+          if (count == 0) continue;
+          const float g = dy[p * out_plane + oy * a.ow + ox] / static_cast<float>(count);
+          for (int64_t iy = w.y0; iy < w.y1; ++iy)
+            for (int64_t ix = w.x0; ix < w.x1; ++ix) dxp[iy * a.w + ix] += g;
+        }
+    }
+  });
 }
 
 }  // namespace kiln::cpu

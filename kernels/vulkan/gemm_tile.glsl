@@ -1,5 +1,5 @@
-// A tiled shared-memory GEMM body: C(M, N) = A(M, K) * B(K, N), 64x64 output tiles per workgroup of 256
-// invocations, each computing a 4x4 register block; K is walked in steps of 16 through shared memory.
+// A tiled shared-memory GEMM body: C(M, N) = A(M, K) * B(K, N), 64x64 output tiles per workgroup of 64
+// invocations, each computing an 8x8 register block; K is walked in steps of 16 through shared memory.
 // gl_WorkGroupID = (column tile, row tile, K split). The including kernel defines, before the include:
 //   uint tile_m(), tile_n(), tile_k(), k_chunk()   sizes; K range of split z is [z*k_chunk, (z+1)*k_chunk)
 //   bool a_m_fastest(), b_n_fastest()             which index is contiguous in memory (for coalesced loads)
@@ -9,25 +9,25 @@
 #define TILE_M 64u
 #define TILE_N 64u
 #define TILE_K 16u
-layout(local_size_x = 256) in;
+layout(local_size_x = 64) in;
 shared float As[TILE_K][TILE_M];
 shared float Bs[TILE_K][TILE_N];
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint tx = tid % 16u, ty = tid / 16u;
+  const uint tx = tid % 8u, ty = tid / 8u;
   const uint M = tile_m(), N = tile_n(), K = tile_k();
   const uint row0 = gl_WorkGroupID.y * TILE_M, col0 = gl_WorkGroupID.x * TILE_N;
   const uint kb = gl_WorkGroupID.z * k_chunk();
   const uint ke = min(K, kb + k_chunk());
   const bool am = a_m_fastest(), bn = b_n_fastest();
-  float acc[4][4];
-  for (uint i = 0u; i < 4u; ++i)
-    for (uint j = 0u; j < 4u; ++j) acc[i][j] = 0.0;
+  float acc[8][8];
+  for (uint i = 0u; i < 8u; ++i)
+    for (uint j = 0u; j < 8u; ++j) acc[i][j] = 0.0;
 
   for (uint k0 = kb; k0 < ke; k0 += TILE_K) {
-    for (uint i = 0u; i < 4u; ++i) {
-      const uint idx = tid + i * 256u;
+    for (uint i = 0u; i < 16u; ++i) {
+      const uint idx = tid + i * 64u;
       const uint ar = am ? idx % TILE_M : idx / TILE_K;
       const uint ak = am ? idx / TILE_M : idx % TILE_K;
       const uint gm = row0 + ar, gka = k0 + ak;
@@ -39,17 +39,17 @@ void main() {
     }
     barrier();
     for (uint kk = 0u; kk < TILE_K; ++kk) {
-      float a[4], b[4];
-      for (uint i = 0u; i < 4u; ++i) a[i] = As[kk][ty + 16u * i];
-      for (uint j = 0u; j < 4u; ++j) b[j] = Bs[kk][tx + 16u * j];
-      for (uint i = 0u; i < 4u; ++i)
-        for (uint j = 0u; j < 4u; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+      float a[8], b[8];
+      for (uint i = 0u; i < 8u; ++i) a[i] = As[kk][ty + 8u * i];
+      for (uint j = 0u; j < 8u; ++j) b[j] = Bs[kk][tx + 8u * j];
+      for (uint i = 0u; i < 8u; ++i)
+        for (uint j = 0u; j < 8u; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
     }
     barrier();
   }
-  for (uint i = 0u; i < 4u; ++i)
-    for (uint j = 0u; j < 4u; ++j) {
-      const uint m = row0 + ty + 16u * i, n = col0 + tx + 16u * j;
+  for (uint i = 0u; i < 8u; ++i)
+    for (uint j = 0u; j < 8u; ++j) {
+      const uint m = row0 + ty + 8u * i, n = col0 + tx + 8u * j;
       if (m < M && n < N) store_c(m, n, acc[i][j]);
     }
 }

@@ -121,6 +121,7 @@ class CsvSource final : public Stage {
     uint64_t rows = 0;
     while (in_.next(line))
       if (!blank(line)) ++rows;
+    if (rows == 0) in_.reader().fail("has a header row but no data rows");
     if (limit > static_cast<int64_t>(rows))
       in_.reader().fail("limit = " + std::to_string(limit) + " but the file holds only " + std::to_string(rows) +
                         " rows");

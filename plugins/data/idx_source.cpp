@@ -63,6 +63,7 @@ class IdxSource final : public Stage {
                  "16-byte header + " + std::to_string(count_) + " x " + std::to_string(rows_) + " x " +
                      std::to_string(cols_));
     check_length(labels_, 8 + count_, "8-byte header + " + std::to_string(count_) + " labels");
+    if (count_ == 0) images_.fail("holds no examples (its header gives a count of 0)");
     if (limit > static_cast<int64_t>(count_))
       images_.fail("limit = " + std::to_string(limit) + " but the file holds only " + std::to_string(count_) +
                    " examples");

@@ -1,28 +1,32 @@
-// Map stage: applies a list of per-example ops. With workers > 1 it pulls a chunk of elements from upstream
-// (in the calling thread) and transforms the chunk on a worker pool; output order is upstream order. Random
-// ops draw from hash(seed, epoch, example index, op index), so the output depends only on the seed, never on
-// the worker count or thread timing.
-#include <deque>
+// Map stage: applies a list of per-example ops. With workers = 1 it transforms in the caller's thread. With
+// workers = N > 1, N threads each take a chunk from upstream (one thread at a time, in order, so every element gets
+// a sequence number) and transform it in parallel; next() returns elements in sequence order. Random ops draw from
+// hash(seed, epoch, example index, op index), so the output depends only on the seed, never on the worker count
+// or thread timing. save() stops the threads, so the upstream position plus the transformed-but-undelivered
+// elements form an exact state.
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "map_ops.hpp"
 #include "stages.hpp"
-#include "worker_pool.hpp"
 
 namespace kiln::data {
 namespace {
 
-constexpr size_t kChunkExamplesPerWorker = 64;
+constexpr uint64_t kChunk = 16;        // elements a worker pulls at once
+constexpr uint64_t kChunksAhead = 4;   // chunks per worker that may be pulled ahead of the consumer
 
 class MapStage final : public Stage {
  public:
   MapStage(std::string name, std::unique_ptr<Stage> up, std::vector<std::unique_ptr<MapOp>> ops, size_t workers,
            uint64_t seed)
       : name_(std::move(name)), up_(std::move(up)), ops_(std::move(ops)), workers_(workers), seed_(seed),
-        pool_(workers > 1 ? workers - 1 : 0) {
-    in_x_ = up_->example_shape();
-    in_y_ = up_->label_shape();
-  }
+        capacity_(workers * kChunk * kChunksAhead), in_x_(up_->example_shape()), in_y_(up_->label_shape()) {}
+  ~MapStage() override { stop(); }
 
   std::string name() const override { return name_; }
   Shape example_shape() const override { return ops_.empty() ? in_x_ : ops_.back()->x_out; }
@@ -30,90 +34,97 @@ class MapStage final : public Stage {
   int64_t size_hint() const override { return up_->size_hint(); }
 
   void reset(uint64_t epoch) override {
+    stop();
     up_->reset(epoch);
     epoch_ = epoch;
-    examples_seen_ = 0;
-    ready_.clear();
+    clear(0);
   }
 
   std::optional<Element> next() override {
-    if (ready_.empty()) fill();
-    if (ready_.empty()) return std::nullopt;
-    Element e = std::move(ready_.front());
-    ready_.pop_front();
+    if (workers_ == 1) return next_inline();
+    if (threads_.empty() && !up_done_) start();
+    std::unique_lock<std::mutex> lock(mu_);
+    {
+      ScopedTimer t(stats_.wait_seconds);
+      ready_cv_.wait(lock, [&] {
+        return ready_.count(next_out_) || (error_ && error_seq_ <= next_out_) || (up_done_ && next_out_ >= pulled_);
+      });
+    }
+    auto it = ready_.find(next_out_);
+    if (it == ready_.end()) {
+      if (error_) std::rethrow_exception(error_);
+      return std::nullopt;
+    }
+    Element e = std::move(it->second);
+    ready_.erase(it);
+    ++next_out_;
     ++stats_.elements;
+    space_cv_.notify_all();
     return e;
   }
 
   StageState save() const override {
+    const_cast<MapStage*>(this)->stop();  // restarted by the next next()
+    if (error_) std::rethrow_exception(error_);
     StateWriter w;
-    w.tag(name(), 1);
+    w.tag(name(), 2);
     w.blob(up_->save());
     w.u64(examples_seen_);
-    w.u64(ready_.size());
-    for (const auto& e : ready_) w.element(e);
+    w.u64(up_done_ ? 1 : 0);
+    w.u64(pulled_ - next_out_);
+    for (uint64_t s = next_out_; s < pulled_; ++s) w.element(ready_.at(s));
     return w.take();
   }
 
   void restore(const StageState& s) override {
-    StateReader r(s, name(), 1);
+    stop();
+    StateReader r(s, name(), 2);
     up_->restore(r.blob());
-    examples_seen_ = r.u64();
+    uint64_t seen = r.u64();
+    bool done = r.u64() != 0;
     uint64_t n = r.u64();
-    ready_.clear();
-    for (uint64_t i = 0; i < n; ++i) ready_.push_back(r.element());
+    clear(seen);
+    for (uint64_t i = 0; i < n; ++i) ready_.emplace(i, r.element());
     r.done();
+    pulled_ = n;
+    up_done_ = done;
   }
 
   void collect_stats(std::vector<StageStats>& out) const override {
-    up_->collect_stats(out);
+    {
+      std::lock_guard<std::mutex> pull(pull_mu_);  // the upstream is only used under pull_mu_
+      up_->collect_stats(out);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
     out.push_back(stats_);
     out.back().name = name();
   }
 
  private:
-  // Pulls the next chunk from upstream and transforms it into ready_.
-  void fill() {
-    std::vector<Element> pulled;
-    std::vector<uint64_t> first_index;  // example index of each pulled element's first example
-    size_t examples = 0;
-    const size_t want = workers_ > 1 ? kChunkExamplesPerWorker * workers_ : 1;
+  std::optional<Element> next_inline() {
+    std::optional<Element> e;
     {
       ScopedTimer t(stats_.wait_seconds);
-      while (examples < want) {
-        std::optional<Element> e = up_->next();
-        if (!e) break;
-        first_index.push_back(examples_seen_);
-        examples_seen_ += static_cast<uint64_t>(example_count(*e));
-        examples += static_cast<size_t>(example_count(*e));
-        pulled.push_back(std::move(*e));
-      }
+      e = up_->next();
     }
-    if (pulled.empty()) return;
+    if (!e) return std::nullopt;
     ScopedTimer t(stats_.busy_seconds);
-    // Flatten to single examples so batches are transformed in parallel too.
-    std::vector<std::vector<Element>> parts;
-    std::vector<bool> was_batch;
-    std::vector<std::pair<size_t, size_t>> flat;  // (element, example)
-    for (size_t i = 0; i < pulled.size(); ++i) {
-      was_batch.push_back(pulled[i].batch > 0);
-      parts.push_back(split_examples(std::move(pulled[i])));
-      for (size_t j = 0; j < parts.back().size(); ++j) flat.emplace_back(i, j);
+    const uint64_t first = examples_seen_;
+    examples_seen_ += static_cast<uint64_t>(example_count(*e));
+    transform_element(*e, first);
+    ++stats_.elements;
+    return e;
+  }
+
+  // Transforms a single example or every example of a batch; `first` is the index of its first example.
+  void transform_element(Element& e, uint64_t first) const {
+    if (e.batch == 0) {
+      transform(e, first);
+      return;
     }
-    const size_t tasks = std::min(workers_, flat.size());
-    pool_.run(tasks, [&](size_t t) {
-      const size_t lo = flat.size() * t / tasks, hi = flat.size() * (t + 1) / tasks;
-      for (size_t k = lo; k < hi; ++k) {
-        auto [i, j] = flat[k];
-        transform(parts[i][j], first_index[i] + j);
-      }
-    });
-    for (size_t i = 0; i < parts.size(); ++i) {
-      if (was_batch[i])
-        ready_.push_back(stack_examples(parts[i], name_));
-      else
-        ready_.push_back(std::move(parts[i][0]));
-    }
+    std::vector<Element> parts = split_examples(std::move(e));
+    for (size_t j = 0; j < parts.size(); ++j) transform(parts[j], first + j);
+    e = stack_examples(parts, name_);
   }
 
   void transform(Element& e, uint64_t index) const {
@@ -127,16 +138,118 @@ class MapStage final : public Stage {
     }
   }
 
+  void clear(uint64_t examples_seen) {
+    ready_.clear();
+    next_out_ = pulled_ = claimed_ = 0;
+    examples_seen_ = examples_seen;
+    up_done_ = false;
+    error_ = nullptr;
+  }
+
+  void start() {
+    stop_ = false;
+    claimed_ = pulled_;
+    for (size_t i = 0; i < workers_; ++i) threads_.emplace_back([this] { work(); });
+  }
+
+  // Joins the threads; every element they pulled is transformed and in ready_ afterwards (or error_ is set).
+  void stop() {
+    if (threads_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    space_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  void fail(std::exception_ptr err, uint64_t seq) {  // called with mu_ held
+    if (!error_ || seq < error_seq_) error_ = err, error_seq_ = seq;
+    up_done_ = true;
+  }
+
+  void work() {
+    for (;;) {
+      {  // claim room for a chunk, so the consumer is never more than capacity_ elements behind
+        std::unique_lock<std::mutex> lock(mu_);
+        space_cv_.wait(lock, [&] { return stop_ || up_done_ || claimed_ + kChunk <= next_out_ + capacity_; });
+        if (stop_ || up_done_) return;
+        claimed_ += kChunk;
+      }
+      std::vector<Element> chunk;
+      std::vector<uint64_t> first_index;
+      uint64_t seq0 = 0;
+      {
+        std::lock_guard<std::mutex> pull(pull_mu_);
+        std::exception_ptr err;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (up_done_) {  // another worker reached the end while this one waited for the upstream
+            claimed_ -= kChunk;
+            return;
+          }
+        }
+        try {
+          while (chunk.size() < kChunk) {
+            std::optional<Element> e = up_->next();
+            if (!e) break;
+            chunk.push_back(std::move(*e));
+          }
+        } catch (...) {
+          err = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        seq0 = pulled_;
+        for (auto& e : chunk) {
+          first_index.push_back(examples_seen_);
+          examples_seen_ += static_cast<uint64_t>(example_count(e));
+        }
+        pulled_ += chunk.size();
+        claimed_ -= kChunk - chunk.size();
+        if (err) fail(err, pulled_);
+        if (chunk.size() < kChunk) up_done_ = true;
+      }
+      ready_cv_.notify_all();
+      space_cv_.notify_all();
+      double busy = 0;
+      for (size_t i = 0; i < chunk.size(); ++i) {
+        try {
+          ScopedTimer t(busy);
+          transform_element(chunk[i], first_index[i]);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu_);
+          fail(std::current_exception(), seq0 + i);
+          chunk.resize(i);
+          break;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i = 0; i < chunk.size(); ++i) ready_.emplace(seq0 + i, std::move(chunk[i]));
+        stats_.busy_seconds += busy;
+      }
+      ready_cv_.notify_all();
+    }
+  }
+
   std::string name_;
   std::unique_ptr<Stage> up_;
   std::vector<std::unique_ptr<MapOp>> ops_;
   size_t workers_;
-  uint64_t seed_;
+  uint64_t seed_, capacity_;
   Shape in_x_, in_y_;
-  uint64_t epoch_ = 0, examples_seen_ = 0;
-  std::deque<Element> ready_;
+  uint64_t epoch_ = 0;
+
+  // Parallel mode. mu_ guards everything below and stats_; pull_mu_ serialises use of up_ by the workers.
+  mutable std::mutex mu_, pull_mu_;
+  std::condition_variable ready_cv_, space_cv_;
+  std::map<uint64_t, Element> ready_;  // transformed elements by sequence number
+  uint64_t next_out_ = 0, pulled_ = 0, claimed_ = 0, examples_seen_ = 0, error_seq_ = 0;
+  bool up_done_ = false, stop_ = false;
+  std::exception_ptr error_;
   StageStats stats_;
-  WorkerPool pool_;  // last: its threads stop before the members they use go away
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace

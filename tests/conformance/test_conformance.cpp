@@ -2,6 +2,7 @@
 // Vulkan validation layer on (and required to stay silent), plus the out-of-memory fault injection.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -30,6 +31,12 @@ std::optional<kiln::BackendResult> run_backend(const std::string& backend, kiln:
   std::ostringstream out;
   const kiln::ConformanceReport report = kiln::run_conformance_suite(reg, o, out);
   REQUIRE(report.backends.size() == 1);
+  // CI keeps the log and the JSON report of every run: <build>/conformance/<backend>[-<op>].{log,json}
+  const auto dir = std::filesystem::path(KILN_BINARY_DIR) / "conformance";
+  std::filesystem::create_directories(dir);
+  const std::string stem = backend + (o.op.empty() ? "" : "-" + o.op);
+  std::ofstream((dir / (stem + ".log")).string()) << out.str();
+  kiln::write_conformance_json(report, (dir / (stem + ".json")).string());
   const kiln::BackendResult& r = report.backends[0];
   if (!r.available) {
     WARN("backend " << backend << " has no device: " << r.reason);
@@ -44,6 +51,7 @@ void require_clean(const kiln::BackendResult& r) {
   INFO("backend " << r.backend << " on " << r.device.name);
   CHECK(r.count(kiln::CaseStatus::fail) == 0);
   CHECK(r.validation_messages == 0);
+  CHECK(r.validation_checked == (r.backend == "vulkan"));  // the Vulkan runs have the layer on
   // The table covers every op: each op ran at least one case (supported or not).
   for (int k = 0; k < static_cast<int>(kiln::OpKind::Count_); ++k) {
     const std::string op(kiln::op_name(static_cast<kiln::OpKind>(k)));

@@ -1,7 +1,6 @@
 // The CPU backend: devices, memory and every op against the reference over a table of shapes (tiny, odd,
 // prime, larger; strides, paddings, transposes, beta != 0, allowed aliasing), on 1, 2 and 3 threads.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -77,13 +76,17 @@ struct OpCase {
 // Outputs the op reads before writing: they start equal on both sides. Others start as NaN on the device.
 bool read_write(OpKind k, const OpAttrs& a, size_t out) {
   switch (k) {
-    case OpKind::Gemm: return std::get<GemmAttrs>(a).beta != 0.f;
+    case OpKind::Gemm:
+      return std::get<GemmAttrs>(a).beta != 0.f;
     case OpKind::Axpby:
     case OpKind::SgdUpdate:
     case OpKind::AdamUpdate:
     case OpKind::RmspropUpdate:
-    case OpKind::EmaUpdate: return true;
-    default: (void)out; return false;
+    case OpKind::EmaUpdate:
+      return true;
+    default:
+      (void)out;
+      return false;
   }
 }
 
@@ -91,7 +94,8 @@ bool read_write(OpKind k, const OpAttrs& a, size_t out) {
 double atol_for(OpKind k, const OpAttrs& at) {
   const double per = 3e-7;
   switch (k) {
-    case OpKind::Gemm: return per * double(std::get<GemmAttrs>(at).k + 1) * 4;
+    case OpKind::Gemm:
+      return per * double(std::get<GemmAttrs>(at).k + 1) * 4;
     case OpKind::Conv2dForward: {
       const auto& a = std::get<ConvAttrs>(at);
       return per * double(a.c * a.r * a.s + 1) * 4;
@@ -108,14 +112,16 @@ double atol_for(OpKind k, const OpAttrs& at) {
       const auto& a = std::get<BiasAttrs>(at);
       return per * double(a.outer * a.inner + 1);
     }
-    case OpKind::ReduceSum: return per * double(std::get<ReduceAttrs>(at).reduce + 1);
+    case OpKind::ReduceSum:
+      return per * double(std::get<ReduceAttrs>(at).reduce + 1);
     case OpKind::SoftmaxCrossEntropy:
     case OpKind::MeanSquaredError:
     case OpKind::BinaryCrossEntropy: {
       const auto& a = std::get<LossAttrs>(at);
       return per * double(a.rows * a.cols + 1);
     }
-    default: return 1e-6;
+    default:
+      return 1e-6;
   }
 }
 
@@ -229,8 +235,7 @@ TEST_CASE("cpu backend enumerates virtual devices with host memory and distinct 
   CHECK(d0.get() != d1.get());
 }
 
-TEST_CASE("cpu backend open with a bad index throws DeviceError naming the index and the devices present",
-          "[cpu]") {
+TEST_CASE("cpu backend open with a bad index throws DeviceError naming the index and the devices present", "[cpu]") {
   BackendOptions o;
   o.virtual_devices = 2;
   auto be = test::registry().backend("cpu")(o);
@@ -268,8 +273,7 @@ TEST_CASE("cpu device blocks are 64-byte aligned, copies round-trip, impossible 
   CHECK(d.supports(OpKind::Conv2dBackwardFilter, ConvAttrs{}).yes);
 }
 
-TEST_CASE("cpu device rejects wrong buffer counts, short buffers, missing workspace and forbidden overlaps",
-          "[cpu]") {
+TEST_CASE("cpu device rejects wrong buffer counts, short buffers, missing workspace and forbidden overlaps", "[cpu]") {
   auto cpu = open_cpu(2);
   Device& d = *cpu.device;
   Arena arena(d, {16, 16, 16, 8});
@@ -316,9 +320,9 @@ TEST_CASE("cpu device rejects wrong buffer counts, short buffers, missing worksp
 
 TEST_CASE("cpu gemm matches the reference over shapes, transposes, alpha and beta", "[cpu]") {
   std::vector<OpCase> cases;
-  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1},   {2, 3, 4},     {7, 5, 3},   {13, 17, 19},
-                                                      {64, 33, 128}, {31, 257, 5}, {300, 40, 50}, {3, 4, 0},
-                                                      {0, 4, 3},   {128, 256, 784}, {32, 10, 256}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1},     {2, 3, 4},       {7, 5, 3},     {13, 17, 19},
+                                                      {64, 33, 128}, {31, 257, 5},    {300, 40, 50}, {3, 4, 0},
+                                                      {0, 4, 3},     {128, 256, 784}, {32, 10, 256}};
   for (auto [m, n, k] : shapes)
     for (bool ta : {false, true})
       for (bool tb : {false, true})
@@ -337,16 +341,16 @@ TEST_CASE("cpu conv2d forward and both backward passes match the reference", "[c
     return ConvAttrs{n, c, h, w, k, r, s, sh, sw, ph, pw, oh, ow};
   };
   const std::vector<ConvAttrs> shapes = {
-      conv(1, 1, 5, 5, 1, 3, 3, 1, 1, 0, 0),     conv(2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1),
-      conv(3, 2, 9, 11, 5, 3, 2, 2, 3, 1, 0),    conv(4, 5, 6, 6, 3, 1, 1, 1, 1, 0, 0),  // pointwise fast path
-      conv(2, 3, 8, 8, 4, 1, 1, 2, 2, 0, 0),     conv(5, 3, 13, 13, 7, 5, 5, 2, 2, 2, 2),
-      conv(1, 2, 4, 4, 3, 5, 5, 1, 1, 2, 2),     conv(3, 2, 5, 5, 2, 3, 3, 2, 2, 1, 1, 2, 2),  // oh below full
-      conv(6, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1),  conv(2, 32, 14, 14, 64, 3, 3, 1, 1, 0, 0),
-      conv(7, 3, 3, 3, 2, 3, 3, 1, 1, 0, 0),     conv(1, 4, 9, 7, 3, 2, 4, 3, 1, 0, 3)};
+      conv(1, 1, 5, 5, 1, 3, 3, 1, 1, 0, 0),    conv(2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1),
+      conv(3, 2, 9, 11, 5, 3, 2, 2, 3, 1, 0),   conv(4, 5, 6, 6, 3, 1, 1, 1, 1, 0, 0),  // pointwise fast path
+      conv(2, 3, 8, 8, 4, 1, 1, 2, 2, 0, 0),    conv(5, 3, 13, 13, 7, 5, 5, 2, 2, 2, 2),
+      conv(1, 2, 4, 4, 3, 5, 5, 1, 1, 2, 2),    conv(3, 2, 5, 5, 2, 3, 3, 2, 2, 1, 1, 2, 2),  // oh below full
+      conv(6, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1), conv(2, 32, 14, 14, 64, 3, 3, 1, 1, 0, 0),
+      conv(7, 3, 3, 3, 2, 3, 3, 1, 1, 0, 0),    conv(1, 4, 9, 7, 3, 2, 4, 3, 1, 0, 3)};
   std::vector<OpCase> cases;
   for (const auto& a : shapes) {
-    const std::string d = "n c h w k r s sh sw ph pw oh ow = " +
-                          str({a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow});
+    const std::string d = "n c h w k r s sh sw ph pw oh ow = " + str({a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h,
+                                                                      a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow});
     for (OpKind k : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter})
       cases.push_back({k, a, d});
   }
@@ -377,17 +381,18 @@ TEST_CASE("cpu conv2d backward filter is bit-identical across runs", "[cpu]") {
 
 TEST_CASE("cpu pooling matches the reference, including ties, padding and empty windows", "[cpu]") {
   const std::vector<PoolAttrs> shapes = {
-      {2, 3, 8, 8, 2, 2, 2, 2, 0, 0, 4, 4},    {1, 2, 7, 7, 2, 2, 2, 2, 0, 0, 3, 3},
-      {2, 2, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5},    {1, 1, 5, 5, 3, 3, 1, 1, 1, 1, 5, 5},
-      {3, 4, 6, 6, 3, 2, 3, 2, 0, 1, 2, 4},    {64, 32, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14},
+      {2, 3, 8, 8, 2, 2, 2, 2, 0, 0, 4, 4}, {1, 2, 7, 7, 2, 2, 2, 2, 0, 0, 3, 3},
+      {2, 2, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5}, {1, 1, 5, 5, 3, 3, 1, 1, 1, 1, 5, 5},
+      {3, 4, 6, 6, 3, 2, 3, 2, 0, 1, 2, 4}, {64, 32, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14},
       {1, 1, 3, 3, 2, 2, 2, 2, 2, 2, 4, 4},  // windows that hold only padding
   };
   std::vector<OpCase> cases;
   for (const auto& a : shapes)
     for (bool ties : {false, true}) {
-      const std::string d = "n c h w kh kw sh sw ph pw oh ow = " +
-                            str({a.n, a.c, a.h, a.w, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow}) +
-                            (ties ? "(integer inputs with ties)" : "");
+      const std::string d =
+          "n c h w kh kw sh sw ph pw oh ow = " +
+          str({a.n, a.c, a.h, a.w, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow}) +
+          (ties ? "(integer inputs with ties)" : "");
       auto quantize = [ties](std::vector<Vec>& in, std::vector<Vec>&, std::mt19937&) {
         if (ties)
           for (auto& v : in[0]) v = std::round(v * 2.f);
@@ -395,14 +400,15 @@ TEST_CASE("cpu pooling matches the reference, including ties, padding and empty 
       cases.push_back({OpKind::MaxPoolForward, a, d, quantize});
       cases.push_back({OpKind::AvgPoolForward, a, d, quantize});
       cases.push_back({OpKind::AvgPoolBackward, a, d});
-      cases.push_back({OpKind::MaxPoolBackward, a, d, [a, ties](std::vector<Vec>& in, std::vector<Vec>&, std::mt19937&) {
-                         if (ties)
-                           for (auto& v : in[0]) v = std::round(v * 2.f);
-                         const float* xp = in[0].data();
-                         float* yp = in[1].data();
-                         reference_op(OpKind::MaxPoolForward, a, std::span<const float* const>(&xp, 1),
-                                      std::span<float* const>(&yp, 1));
-                       }});
+      cases.push_back(
+          {OpKind::MaxPoolBackward, a, d, [a, ties](std::vector<Vec>& in, std::vector<Vec>&, std::mt19937&) {
+             if (ties)
+               for (auto& v : in[0]) v = std::round(v * 2.f);
+             const float* xp = in[0].data();
+             float* yp = in[1].data();
+             reference_op(OpKind::MaxPoolForward, a, std::span<const float* const>(&xp, 1),
+                          std::span<float* const>(&yp, 1));
+           }});
     }
   run_table(cases);
 }
@@ -461,8 +467,11 @@ TEST_CASE("cpu softmax cross-entropy reports NaN for an out-of-range label and r
   Vec x{1, 2, 3, 4, 5, 6}, labels{1, 3};
   d.copy_from_host(x.data(), arena.view(0));
   d.copy_from_host(labels.data(), arena.view(1));
-  d.run(OpCall{OpKind::SoftmaxCrossEntropy, LossAttrs{2, 3}, {arena.view(0), arena.view(1)},
-               {arena.view(2), arena.view(3)}, {}});
+  d.run(OpCall{OpKind::SoftmaxCrossEntropy,
+               LossAttrs{2, 3},
+               {arena.view(0), arena.view(1)},
+               {arena.view(2), arena.view(3)},
+               {}});
   float loss = 0;
   d.copy_to_host(arena.view(2), &loss);
   CHECK(std::isnan(loss));
@@ -477,8 +486,8 @@ TEST_CASE("cpu softmax cross-entropy reports NaN for an out-of-range label and r
 
 TEST_CASE("cpu bias, elementwise, reduce, concat and split match the reference", "[cpu]") {
   std::vector<OpCase> cases;
-  for (auto [o, c, i] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {4, 3, 1}, {2, 5, 7}, {64, 32, 196},
-                                                            {128, 256, 1}, {3, 200, 1}, {1, 3, 70000}}) {
+  for (auto [o, c, i] : std::vector<std::array<int64_t, 3>>{
+           {1, 1, 1}, {4, 3, 1}, {2, 5, 7}, {64, 32, 196}, {128, 256, 1}, {3, 200, 1}, {1, 3, 70000}}) {
     const std::string d = "outer channels inner = " + str({o, c, i});
     cases.push_back({OpKind::BiasAdd, BiasAttrs{o, c, i}, d});
     cases.push_back({OpKind::BiasAdd, BiasAttrs{o, c, i}, d + " in place", nullptr, {{0, 0}}});
@@ -500,8 +509,8 @@ TEST_CASE("cpu bias, elementwise, reduce, concat and split match the reference",
   for (auto [o, r, i] : std::vector<std::array<int64_t, 3>>{
            {1, 5, 1}, {3, 7, 2}, {2, 300, 257}, {64, 10, 1}, {1, 100000, 1}, {5, 0, 3}, {1, 2, 40000}})
     cases.push_back({OpKind::ReduceSum, ReduceAttrs{o, r, i}, "outer reduce inner = " + str({o, r, i})});
-  for (const auto& a : std::vector<ConcatAttrs>{{1, 1, {3}}, {2, 3, {1, 2, 3}}, {5, 7, {4, 0, 2}}, {64, 1, {100, 28}},
-                                                {300, 50, {2, 3}}}) {
+  for (const auto& a : std::vector<ConcatAttrs>{
+           {1, 1, {3}}, {2, 3, {1, 2, 3}}, {5, 7, {4, 0, 2}}, {64, 1, {100, 28}}, {300, 50, {2, 3}}}) {
     std::string d = "outer " + std::to_string(a.outer) + " inner " + std::to_string(a.inner) + " sizes ";
     for (auto s : a.sizes) d += std::to_string(s) + " ";
     cases.push_back({OpKind::Concat, a, d});
@@ -540,8 +549,8 @@ TEST_CASE("cpu optimizer updates match the reference", "[cpu]") {
                        std::fill(out[1].begin(), out[1].end(), 0.f);
                        std::fill(out[2].begin(), out[2].end(), 0.f);
                      }});
-    cases.push_back({OpKind::AdamUpdate, AdamAttrs{n, 1e-2f, 0.8f, 0.99f, 1e-3f, 0.1f, 17}, d + " step 17 wd",
-                     positive_state});
+    cases.push_back(
+        {OpKind::AdamUpdate, AdamAttrs{n, 1e-2f, 0.8f, 0.99f, 1e-3f, 0.1f, 17}, d + " step 17 wd", positive_state});
     cases.push_back({OpKind::RmspropUpdate, RmspropAttrs{n, 1e-2f, 0.9f, 1e-3f, 0.f}, d, positive_sq});
     cases.push_back({OpKind::RmspropUpdate, RmspropAttrs{n, 1e-2f, 0.9f, 1e-3f, 0.5f}, d + " momentum", positive_sq});
     cases.push_back({OpKind::EmaUpdate, EmaAttrs{n, 0.99f}, d});

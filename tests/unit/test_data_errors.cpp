@@ -88,6 +88,16 @@ TEST_CASE("idx: images and labels of different counts is a DataError naming both
                         Catch::Contains("10 images") && Catch::Contains("9 labels"));
 }
 
+TEST_CASE("an empty source (IDX count 0, CSV with only a header) is a DataError, not an endless empty epoch", "[data]") {
+  auto dir = kiln::test::temp_dir("data-err-empty");
+  write_bytes(dir / "images", idx_images(0, 2, 2));
+  write_bytes(dir / "labels", idx_labels(0));
+  REQUIRE_THAT(data_error(idx_cfg(dir / "images", dir / "labels")), Catch::Contains("no examples"));
+  std::ofstream(dir / "h.csv") << "a,b\n";
+  REQUIRE_THAT(data_error(R"({type = "csv", path = "h.csv", header = true})", dir.string()),
+               Catch::Contains("h.csv") && Catch::Contains("no data rows"));
+}
+
 TEST_CASE("cifar10: a file whose length is not a multiple of 3073 is a DataError naming it", "[data]") {
   auto dir = kiln::test::temp_dir("data-err-cifar");
   write_bytes(dir / "bad.bin", std::vector<uint8_t>(3073 * 2 + 100, 1));

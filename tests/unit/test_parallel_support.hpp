@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/config.hpp"
+#include "kiln/error.hpp"
 #include "kiln/executor.hpp"
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
@@ -106,6 +107,39 @@ inline std::map<std::string, HostTensor> train(Runner& r, const ModelSpec& m, in
     if (losses) losses->push_back(res.total_loss);
   }
   return r.save_state();
+}
+
+// Fault injection around a real CPU device: every call goes to the device, and run() number `fail_at` throws the
+// DeviceError a failing driver call would.
+class FailingDevice final : public Device {
+ public:
+  explicit FailingDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
+  void fail_after(int runs) { fail_at_ = runs_ + runs; }
+  const DeviceInfo& info() const override { return inner_->info(); }
+  Block* allocate_block(size_t bytes) override { return inner_->allocate_block(bytes); }
+  void free_block(Block* b) noexcept override { inner_->free_block(b); }
+  void copy_from_host(const void* src, const BufferView& dst) override { inner_->copy_from_host(src, dst); }
+  void copy_to_host(const BufferView& src, void* dst) override { inner_->copy_to_host(src, dst); }
+  void copy_on_device(const BufferView& src, const BufferView& dst) override { inner_->copy_on_device(src, dst); }
+  Support supports(OpKind kind, const OpAttrs& attrs) const override { return inner_->supports(kind, attrs); }
+  size_t workspace_bytes(const OpCall& c) const override { return inner_->workspace_bytes(c); }
+  void run(const OpCall& c) override {
+    if (++runs_ == fail_at_) throw DeviceError(info().label() + " op " + std::string(op_name(c.kind)) + ": injected launch failure");
+    inner_->run(c);
+  }
+  void synchronize() override { inner_->synchronize(); }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  int runs_ = 0, fail_at_ = -1;
+};
+
+// Wraps device `i` of `d` (before anything is allocated on it) so failures can be injected.
+inline FailingDevice* wrap_failing(CpuDevices& d, size_t i) {
+  auto* f = new FailingDevice(std::move(d.devs[i]));
+  d.devs[i].reset(f);
+  d.allocs[i] = std::make_unique<Allocator>(*f, AllocatorOptions{});
+  return f;
 }
 
 }  // namespace kiln::test::par

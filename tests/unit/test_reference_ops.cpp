@@ -1,7 +1,6 @@
 // The reference ops (the oracle of every backend): hand-computed cases for each op, and every backward op
 // checked by central finite differences against its forward.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <functional>
 #include <random>
@@ -66,7 +65,7 @@ TEST_CASE("reference gemm computes a hand-checked 2x2 product with alpha, beta a
   y = {1, 1, 1, 1};
   ref(OpKind::Gemm, GemmAttrs{2, 2, 2, true, false, 2.f, 1.f}, {&A, &B}, {&y});  // 2 * A^T B + y
   CHECK(y == Vec{2 * 26 + 1, 2 * 30 + 1, 2 * 38 + 1, 2 * 44 + 1});
-  y = {NAN, NAN, NAN, NAN};  // beta == 0 never reads y
+  y = {NAN, NAN, NAN, NAN};                                                      // beta == 0 never reads y
   ref(OpKind::Gemm, GemmAttrs{2, 2, 2, false, true, 1.f, 0.f}, {&A, &B}, {&y});  // A B^T
   CHECK(y == Vec{17, 23, 39, 53});
 }
@@ -104,7 +103,13 @@ TEST_CASE("reference bias add and bias grad are hand-checked and adjoint", "[ref
   Vec dy = rand_vec(12, 4), db(3);
   ref(OpKind::BiasGrad, a, {&dy}, {&db});
   CHECK(db[1] == Approx(dy[2] + dy[3] + dy[8] + dy[9]));
-  check_gradient(b, [&] { ref(OpKind::BiasAdd, a, {&x, &b}, {&y}); return dot(y, dy); }, db);
+  check_gradient(
+      b,
+      [&] {
+        ref(OpKind::BiasAdd, a, {&x, &b}, {&y});
+        return dot(y, dy);
+      },
+      db);
 }
 
 TEST_CASE("reference conv2d forward matches a hand-computed case with padding and stride", "[reference]") {
@@ -168,9 +173,21 @@ TEST_CASE("reference pooling backward passes match finite differences", "[refere
     Vec R = rand_vec(a.n * a.c * a.oh * a.ow, 8), y(R.size()), dx(x.size());
     ref(OpKind::MaxPoolForward, a, {&x}, {&y});
     ref(OpKind::MaxPoolBackward, a, {&x, &y, &R}, {&dx});
-    check_gradient(x, [&] { ref(OpKind::MaxPoolForward, a, {&x}, {&y}); return dot(y, R); }, dx, 1e-2);
+    check_gradient(
+        x,
+        [&] {
+          ref(OpKind::MaxPoolForward, a, {&x}, {&y});
+          return dot(y, R);
+        },
+        dx, 1e-2);
     ref(OpKind::AvgPoolBackward, a, {&R}, {&dx});
-    check_gradient(x, [&] { ref(OpKind::AvgPoolForward, a, {&x}, {&y}); return dot(y, R); }, dx);
+    check_gradient(
+        x,
+        [&] {
+          ref(OpKind::AvgPoolForward, a, {&x}, {&y});
+          return dot(y, R);
+        },
+        dx);
   }
 }
 
@@ -185,8 +202,7 @@ TEST_CASE("reference avg pool divides by the number of valid elements only", "[r
   CHECK(dx[0] == Approx(1 + 0.5 + 0.5 + 0.25));
 }
 
-TEST_CASE("reference activations give known values and their backward matches finite differences",
-          "[reference]") {
+TEST_CASE("reference activations give known values and their backward matches finite differences", "[reference]") {
   Vec x{-2.f, -0.5f, 0.25f, 3.f}, y(4);
   ref(OpKind::ActivationForward, ActivationAttrs{Activation::relu, 4}, {&x}, {&y});
   CHECK(y == Vec{0, 0, 0.25f, 3});
@@ -207,7 +223,13 @@ TEST_CASE("reference activations give known values and their backward matches fi
     ActivationAttrs a{act, 20};
     ref(OpKind::ActivationForward, a, {&v}, {&out});
     ref(OpKind::ActivationBackward, a, {&out, &R}, {&dx});
-    check_gradient(v, [&] { ref(OpKind::ActivationForward, a, {&v}, {&out}); return dot(out, R); }, dx, 1e-3);
+    check_gradient(
+        v,
+        [&] {
+          ref(OpKind::ActivationForward, a, {&v}, {&out});
+          return dot(out, R);
+        },
+        dx, 1e-3);
   }
 }
 
@@ -222,7 +244,13 @@ TEST_CASE("reference softmax is hand-checked, max-subtracted, and its backward m
   Vec v = rand_vec(15, 11, -2, 2), R = rand_vec(15, 12), out(15), dx(15);
   ref(OpKind::SoftmaxForward, a, {&v}, {&out});
   ref(OpKind::SoftmaxBackward, a, {&out, &R}, {&dx});
-  check_gradient(v, [&] { ref(OpKind::SoftmaxForward, a, {&v}, {&out}); return dot(out, R); }, dx, 1e-3);
+  check_gradient(
+      v,
+      [&] {
+        ref(OpKind::SoftmaxForward, a, {&v}, {&out});
+        return dot(out, R);
+      },
+      dx, 1e-3);
 }
 
 TEST_CASE("reference softmax cross-entropy is hand-checked and its gradient output matches finite differences",
@@ -239,12 +267,17 @@ TEST_CASE("reference softmax cross-entropy is hand-checked and its gradient outp
   LossAttrs a{4, 6, 0.25f};
   Vec v = rand_vec(24, 13, -2, 2), lab{0, 5, 2, 3}, g(24);
   ref(OpKind::SoftmaxCrossEntropy, a, {&v, &lab}, {&loss, &g});
-  check_gradient(v, [&] { Vec d(24); ref(OpKind::SoftmaxCrossEntropy, a, {&v, &lab}, {&loss, &d}); return double(loss[0]); },
-                 g, 1e-2);
+  check_gradient(
+      v,
+      [&] {
+        Vec d(24);
+        ref(OpKind::SoftmaxCrossEntropy, a, {&v, &lab}, {&loss, &d});
+        return double(loss[0]);
+      },
+      g, 1e-2);
 }
 
-TEST_CASE("reference MSE and BCE losses are hand-checked and their gradients match finite differences",
-          "[reference]") {
+TEST_CASE("reference MSE and BCE losses are hand-checked and their gradients match finite differences", "[reference]") {
   Vec p{1.f, 2.f}, t{0.f, 4.f}, loss(1), g(2);
   ref(OpKind::MeanSquaredError, LossAttrs{1, 2, 1.f}, {&p, &t}, {&loss, &g});
   CHECK(loss[0] == Approx((1.0 + 4.0) / 2));
@@ -265,7 +298,14 @@ TEST_CASE("reference MSE and BCE losses are hand-checked and their gradients mat
       LossAttrs a{3, 4, 0.5f, logits};
       Vec v = logits ? rand_vec(12, 14, -3, 3) : rand_vec(12, 14, 0.1f, 0.9f), tt = rand_vec(12, 15, 0, 1), d(12);
       ref(k, a, {&v, &tt}, {&loss, &d});
-      check_gradient(v, [&] { Vec s(12); ref(k, a, {&v, &tt}, {&loss, &s}); return double(loss[0]); }, d, 1e-3);
+      check_gradient(
+          v,
+          [&] {
+            Vec s(12);
+            ref(k, a, {&v, &tt}, {&loss, &s});
+            return double(loss[0]);
+          },
+          d, 1e-3);
     }
 }
 
@@ -317,7 +357,13 @@ TEST_CASE("reference split is the gradient of concat, and reduce_sum's gradient 
   for (int64_t o = 0; o < 2; ++o)
     for (int64_t k = 0; k < 4; ++k)
       for (int64_t i = 0; i < 3; ++i) dx[size_t((o * 4 + k) * 3 + i)] = Rs[size_t(o * 3 + i)];
-  check_gradient(x, [&] { ref(OpKind::ReduceSum, r, {&x}, {&s}); return dot(s, Rs); }, dx);
+  check_gradient(
+      x,
+      [&] {
+        ref(OpKind::ReduceSum, r, {&x}, {&s});
+        return dot(s, Rs);
+      },
+      dx);
 }
 
 TEST_CASE("reference dropout keeps the same elements forward and backward, scaled by 1/(1-rate)", "[reference]") {

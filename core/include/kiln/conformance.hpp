@@ -13,8 +13,8 @@
 namespace kiln {
 
 // A device may answer extension(kValidationMessagesExtension) with a std::atomic<uint64_t>* counting driver
-// validation warnings and errors (the Vulkan backend with its validation layer on); the suite fails a backend
-// whose count is not zero at the end of its run.
+// validation warnings and errors (the Vulkan backend when its validation layer is on; nullptr otherwise); the
+// suite fails a backend whose count is not zero at the end of its run.
 inline constexpr const char* kValidationMessagesExtension = "validation.message_count";
 
 struct ConformanceOptions {
@@ -54,6 +54,7 @@ struct BackendResult {
   DeviceInfo device;
   std::string tolerance_file;  // the file read, empty when none
   std::vector<std::string> relaxations_applied;  // "op gemm: nse <= 1e-08 (reason)", printed by the run
+  bool validation_checked = false;  // the device answered kValidationMessagesExtension
   uint64_t validation_messages = 0;
   std::vector<CaseResult> cases;
   int count(CaseStatus s) const;

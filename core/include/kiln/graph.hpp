@@ -80,7 +80,7 @@ class Graph {
   std::vector<std::pair<TensorId, TensorId>> param_grads;  // (parameter, gradient)
   int64_t batch = 0;
   // The planner may run ops whose contract says "may alias" in place (MemorySavers::inplace).
-  bool inplace = true;
+  bool inplace = false;
   // Per layer, in model order: name, type, output tensor (for plan tables and NaN tracing).
   struct LayerOut {
     std::string name, type;

@@ -16,7 +16,8 @@ enum class RecomputeMode : uint8_t { none, auto_, layers };
 struct MemorySavers {
   // Ops whose contract says "may alias" (bias add, activations, dropout, their backward passes, add, scale) write
   // over their input when nothing reads that input later. Exact: the same arithmetic on the same values.
-  bool inplace = true;
+  // Off by default ([memory] inplace = true switches it on; memory_policy = "fit" turns it on when needed).
+  bool inplace = false;
   // Recomputation: the forward outputs of these layers are not kept for backward; backward recomputes them from
   // the nearest kept layer output just before it needs them. "auto" keeps every `checkpoint_every`-th layer's
   // output (0 = about sqrt(layers)).

@@ -1,0 +1,39 @@
+#!/bin/bash
+# Peak memory of the same training steps in Kiln and PyTorch (CPU, RSS), plus Kiln's plan and allocator peak.
+# Usage: bench/memory/run.sh BUILD_DIR > bench/results/memory.md   (takes several minutes on 2 cores)
+set -euo pipefail
+BUILD=${1:-build}
+KILN="$BUILD/bin/kiln"
+OUT=$(mktemp -d)
+export KILN_RESERVATION_DIR=off
+common=(--set train.epochs=1 --set train.evaluate=false --set train.checkpoint_every=0 --set 'train.progress="none"')
+
+kiln_rss() {  # config steps -> "peak_rss_mib seconds"
+  /usr/bin/time -f "%M %e" -o "$OUT/time" "$KILN" train "$1" "${common[@]}" --set train.steps_per_epoch="$2" \
+    --set "train.output_dir=\"$OUT/run\"" "${@:3}" > "$OUT/log" 2>&1
+  awk '{printf "%.1f %s", $1 / 1024, $2}' "$OUT/time"
+}
+kiln_plan() {  # config batch -> "predicted_mib measured_mib" (one real step, allocator peak in use)
+  "$KILN" plan "$1" --sweep --sweep-out "$OUT/sweep" --set "memory.sweep_batches=[$2]" "${@:3}" > /dev/null
+  awk -F, 'NR == 2 {printf "%.1f %.1f", $2 / 1048576, $3 / 1048576}' "$OUT/sweep/memory_sweep.csv"
+}
+
+echo "| model | steps | Kiln plan (MiB) | Kiln allocator peak (MiB) | Kiln peak RSS (MiB) | PyTorch peak RSS (MiB) | PyTorch RSS after import (MiB) |"
+echo "|---|---|---|---|---|---|---|"
+row() {  # name config torch_name steps batch [kiln extra args...]
+  local name=$1 cfg=$2 tname=$3 steps=$4 batch=$5
+  shift 5
+  read -r pred meas <<< "$(kiln_plan "$cfg" "$batch" "$@")"
+  read -r krss ksec <<< "$(kiln_rss "$cfg" "$steps" "$@")"
+  local t
+  t=$(/usr/bin/python3 "$(dirname "$0")/torch_peak.py" "$tname" "$steps")
+  local trss timp
+  trss=$(sed -E 's/.*peak_rss_mib=([0-9.]+).*/\1/' <<< "$t")
+  timp=$(sed -E 's/.*rss_after_import_mib=([0-9.]+).*/\1/' <<< "$t")
+  echo "| $name | $steps | $pred | $meas | $krss | $trss | $timp |"
+}
+row "fashion_mnist_mlp (Adam, batch 32)" samples/fashion_mnist_mlp.toml mlp 200 32
+row "fashion_mnist_cnn (Adam, batch 64)" samples/fashion_mnist_cnn.toml cnn 50 64
+row "fashion_mnist_cnn, [memory] inplace = true" samples/fashion_mnist_cnn.toml cnn 50 64 --set memory.inplace=true
+row "seed_deep_conv (206,538,153 params, SGD, batch 1)" samples/seed_deep_conv.toml deep 5 1
+rm -rf "$OUT"

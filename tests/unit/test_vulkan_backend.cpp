@@ -1,0 +1,225 @@
+// The Vulkan backend on the machine's Vulkan devices (lavapipe in CI), with the validation layer on:
+// enumeration, memory limits, batching, the pipeline cache, unaligned views, errors, and the validation
+// message counter the conformance suite relies on.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "kiln/allocator.hpp"
+#include "kiln/conformance.hpp"
+#include "kiln/error.hpp"
+#include "kiln/reference.hpp"
+#include "test_support.hpp"
+
+using namespace kiln;
+
+namespace {
+
+struct Vk {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Allocator> alloc;
+  explicit operator bool() const { return device != nullptr; }
+  uint64_t counter(const char* name) { return *static_cast<const uint64_t*>(device->extension(name)); }
+  uint64_t validation_messages() {
+    return static_cast<std::atomic<uint64_t>*>(device->extension(kValidationMessagesExtension))->load();
+  }
+};
+
+// The first Vulkan device with validation on, or an empty Vk (with a warning) where there is none.
+Vk open_vulkan(bool validation = true) {
+  Vk v;
+  if (!test::registry().has_backend("vulkan")) {
+    WARN("the vulkan backend is not built in this tree");
+    return v;
+  }
+  BackendOptions o;
+  o.validation = validation;
+  v.backend = test::registry().backend("vulkan")(o);
+  if (v.backend->enumerate().empty()) {
+    WARN("no Vulkan device: " << v.backend->unavailable_reason());
+    return v;
+  }
+  v.device = v.backend->open(0);
+  v.alloc = std::make_unique<Allocator>(*v.device, AllocatorOptions{});
+  return v;
+}
+
+std::vector<float> download(Device& d, const BufferView& v) {
+  std::vector<float> out(v.bytes / 4);
+  d.copy_to_host(v, out.data());
+  return out;
+}
+
+OpCall fill(const BufferView& y, int64_t count, float value) {
+  return OpCall{OpKind::Fill, ElementwiseAttrs{count, value}, {}, {y}, {}};
+}
+
+}  // namespace
+
+TEST_CASE("vulkan enumerates each device with a name, a hardware id and its memory", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  const auto devices = v.backend->enumerate();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const DeviceInfo& d = devices[i];
+    CHECK(d.backend == "vulkan");
+    CHECK(d.index == static_cast<int>(i));
+    CHECK_FALSE(d.name.empty());
+    // PCI bus id "dddd:bb:dd.f" where the driver reports it, else the device UUID.
+    const bool pci = d.hardware_id.size() == 12 && d.hardware_id[4] == ':' && d.hardware_id[10] == '.';
+    CHECK((pci || d.hardware_id.rfind("uuid:", 0) == 0));
+    CHECK(d.total_memory > 0);
+    CHECK(d.free_memory <= d.total_memory);
+  }
+  CHECK(v.device->info().label() == "vulkan:0");
+  CHECK_THROWS_WITH(v.backend->open(99), Catch::Contains("no device 99") && Catch::Contains("vulkan:0"));
+}
+
+TEST_CASE("vulkan refuses blocks above the driver's limits with nullptr and stays usable", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  CHECK(v.device->allocate_block(size_t(1) << 62) == nullptr);
+  CHECK(v.device->allocate_block(v.device->info().total_memory + 1) == nullptr);
+  Block* b = v.device->allocate_block(4096);
+  REQUIRE(b != nullptr);
+  CHECK(v.device->query_free_memory() <= v.device->info().total_memory - 4096);
+  BufferView view{b, 0, 4096};
+  v.device->run(fill(view, 1024, 7.f));
+  CHECK(download(*v.device, view) == std::vector<float>(1024, 7.f));
+  v.device->free_block(b);
+  CHECK(v.validation_messages() == 0);
+}
+
+TEST_CASE("vulkan records ops into batches and a sequence into one submission", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  Allocation a = v.alloc->allocate(4096, {});
+  v.device->run(fill(a.view(), 1024, 0.f));
+  v.device->synchronize();
+  const uint64_t before = v.counter("vulkan.submissions");
+  for (int i = 1; i <= 100; ++i) v.device->run(fill(a.view(), 1024, float(i)));
+  v.device->synchronize();
+  CHECK(v.counter("vulkan.submissions") - before == 1);  // 100 ops, one batch: no per-op submit or wait
+
+  const uint64_t seq = v.counter("vulkan.submissions");
+  v.device->begin_sequence(1);
+  for (int i = 0; i < 600; ++i) v.device->run(fill(a.view(), 1024, float(i)));  // past the 256-op batch limit
+  v.device->end_sequence();
+  v.device->synchronize();
+  CHECK(v.counter("vulkan.submissions") - seq == 1);
+  CHECK(download(*v.device, a.view()) == std::vector<float>(1024, 599.f));  // the last write wins: barriers work
+  CHECK(v.validation_messages() == 0);
+}
+
+TEST_CASE("vulkan creates each pipeline once and reuses it", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  Allocation a = v.alloc->allocate(4096, {});
+  v.device->run(fill(a.view(), 1024, 1.f));
+  const uint64_t after_first = v.counter("vulkan.pipelines");
+  for (int i = 0; i < 10; ++i) v.device->run(fill(a.view(), 1024, 2.f));
+  v.device->synchronize();
+  CHECK(after_first >= 1);
+  CHECK(v.counter("vulkan.pipelines") == after_first);
+}
+
+TEST_CASE("vulkan runs ops on views not aligned to minStorageBufferOffsetAlignment", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  Allocation a = v.alloc->allocate(64 * 4, {});
+  std::vector<float> host(64);
+  for (int i = 0; i < 64; ++i) host[static_cast<size_t>(i)] = float(i);
+  v.device->copy_from_host(host.data(), a.view());
+  // x = elements 1..10, y = elements 13..22: offsets of 4 and 52 bytes.
+  BufferView x{a.view().block, a.view().offset + 4, 40}, y{a.view().block, a.view().offset + 52, 40};
+  v.device->run(OpCall{OpKind::Scale, ElementwiseAttrs{10, 3.f}, {x}, {y}, {}});
+  const auto out = download(*v.device, a.view());
+  for (int i = 0; i < 64; ++i) {
+    const float want = (i >= 13 && i < 23) ? 3.f * float(i - 12) : float(i);
+    INFO("element " << i);
+    CHECK(out[static_cast<size_t>(i)] == want);
+  }
+  CHECK(v.validation_messages() == 0);
+}
+
+TEST_CASE("vulkan rejects foreign buffers, wrong buffer counts and short views with DeviceError", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  Allocation a = v.alloc->allocate(4096, {});
+  Block foreign{nullptr, nullptr, 4096, 12345};
+  CHECK_THROWS_AS(v.device->run(fill(BufferView{&foreign, 0, 4096}, 1024, 1.f)), DeviceError);
+  CHECK_THROWS_WITH(v.device->run(fill(BufferView{&foreign, 0, 4096}, 1024, 1.f)),
+                    Catch::Contains("is not memory of vulkan:0"));
+  CHECK_THROWS_WITH(v.device->run(OpCall{OpKind::Add, ElementwiseAttrs{4}, {a.view()}, {a.view()}, {}}),
+                    Catch::Contains("op add takes 2 inputs"));
+  CHECK_THROWS_WITH(v.device->run(fill(a.view(), 2048, 1.f)), Catch::Contains("needs 8192 bytes"));
+  CHECK_THROWS_WITH(v.device->copy_on_device(BufferView{a.view().block, a.view().offset, 64},
+                                             BufferView{a.view().block, a.view().offset + 32, 64}),
+                    Catch::Contains("overlap"));
+}
+
+TEST_CASE("vulkan explains what it cannot run instead of running it wrong", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  const Support ce = v.device->supports(OpKind::SoftmaxCrossEntropy, LossAttrs{2, 100000, 1.f, true});
+  CHECK_FALSE(ce.yes);
+  CHECK_THAT(ce.reason, Catch::Contains("cols = 100000") && Catch::Contains("65535"));
+  CHECK(v.device->supports(OpKind::SoftmaxCrossEntropy, LossAttrs{2, 1000, 1.f, true}).yes);
+  Allocation a = v.alloc->allocate(4096, {});
+  CHECK_THROWS_WITH(
+      v.device->run(OpCall{OpKind::ActivationForward, ActivationAttrs{static_cast<Activation>(7), 4}, {a.view()},
+                           {a.view()}, {}}),
+      Catch::Contains("not supported") && Catch::Contains("unknown activation 7"));
+}
+
+TEST_CASE("vulkan conv2d_backward_filter gives the reference result with and without its split-K workspace",
+          "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  ConvAttrs a;
+  a.n = 16, a.c = 3, a.h = 12, a.w = 12, a.k = 5, a.r = 3, a.s = 3, a.pad_h = 1, a.pad_w = 1, a.oh = 12, a.ow = 12;
+  std::vector<float> x(16 * 3 * 144), dy(16 * 5 * 144), want(5 * 3 * 9);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7 % 5) - 2);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = float(int(i * 3 % 7) - 3);
+  const float* in[] = {x.data(), dy.data()};
+  float* out[] = {want.data()};
+  reference_op(OpKind::Conv2dBackwardFilter, a, in, out);
+  Allocation xb = v.alloc->allocate(x.size() * 4, {}), dyb = v.alloc->allocate(dy.size() * 4, {}),
+             dwb = v.alloc->allocate(want.size() * 4, {});
+  v.device->copy_from_host(x.data(), xb.view());
+  v.device->copy_from_host(dy.data(), dyb.view());
+  OpCall call{OpKind::Conv2dBackwardFilter, a, {xb.view(), dyb.view()}, {dwb.view()}, {}};
+  const size_t ws = v.device->workspace_bytes(call);
+  CHECK(ws > 0);  // 2304 reduction steps over one output tile: split
+  v.device->run(call);  // no workspace given: one pass
+  CHECK(download(*v.device, dwb.view()) == want);
+  Allocation wsb = v.alloc->allocate(ws, {});
+  call.workspace = wsb.view();
+  v.device->run(OpCall{OpKind::Fill, ElementwiseAttrs{int64_t(want.size()), -1.f}, {}, {dwb.view()}, {}});
+  v.device->run(call);
+  CHECK(download(*v.device, dwb.view()) == want);  // small integers: exact either way
+  CHECK(v.validation_messages() == 0);
+}
+
+TEST_CASE("vulkan validation messages are counted, from the option or KILN_VULKAN_VALIDATION=1", "[vulkan]") {
+  {
+    Vk v = open_vulkan(/*validation=*/true);
+    if (!v) return;
+    CHECK(v.validation_messages() == 0);
+    REQUIRE(v.device->extension("vulkan.debug.submit_test_message") != nullptr);
+    CHECK(v.validation_messages() == 1);
+  }
+  {
+    Vk off = open_vulkan(/*validation=*/false);
+    CHECK(off.device->extension("vulkan.debug.submit_test_message") == nullptr);
+  }
+  ::setenv("KILN_VULKAN_VALIDATION", "1", 1);
+  Vk env = open_vulkan(/*validation=*/false);
+  ::unsetenv("KILN_VULKAN_VALIDATION");
+  REQUIRE(env.device->extension("vulkan.debug.submit_test_message") != nullptr);
+  CHECK(env.validation_messages() == 1);
+}
