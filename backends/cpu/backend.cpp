@@ -1,11 +1,12 @@
 // CpuBackend: enumerates `virtual_devices` logical devices over the host and opens them.
 #include "backend.hpp"
 
-#include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "kernels.hpp"
 #include "kiln/error.hpp"
@@ -40,6 +41,13 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// Cores in this process's affinity mask (taskset, cgroup cpusets), else what the hardware reports.
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 size_t read_available_memory() { return meminfo_bytes("MemAvailable"); }
@@ -50,8 +58,8 @@ CpuBackend::CpuBackend(const BackendOptions& opts) : devices_(opts.virtual_devic
   if (devices_ < 1) throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
   if (threads_ < 0)
     throw ConfigError("cpu backend: threads must be >= 0 (0 = all cores), found " + std::to_string(threads_));
-  // 0: the devices share all cores (OMP_NUM_THREADS caps them), since data-parallel runs them concurrently.
-  if (threads_ == 0) threads_ = std::max(1, omp_get_max_threads() / devices_);
+  // 0: the devices share the cores this process may run on, since data-parallel runs them concurrently.
+  if (threads_ == 0) threads_ = std::max(1, usable_cores() / devices_);
 }
 
 std::vector<DeviceInfo> CpuBackend::enumerate() {

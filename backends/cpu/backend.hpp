@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kiln/device.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
 
@@ -19,7 +20,7 @@ HostInfo read_host_info();
 size_t read_available_memory();
 
 // One logical CPU device. Blocks come from posix_memalign; the stream is the calling thread (run() returns
-// when the op is done).
+// when the op is done), helped by the device's own worker threads.
 class CpuDevice final : public Device {
  public:
   CpuDevice(DeviceInfo info, int threads);
@@ -42,6 +43,7 @@ class CpuDevice final : public Device {
  private:
   DeviceInfo info_;
   int threads_;
+  ThreadPool pool_;  // threads_ threads, this device's caller included
   std::atomic<uint64_t> next_block_id_{1};
   std::atomic<size_t> live_blocks_{0};
   std::vector<double> partials_;   // per-thread loss sums (deterministic reduction order)

@@ -89,7 +89,7 @@ class Checked {
 }  // namespace
 
 CpuDevice::CpuDevice(DeviceInfo info, int threads)
-    : info_(std::move(info)), threads_(threads), partials_(loss_partials(threads)) {}
+    : info_(std::move(info)), threads_(threads), pool_(threads), partials_(loss_partials(threads)) {}
 
 CpuDevice::~CpuDevice() = default;
 
@@ -161,27 +161,26 @@ size_t CpuDevice::workspace_bytes(const OpCall& call) const {
 
 void CpuDevice::run(const OpCall& call) {
   const Checked c(call, info_);
-  const int t = threads_;
   switch (call.kind) {
     case OpKind::Gemm: {
       const auto& a = c.attrs<GemmAttrs>();
       c.counts(2, 1);
       c.no_overlap();
       c.blas_dims({a.m, a.n, a.k});
-      return gemm(a, c.in(0, a.m * a.k), c.in(1, a.k * a.n), c.out(0, a.m * a.n), t);
+      return gemm(a, c.in(0, a.m * a.k), c.in(1, a.k * a.n), c.out(0, a.m * a.n), pool_);
     }
     case OpKind::BiasAdd: {
       const auto& a = c.attrs<BiasAttrs>();
       const int64_t n = a.outer * a.channels * a.inner;
       c.counts(2, 1);
       c.no_overlap(0);
-      return bias_add(a, c.in(0, n), c.in(1, a.channels), c.out(0, n), t);
+      return bias_add(a, c.in(0, n), c.in(1, a.channels), c.out(0, n), pool_);
     }
     case OpKind::BiasGrad: {
       const auto& a = c.attrs<BiasAttrs>();
       c.counts(1, 1);
       c.no_overlap();
-      return bias_grad(a, c.in(0, a.outer * a.channels * a.inner), c.out(0, a.channels), t);
+      return bias_grad(a, c.in(0, a.outer * a.channels * a.inner), c.out(0, a.channels), pool_);
     }
     case OpKind::Conv2dForward:
     case OpKind::Conv2dBackwardData:
@@ -194,11 +193,11 @@ void CpuDevice::run(const OpCall& call) {
       if (a.pad_h < 0 || a.pad_w < 0) c.fail("padding must be >= 0");
       c.blas_dims({a.k, a.c * a.r * a.s, a.oh * a.ow});
       const int64_t x = a.n * a.c * a.h * a.w, w = a.k * a.c * a.r * a.s, y = a.n * a.k * a.oh * a.ow;
-      float* ws = c.workspace(conv_workspace_floats(call.kind, a, t));
-      if (call.kind == OpKind::Conv2dForward) return conv2d_forward(a, c.in(0, x), c.in(1, w), c.out(0, y), ws, t);
+      float* ws = c.workspace(conv_workspace_floats(call.kind, a, threads_));
+      if (call.kind == OpKind::Conv2dForward) return conv2d_forward(a, c.in(0, x), c.in(1, w), c.out(0, y), ws, pool_);
       if (call.kind == OpKind::Conv2dBackwardData)
-        return conv2d_backward_data(a, c.in(0, y), c.in(1, w), c.out(0, x), ws, t);
-      return conv2d_backward_filter(a, c.in(0, x), c.in(1, y), c.out(0, w), ws, t);
+        return conv2d_backward_data(a, c.in(0, y), c.in(1, w), c.out(0, x), ws, pool_);
+      return conv2d_backward_filter(a, c.in(0, x), c.in(1, y), c.out(0, w), ws, pool_);
     }
     case OpKind::MaxPoolForward:
     case OpKind::MaxPoolBackward:
@@ -211,25 +210,25 @@ void CpuDevice::run(const OpCall& call) {
       if (call.kind == OpKind::MaxPoolBackward) {
         c.counts(3, 1);
         c.no_overlap();
-        return max_pool_backward(a, c.in(0, x), c.in(1, y), c.in(2, y), c.out(0, x), t);
+        return max_pool_backward(a, c.in(0, x), c.in(1, y), c.in(2, y), c.out(0, x), pool_);
       }
       c.counts(1, 1);
       c.no_overlap();
-      if (call.kind == OpKind::MaxPoolForward) return max_pool_forward(a, c.in(0, x), c.out(0, y), t);
-      if (call.kind == OpKind::AvgPoolForward) return avg_pool_forward(a, c.in(0, x), c.out(0, y), t);
-      return avg_pool_backward(a, c.in(0, y), c.out(0, x), t);
+      if (call.kind == OpKind::MaxPoolForward) return max_pool_forward(a, c.in(0, x), c.out(0, y), pool_);
+      if (call.kind == OpKind::AvgPoolForward) return avg_pool_forward(a, c.in(0, x), c.out(0, y), pool_);
+      return avg_pool_backward(a, c.in(0, y), c.out(0, x), pool_);
     }
     case OpKind::ActivationForward: {
       const auto& a = c.attrs<ActivationAttrs>();
       c.counts(1, 1);
       c.no_overlap(0);
-      return activation_forward(a, c.in(0, a.count), c.out(0, a.count), t);
+      return activation_forward(a, c.in(0, a.count), c.out(0, a.count), pool_);
     }
     case OpKind::ActivationBackward: {
       const auto& a = c.attrs<ActivationAttrs>();
       c.counts(2, 1);
       c.no_overlap(1);
-      return activation_backward(a, c.in(0, a.count), c.in(1, a.count), c.out(0, a.count), t);
+      return activation_backward(a, c.in(0, a.count), c.in(1, a.count), c.out(0, a.count), pool_);
     }
     case OpKind::SoftmaxForward:
     case OpKind::SoftmaxBackward: {
@@ -238,10 +237,10 @@ void CpuDevice::run(const OpCall& call) {
       c.no_overlap();
       if (call.kind == OpKind::SoftmaxForward) {
         c.counts(1, 1);
-        return softmax_forward(a, c.in(0, n), c.out(0, n), t);
+        return softmax_forward(a, c.in(0, n), c.out(0, n), pool_);
       }
       c.counts(2, 1);
-      return softmax_backward(a, c.in(0, n), c.in(1, n), c.out(0, n), t);
+      return softmax_backward(a, c.in(0, n), c.in(1, n), c.out(0, n), pool_);
     }
     case OpKind::SoftmaxCrossEntropy:
     case OpKind::MeanSquaredError:
@@ -251,10 +250,10 @@ void CpuDevice::run(const OpCall& call) {
       c.counts(2, 2);
       c.no_overlap();
       if (call.kind == OpKind::SoftmaxCrossEntropy)
-        return softmax_cross_entropy(a, c.in(0, n), c.in(1, a.rows), c.out(0, 1), c.out(1, n), partials_.data(), t);
+        return softmax_cross_entropy(a, c.in(0, n), c.in(1, a.rows), c.out(0, 1), c.out(1, n), partials_.data(), pool_);
       if (call.kind == OpKind::MeanSquaredError)
-        return mean_squared_error(a, c.in(0, n), c.in(1, n), c.out(0, 1), c.out(1, n), partials_.data(), t);
-      return binary_cross_entropy(a, c.in(0, n), c.in(1, n), c.out(0, 1), c.out(1, n), partials_.data(), t);
+        return mean_squared_error(a, c.in(0, n), c.in(1, n), c.out(0, 1), c.out(1, n), partials_.data(), pool_);
+      return binary_cross_entropy(a, c.in(0, n), c.in(1, n), c.out(0, 1), c.out(1, n), partials_.data(), pool_);
     }
     case OpKind::Add:
     case OpKind::Mul: {
@@ -263,7 +262,7 @@ void CpuDevice::run(const OpCall& call) {
       c.no_overlap(0, 1);
       const float *x = c.in(0, a.count), *z = c.in(1, a.count);
       float* y = c.out(0, a.count);
-      return call.kind == OpKind::Add ? add(a, x, z, y, t) : mul(a, x, z, y, t);
+      return call.kind == OpKind::Add ? add(a, x, z, y, pool_) : mul(a, x, z, y, pool_);
     }
     case OpKind::Axpby:
     case OpKind::Scale:
@@ -273,20 +272,20 @@ void CpuDevice::run(const OpCall& call) {
       c.no_overlap(call.kind == OpKind::Scale ? 0 : -1);
       const float* x = c.in(0, a.count);
       float* y = c.out(0, a.count);
-      if (call.kind == OpKind::Axpby) return axpby(a, x, y, t);
-      if (call.kind == OpKind::Scale) return scale(a, x, y, t);
-      return copy(a, x, y, t);
+      if (call.kind == OpKind::Axpby) return axpby(a, x, y, pool_);
+      if (call.kind == OpKind::Scale) return scale(a, x, y, pool_);
+      return copy(a, x, y, pool_);
     }
     case OpKind::Fill: {
       const auto& a = c.attrs<ElementwiseAttrs>();
       c.counts(0, 1);
-      return fill(a, c.out(0, a.count), t);
+      return fill(a, c.out(0, a.count), pool_);
     }
     case OpKind::ReduceSum: {
       const auto& a = c.attrs<ReduceAttrs>();
       c.counts(1, 1);
       c.no_overlap();
-      return reduce_sum(a, c.in(0, a.outer * a.reduce * a.inner), c.out(0, a.outer * a.inner), t);
+      return reduce_sum(a, c.in(0, a.outer * a.reduce * a.inner), c.out(0, a.outer * a.inner), pool_);
     }
     case OpKind::Concat:
     case OpKind::Split: {
@@ -305,8 +304,8 @@ void CpuDevice::run(const OpCall& call) {
         const int64_t n = a.outer * a.sizes[j] * a.inner;
         part_ptrs_[j] = cat ? const_cast<float*>(c.in(j, n)) : c.out(j, n);
       }
-      if (cat) return concat(a, part_ptrs_.data(), c.out(0, a.outer * total * a.inner), t);
-      return split(a, c.in(0, a.outer * total * a.inner), part_ptrs_.data(), t);
+      if (cat) return concat(a, part_ptrs_.data(), c.out(0, a.outer * total * a.inner), pool_);
+      return split(a, c.in(0, a.outer * total * a.inner), part_ptrs_.data(), pool_);
     }
     case OpKind::DropoutForward:
     case OpKind::DropoutBackward: {
@@ -314,33 +313,33 @@ void CpuDevice::run(const OpCall& call) {
       c.counts(1, 1);
       c.no_overlap(0);
       if (!(a.rate >= 0.f && a.rate <= 1.f)) c.fail("rate must be in [0, 1], found " + std::to_string(a.rate));
-      return dropout(a, c.in(0, a.count), c.out(0, a.count), t);
+      return dropout(a, c.in(0, a.count), c.out(0, a.count), pool_);
     }
     case OpKind::SgdUpdate: {
       const auto& a = c.attrs<SgdAttrs>();
       c.counts(1, 2);
       c.no_overlap(-1, -1, a.momentum == 0.f ? 1 : -1);  // v is unused (may be w) without momentum
-      return sgd_update(a, c.in(0, a.count), c.out(0, a.count), c.out(1, a.momentum == 0.f ? 0 : a.count), t);
+      return sgd_update(a, c.in(0, a.count), c.out(0, a.count), c.out(1, a.momentum == 0.f ? 0 : a.count), pool_);
     }
     case OpKind::AdamUpdate: {
       const auto& a = c.attrs<AdamAttrs>();
       c.counts(1, 3);
       c.no_overlap();
       if (a.step < 1) c.fail("step must be >= 1, found " + std::to_string(a.step));
-      return adam_update(a, c.in(0, a.count), c.out(0, a.count), c.out(1, a.count), c.out(2, a.count), t);
+      return adam_update(a, c.in(0, a.count), c.out(0, a.count), c.out(1, a.count), c.out(2, a.count), pool_);
     }
     case OpKind::RmspropUpdate: {
       const auto& a = c.attrs<RmspropAttrs>();
       c.counts(1, 3);
       c.no_overlap(-1, -1, a.momentum > 0.f ? -1 : 2);  // buf is unused (may be any buffer) without momentum
       return rmsprop_update(a, c.in(0, a.count), c.out(0, a.count), c.out(1, a.count),
-                            c.out(2, a.momentum > 0.f ? a.count : 0), t);
+                            c.out(2, a.momentum > 0.f ? a.count : 0), pool_);
     }
     case OpKind::EmaUpdate: {
       const auto& a = c.attrs<EmaAttrs>();
       c.counts(1, 1);
       c.no_overlap();
-      return ema_update(a, c.in(0, a.count), c.out(0, a.count), t);
+      return ema_update(a, c.in(0, a.count), c.out(0, a.count), pool_);
     }
     case OpKind::Count_:
       break;

@@ -107,7 +107,7 @@ void CommandStream::recycle(Batch& b) {
   for (auto& p : b.pools) KILN_VK_CHECK(vkResetDescriptorPool(device_, p.get(), 0));
   b.pool = 0;
   for (auto& c : b.chunks)  // keep a few chunks for the next batches, drop the rest
-    if (free_chunks_.size() < 2 * kBatches) free_chunks_.push_back(std::move(c));
+    if (free_chunks_.size() < 4) free_chunks_.push_back(std::move(c));
   b.chunks.clear();
   b.dedicated.clear();
   b.chunk_used = 0;

@@ -9,10 +9,14 @@
 
 namespace kiln::vulkan {
 
+// Grid-stride kernels get at most this many workgroups: enough to fill any GPU, and on llvmpipe, where each
+// workgroup has a fixed cost, more work per invocation.
+constexpr uint32_t kMaxGridGroups = 4096;
+
 uint32_t Encoder::groups_for(int64_t n, uint32_t local) const {
   if (n <= 0) return 0;
   const int64_t want = (n + local - 1) / local;
-  return static_cast<uint32_t>(std::min<int64_t>(want, limits_.max_groups[0]));
+  return static_cast<uint32_t>(std::min<int64_t>(want, std::min<uint32_t>(kMaxGridGroups, limits_.max_groups[0])));
 }
 
 void Encoder::dispatch_raw(const char* name, std::initializer_list<Bind> binds, const void* params, size_t bytes,

@@ -60,6 +60,24 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagB
   return VK_FALSE;
 }
 
+std::string vendor_name(uint32_t id) {
+  switch (id) {
+    case 0x10de: return "NVIDIA";
+    case 0x1002: return "AMD";
+    case 0x8086: return "Intel";
+    case 0x13b5: return "ARM";
+    case 0x5143: return "Qualcomm";
+    case 0x1010: return "Imagination";
+    case 0x106b: return "Apple";
+    case VK_VENDOR_ID_MESA: return "Mesa (software)";
+    default: {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "0x%04x", id);
+      return buf;
+    }
+  }
+}
+
 std::string format_uuid(const uint8_t* u) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
@@ -175,6 +193,7 @@ void VulkanInstance::enumerate() {
     if (pd.compute_family == UINT32_MAX) continue;
 
     vkGetPhysicalDeviceMemoryProperties(h, &pd.memory);
+    pd.vendor = vendor_name(pd.props.vendorID);
     DeviceInfo& info = pd.info;
     info.backend = "vulkan";
     info.index = static_cast<int>(devices_.size());
@@ -203,6 +222,29 @@ bool VulkanInstance::submit_test_message() {
   data.pMessage = "kiln self-test: a message sent on purpose to check that validation messages are counted";
   submit(instance_, VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT, VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT, &data);
   return true;
+}
+
+std::string PhysicalDevice::describe() const {
+  static const char* kTypes[] = {"other", "integrated GPU", "discrete GPU", "virtual GPU", "CPU"};
+  const VkPhysicalDeviceLimits& l = props.limits;
+  auto ver = [](uint32_t v) {
+    return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
+           std::to_string(VK_API_VERSION_PATCH(v));
+  };
+  std::string s = "vendor: " + vendor + "\ntype: " + (props.deviceType <= 4 ? kTypes[props.deviceType] : "?") +
+                  "\napi: " + ver(props.apiVersion) + "\nhardware id: " + info.hardware_id + "\n";
+  for (uint32_t i = 0; i < memory.memoryHeapCount; ++i)
+    s += "heap " + std::to_string(i) + ": " + std::to_string(memory.memoryHeaps[i].size >> 20) + " MiB" +
+         (memory.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT ? " device-local" : "") + "\n";
+  s += "maxStorageBufferRange: " + std::to_string(l.maxStorageBufferRange) +
+       "\nmaxMemoryAllocationCount: " + std::to_string(l.maxMemoryAllocationCount) +
+       "\nmaxMemoryAllocationSize: " + std::to_string(max_allocation_bytes) +
+       "\nmaxComputeSharedMemorySize: " + std::to_string(l.maxComputeSharedMemorySize) + "\n";
+  s += std::string("VK_EXT_memory_budget: ") + (memory_budget ? "yes" : "no") +
+       "\nVK_EXT_pci_bus_info: " + (pci_bus_info ? "yes" : "no") +
+       "\nVK_KHR_cooperative_matrix: " + (cooperative_matrix_khr ? "present, unused (see kernels/vulkan/README.md)" : "no") +
+       "\n";
+  return s;
 }
 
 size_t VulkanInstance::free_memory(const PhysicalDevice& pd, size_t used_by_us) const {

@@ -13,7 +13,7 @@ namespace kiln::vulkan {
 namespace {
 
 constexpr uint32_t kReservedAllocations = 64;  // left for staging chunks and internal buffers
-constexpr size_t kCopyPiece = 32u << 20;         // host copies are staged in pieces of at most this
+constexpr size_t kCopyPiece = 16u << 20;         // host copies are staged in pieces of one staging chunk
 
 constexpr VkBufferUsageFlags kBlockUsage =
     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
@@ -228,8 +228,12 @@ void VulkanDevice::run(const OpCall& call) {
   if (call.workspace.bytes) check_view(call.workspace, ("op " + op + " workspace").c_str());
   const Support s = op_support(call.kind, call.attrs, limits_);
   if (!s.yes) throw DeviceError("vulkan: op " + op + " is not supported on " + info_.name + ": " + s.reason);
+  // Kernels bind (and hazard tracking sees) exactly the bytes the op touches, not whole views.
+  OpCall trimmed = call;
+  for (size_t i = 0; i < trimmed.in.size(); ++i) trimmed.in[i].bytes = static_cast<size_t>(ar.in[i]) * sizeof(float);
+  for (size_t i = 0; i < trimmed.out.size(); ++i) trimmed.out[i].bytes = static_cast<size_t>(ar.out[i]) * sizeof(float);
   Encoder enc(*stream_, *kernels_, limits_, static_cast<VkBuffer>(dummy_->block.native));
-  run_op(enc, call);
+  run_op(enc, trimmed);
   stream_->end_op();
 }
 
@@ -245,6 +249,11 @@ void* VulkanDevice::extension(std::string_view name) {
   if (name == "vulkan.submissions") {
     submissions_ = stream_->submissions();
     return &submissions_;
+  }
+  if (name == "vulkan.vendor") return const_cast<char*>(pd_.vendor.c_str());
+  if (name == "vulkan.describe") {
+    description_ = pd_.describe() + "free (budget): " + std::to_string(query_free_memory() >> 20) + " MiB\n";
+    return const_cast<char*>(description_.c_str());
   }
   if (name == "vulkan.debug.submit_test_message")
     return instance_->submit_test_message() ? &instance_->validation_messages() : nullptr;

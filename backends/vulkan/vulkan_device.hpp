@@ -3,6 +3,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "command_stream.hpp"
 #include "encoder.hpp"
@@ -34,6 +35,8 @@ class VulkanDevice final : public Device {
   void end_sequence() override;
   // "validation.message_count" -> std::atomic<uint64_t>* (validation on only); "vulkan.submissions" -> const uint64_t* (batches
   // submitted so far); "vulkan.pipelines" -> const uint64_t* (pipelines created so far);
+  // "vulkan.vendor" -> const char* ("NVIDIA", "Mesa (software)", ...); "vulkan.describe" -> const char* (vendor,
+  // type, heaps, budget, limits and extensions, one per line);
   // "vulkan.debug.submit_test_message" sends one error through the validation messenger (a self-test of the
   // counting) and returns the counter, or nullptr when validation is off.
   void* extension(std::string_view name) override;
@@ -61,6 +64,7 @@ class VulkanDevice final : public Device {
   size_t allocated_bytes_ = 0;
   uint64_t next_block_id_ = 1;
   uint64_t submissions_ = 0, pipelines_ = 0;  // snapshots for extension()
+  std::string description_;
 };
 
 }  // namespace kiln::vulkan

@@ -58,11 +58,16 @@ int main(int argc, char** argv) {
   bool stats = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--data") data = argv[i + 1];
-    else if (a == "--epochs") epochs = std::stoi(argv[i + 1]);
-    else if (a == "--batch") batch = std::stoll(argv[i + 1]);
-    else if (a == "--only") only = argv[i + 1];
-    else if (a == "--stats") stats = std::string(argv[i + 1]) == "1";
+    if (a == "--data")
+      data = argv[i + 1];
+    else if (a == "--epochs")
+      epochs = std::stoi(argv[i + 1]);
+    else if (a == "--batch")
+      batch = std::stoll(argv[i + 1]);
+    else if (a == "--only")
+      only = argv[i + 1];
+    else if (a == "--stats")
+      stats = std::string(argv[i + 1]) == "1";
     else {
       std::cerr << "usage: kiln_data_bench [--data DIR] [--epochs N] [--batch B] [--only NAME] [--stats 1]\n";
       return 2;
@@ -70,12 +75,14 @@ int main(int argc, char** argv) {
   }
   const std::string src = "{type = \"idx\", images = \"" + data + "/train-images-idx3-ubyte.gz\", labels = \"" + data +
                           "/train-labels-idx1-ubyte.gz\"}";
-  const std::string norm = R"({op = "scale", factor = 0.00392156862745098}, {op = "normalize", mean = [0.2860], std = [0.3530]})";
+  const std::string norm =
+      R"({op = "scale", factor = 0.00392156862745098}, {op = "normalize", mean = [0.2860], std = [0.3530]})";
   const std::string aug = R"({op = "random_crop", size = [28, 28], padding = 2}, {op = "flip_horizontal"})";
   const std::string shuf = R"({type = "shuffle", buffer = 60000})";
   const std::vector<Case> cases = {
       {"file", "{type = \"map\", ops = [" + norm + "]}, " + shuf},
-      {"file+prefetch", "{type = \"map\", ops = [" + norm + "]}, " + shuf + ", {type = \"batch\"}, {type = \"prefetch\"}"},
+      {"file+prefetch",
+       "{type = \"map\", ops = [" + norm + "]}, " + shuf + ", {type = \"batch\"}, {type = \"prefetch\"}"},
       {"cache_raw", "{type = \"cache\"}, {type = \"map\", ops = [" + norm + "]}, " + shuf},
       {"cache_mapped", "{type = \"map\", ops = [" + norm + "]}, {type = \"cache\"}, " + shuf},
       {"aug_w1", "{type = \"cache\"}, {type = \"map\", workers = 1, ops = [" + norm + ", " + aug + "]}, " + shuf},

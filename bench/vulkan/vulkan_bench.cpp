@@ -3,7 +3,9 @@
 //
 //   kiln_vulkan_bench [--backends vulkan,cpu] [--repeat N] [--only OP_PREFIX]
 //
-// Prints a markdown table: op, shape, ms per op, GFLOP/s (or GB/s for memory-bound ops).
+// Prints a markdown table: op, shape, ms per op (best of N runs, each waited for), GFLOP/s (or GB/s of buffer
+// traffic for memory-bound ops).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -84,10 +86,14 @@ Result measure(Device& dev, Allocator& alloc, const Case& c, int repeat) {
   }
   dev.run(call);  // warm-up: pipelines, first-touch
   dev.synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < repeat; ++i) dev.run(call);
-  dev.synchronize();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / repeat;
+  // Best of `repeat` timed runs (each run + synchronize): the machine is shared, the minimum is the stable figure.
+  double s = 1e30;
+  for (int i = 0; i < repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dev.run(call);
+    dev.synchronize();
+    s = std::min(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   r.ms = s * 1e3;
   if (c.flops > 0) {
     r.rate = c.flops / s / 1e9;

@@ -1,6 +1,7 @@
 // TOML configuration with validation: every error names file:line, the key, what was given and what was expected.
 #include "kiln/config.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -150,6 +151,18 @@ void ConfigNode::ignore(const std::string& key) const {
 }
 
 namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
 const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument& doc, const std::string& key,
                          bool required) {
   {
@@ -157,7 +170,16 @@ const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument&
     doc.used.insert({table, key});
   }
   const toml::node* n = tbl(table).get(key);
-  if (!n && required) c.fail(key, "missing (required)");
+  if (!n && required) {
+    // A misspelled key is the usual cause: name the nearest key present.
+    std::string hint;
+    size_t best = 3;
+    for (const auto& [k, v] : tbl(table)) {
+      size_t d = edit_distance(std::string(k.str()), key);
+      if (d < best) best = d, hint = std::string(k.str());
+    }
+    c.fail(key, "missing (required)" + (hint.empty() ? std::string() : "; the table has '" + hint + "': misspelled?"));
+  }
   return n;
 }
 }  // namespace

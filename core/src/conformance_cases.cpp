@@ -81,6 +81,8 @@ void conv_cases(Table& t) {
       {"1x3x13x13.k8.r3.valid", 1, 3, 13, 13, 8, 3, 3, 1, 1, 0, 0, false, false},
       {"8x16x14x14.k32.r5.p2", 8, 16, 14, 14, 32, 5, 5, 1, 1, 2, 2, true, false},
       {"16x8x16x16.k16.r3.p1", 16, 8, 16, 16, 16, 3, 3, 1, 1, 1, 1, true, false},
+      {"16x1x28x28.k32.r3.p1", 16, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, true, false},  // the CNN sample's layers
+      {"16x32x14x14.k64.r3.p1", 16, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, true, false},
       {"16x16x28x28.k32.r3.p1", 16, 16, 28, 28, 32, 3, 3, 1, 1, 1, 1, true, true},
   };
   const OpKind kinds[] = {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter};

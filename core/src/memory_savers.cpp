@@ -8,6 +8,7 @@
 #include <set>
 
 #include "kiln/error.hpp"
+#include "kiln/executor.hpp"
 
 namespace kiln {
 
@@ -99,7 +100,7 @@ std::string MemorySavers::describe() const {
     case RecomputeMode::none: return s + "off";
     case RecomputeMode::auto_:
       return s + "auto (" + (checkpoint_every > 0 ? "every " + std::to_string(checkpoint_every) + "th layer output kept)"
-                                                    : "about every sqrt(layers)-th layer output kept)");
+                                                    : "the checkpoint spacing with the smallest plan)");
     case RecomputeMode::layers: {
       std::string l;
       for (const auto& n : recompute_layers) l += (l.empty() ? "" : ", ") + n;
@@ -109,17 +110,58 @@ std::string MemorySavers::describe() const {
   return s;
 }
 
+namespace {
+
+// Every layer except each `every`-th one (whose output is kept as a checkpoint).
+std::vector<std::string> all_but_every(const std::vector<std::string>& layers, int64_t every) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < layers.size(); ++i)
+    if ((static_cast<int64_t>(i) + 1) % every != 0) out.push_back(layers[i]);
+  return out;
+}
+
+// The activation arena of a graph's step: the largest over the devices it runs on.
+size_t arena_peak(const Graph& g) {
+  std::set<int> devices;
+  for (const auto& n : g.nodes()) devices.insert(n.device);
+  size_t peak = 0;
+  for (int d : devices) {
+    PlanOptions o;
+    o.device = d;
+    peak = std::max(peak, plan_memory(g, nullptr, o).arena);
+  }
+  return peak;
+}
+
+// "auto": the checkpoint spacing whose plan has the smallest activation arena (none when recomputation does not
+// lower it, e.g. when the peak sits in the first layer's backward).
+std::vector<std::string> best_spacing(const Graph& g, const std::vector<std::string>& layers) {
+  const auto n = static_cast<int64_t>(layers.size());
+  if (n < 2 || first_backward(g) == g.nodes().size()) return {};
+  const auto root = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+  std::set<int64_t> ks;
+  for (int64_t k : {root, int64_t{2}, int64_t{3}, int64_t{4}, 2 * root, n / 2, n})
+    if (k >= 2 && k <= n) ks.insert(k);
+  size_t best = arena_peak(g);
+  std::vector<std::string> pick;
+  for (int64_t k : ks) {
+    auto list = all_but_every(layers, k);
+    Graph c = g;
+    recompute(c, std::set<std::string>(list.begin(), list.end()));
+    size_t a = arena_peak(c);
+    if (a < best) best = a, pick = std::move(list);
+  }
+  return pick;
+}
+
+}  // namespace
+
 std::vector<std::string> recompute_layer_list(const Graph& g, const MemorySavers& s) {
   if (s.recompute == RecomputeMode::layers) return s.recompute_layers;
   if (s.recompute == RecomputeMode::none) return {};
   auto layers = layers_with_ops(g);
-  const auto n = static_cast<int64_t>(layers.size());
-  int64_t every = s.checkpoint_every > 0 ? s.checkpoint_every
-                                         : std::max<int64_t>(2, static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n)))));
-  std::vector<std::string> out;
-  for (int64_t i = 0; i < n; ++i)
-    if ((i + 1) % every != 0) out.push_back(layers[static_cast<size_t>(i)]);  // every `every`-th output is kept
-  return out;
+  if (s.checkpoint_every > 0) return all_but_every(layers, s.checkpoint_every);
+  return best_spacing(g, layers);
 }
 
 void apply_memory_savers(Graph& g, const MemorySavers& s, bool training) {

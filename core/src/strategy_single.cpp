@@ -36,6 +36,15 @@ void SingleDeviceRunner::prepare(int64_t batch) {
 
 StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalars& s) {
   Executor& ex = executor(batch.batch, true, false);
+  // The same executor with the same bound buffers is the same op sequence: a backend may record it once and replay
+  // it (CUDA graphs); a new generation of the regions means new buffers, hence a new id.
+  Device* dev = dctx_.device;
+  const uint64_t seq = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&ex)) ^ (state_.generation() << 48);
+  struct SequenceScope {
+    Device* d;
+    ~SequenceScope() { d->end_sequence(); }
+  } scope{dev};
+  dev->begin_sequence(seq);
   ex.load_batch(batch);
   // Forward and losses first: a non-finite loss stops the step before any weight changes.
   size_t bwd = ex.first_node_of(Phase::backward);

@@ -8,9 +8,9 @@
 
 namespace kiln::cpu {
 
-void activation_forward(const ActivationAttrs& a, const float* x, float* y, int threads) {
+void activation_forward(const ActivationAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const Activation act = a.act;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     switch (act) {
       case Activation::relu:
 #pragma omp simd
@@ -26,9 +26,9 @@ void activation_forward(const ActivationAttrs& a, const float* x, float* y, int 
   });
 }
 
-void activation_backward(const ActivationAttrs& a, const float* y, const float* dy, float* dx, int threads) {
+void activation_backward(const ActivationAttrs& a, const float* y, const float* dy, float* dx, ThreadPool& pool) {
   const Activation act = a.act;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     switch (act) {
       case Activation::relu:
 #pragma omp simd
@@ -49,9 +49,9 @@ void activation_backward(const ActivationAttrs& a, const float* y, const float* 
   });
 }
 
-void softmax_forward(const SoftmaxAttrs& a, const float* x, float* y, int threads) {
+void softmax_forward(const SoftmaxAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t cols = a.cols;
-  parallel_ranges(a.rows, team(a.rows * cols, threads), [&](int64_t rb, int64_t re) {
+  parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const float* xr = x + r * cols;
       float* yr = y + r * cols;
@@ -65,9 +65,9 @@ void softmax_forward(const SoftmaxAttrs& a, const float* x, float* y, int thread
   });
 }
 
-void softmax_backward(const SoftmaxAttrs& a, const float* y, const float* dy, float* dx, int threads) {
+void softmax_backward(const SoftmaxAttrs& a, const float* y, const float* dy, float* dx, ThreadPool& pool) {
   const int64_t cols = a.cols;
-  parallel_ranges(a.rows, team(a.rows * cols, threads), [&](int64_t rb, int64_t re) {
+  parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const float* yr = y + r * cols;
       const float* dyr = dy + r * cols;

@@ -1,8 +1,7 @@
-// 2-D convolution as im2col + sgemm per image. Images are spread over the OpenMP team (each thread owns a
-// column buffer in the workspace); with fewer images than threads, the images run in turn and the GEMM is split.
+// 2-D convolution as im2col + sgemm per image. Images are claimed one at a time by the pool's threads (each
+// thread owns a column buffer in the workspace, by slot); with fewer images than threads, the images run in
+// turn and the GEMM is split.
 // A 1x1, stride-1, unpadded convolution is a plain GEMM on the image (no column buffer).
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -95,96 +94,84 @@ size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
   return t * col;
 }
 
-// y(n) (k, oh*ow) = w (k, c*r*s) * col(n). Images are handed out one at a time, so a thread that loses its
-// core to another process does not hold up the others.
-void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, int threads) {
+// y(n) (k, oh*ow) = w (k, c*r*s) * col(n).
+void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
-  if (images_in_parallel(a, threads)) {
-#pragma omp parallel num_threads(threads)
-    {
-      float* col = ws + static_cast<size_t>(omp_get_thread_num()) * static_cast<size_t>(CRS * P);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t n = 0; n < a.n; ++n) {
-        const float* src = x + n * img;
-        if (!pw) im2col(a, src, col);
-        sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, 0.f, y + n * K * P, P);
-      }
-    }
+  if (images_in_parallel(a, pool.size())) {
+    pool.run(a.n, [&](int64_t n, int slot) {
+      float* col = ws + static_cast<size_t>(slot) * static_cast<size_t>(CRS * P);
+      const float* src = x + n * img;
+      if (!pw) im2col(a, src, col);
+      sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, 0.f, y + n * K * P, P);
+    });
     return;
   }
   for (int64_t n = 0; n < a.n; ++n) {
     const float* src = x + n * img;
     if (!pw) im2col(a, src, ws);
-    gemm(GemmAttrs{K, P, CRS, false, false, 1.f, 0.f}, w, pw ? src : ws, y + n * K * P, threads);
+    gemm(GemmAttrs{K, P, CRS, false, false, 1.f, 0.f}, w, pw ? src : ws, y + n * K * P, pool);
   }
 }
 
 // dcol(n) (c*r*s, oh*ow) = w^T * dy(n); dx(n) = col2im(dcol(n))
-void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, int threads) {
+void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
-  if (images_in_parallel(a, threads)) {
-#pragma omp parallel num_threads(threads)
-    {
-      float* col = ws + static_cast<size_t>(omp_get_thread_num()) * static_cast<size_t>(CRS * P);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t n = 0; n < a.n; ++n) {
-        float* dst = dx + n * img;
-        sgemm_1t(true, false, CRS, P, K, 1.f, w, CRS, dy + n * K * P, P, 0.f, pw ? dst : col, P);
-        if (!pw) col2im(a, col, dst);
-      }
-    }
+  if (images_in_parallel(a, pool.size())) {
+    pool.run(a.n, [&](int64_t n, int slot) {
+      float* col = ws + static_cast<size_t>(slot) * static_cast<size_t>(CRS * P);
+      float* dst = dx + n * img;
+      sgemm_1t(true, false, CRS, P, K, 1.f, w, CRS, dy + n * K * P, P, 0.f, pw ? dst : col, P);
+      if (!pw) col2im(a, col, dst);
+    });
     return;
   }
   for (int64_t n = 0; n < a.n; ++n) {
     float* dst = dx + n * img;
-    gemm(GemmAttrs{CRS, P, K, true, false, 1.f, 0.f}, w, dy + n * K * P, pw ? dst : ws, threads);
+    gemm(GemmAttrs{CRS, P, K, true, false, 1.f, 0.f}, w, dy + n * K * P, pw ? dst : ws, pool);
     if (!pw) col2im(a, ws, dst);
   }
 }
 
 // dw (k, c*r*s) = sum_n dy(n) (k, oh*ow) * col(n)^T. Group g sums its images into its own copy (group 0
 // into dw); the copies are then added in group order.
-void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws, int threads) {
+void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
+                            ThreadPool& pool) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const int64_t wsize = K * CRS;
   const bool pw = is_pointwise(a);
   const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
-  if (images_in_parallel(a, threads)) {
-    const int64_t groups = filter_groups(a, threads);
-    float* partial_base = ws + static_cast<size_t>(threads) * col_floats;
+  if (images_in_parallel(a, pool.size())) {
+    const int64_t groups = filter_groups(a, pool.size());
+    float* partial_base = ws + static_cast<size_t>(pool.size()) * col_floats;
     auto partial = [&](int64_t g) {
       return g == 0 ? dw : partial_base + static_cast<size_t>(g - 1) * static_cast<size_t>(wsize);
     };
-#pragma omp parallel num_threads(threads)
-    {
-      float* col = ws + static_cast<size_t>(omp_get_thread_num()) * col_floats;
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t b = a.n * g / groups, e = a.n * (g + 1) / groups;
-        float* acc = partial(g);
-        if (b == e) std::fill(acc, acc + wsize, 0.f);
-        for (int64_t n = b; n < e; ++n) {
-          const float* src = x + n * img;
-          if (!pw) im2col(a, src, col);
-          sgemm_1t(false, true, K, CRS, P, 1.f, dy + n * K * P, P, pw ? src : col, P, n == b ? 0.f : 1.f, acc, CRS);
-        }
+    pool.run(groups, [&](int64_t g, int slot) {
+      float* col = ws + static_cast<size_t>(slot) * col_floats;
+      const int64_t b = a.n * g / groups, e = a.n * (g + 1) / groups;
+      float* acc = partial(g);
+      for (int64_t n = b; n < e; ++n) {
+        const float* src = x + n * img;
+        if (!pw) im2col(a, src, col);
+        sgemm_1t(false, true, K, CRS, P, 1.f, dy + n * K * P, P, pw ? src : col, P, n == b ? 0.f : 1.f, acc, CRS);
       }
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < wsize; ++i) {
+    });
+    parallel_ranges(pool, wsize, parts_for(wsize * groups, pool), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
         float s = dw[i];
         for (int64_t g = 1; g < groups; ++g) s += partial(g)[i];
         dw[i] = s;
       }
-    }
+    });
     return;
   }
   if (a.n == 0) std::fill(dw, dw + wsize, 0.f);
   for (int64_t n = 0; n < a.n; ++n) {
     const float* src = x + n * img;
     if (!pw) im2col(a, src, ws);
-    gemm(GemmAttrs{K, CRS, P, false, true, 1.f, n == 0 ? 0.f : 1.f}, dy + n * K * P, pw ? src : ws, dw, threads);
+    gemm(GemmAttrs{K, CRS, P, false, true, 1.f, n == 0 ? 0.f : 1.f}, dy + n * K * P, pw ? src : ws, dw, pool);
   }
 }
 

@@ -8,11 +8,11 @@
 
 namespace kiln::cpu {
 
-void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, int threads) {
+void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, ThreadPool& pool) {
   const int64_t C = a.channels, I = a.inner;
-  const int t = team(a.outer * C * I, threads);
+  const int64_t t = parts_for(a.outer * C * I, pool);
   if (I == 1) {  // dense: (outer, channels)
-    parallel_ranges(a.outer, t, [&](int64_t ob, int64_t oe) {
+    parallel_ranges(pool, a.outer, t, [&](int64_t ob, int64_t oe) {
       for (int64_t o = ob; o < oe; ++o) {
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) y[o * C + c] = x[o * C + c] + b[c];
@@ -20,7 +20,7 @@ void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, int 
     });
     return;
   }
-  parallel_ranges(a.outer * C, t, [&](int64_t pb, int64_t pe) {
+  parallel_ranges(pool, a.outer * C, t, [&](int64_t pb, int64_t pe) {
     for (int64_t oc = pb; oc < pe; ++oc) {  // one (o, c) plane of `inner` elements
       const float bc = b[oc % C];
       const float* xp = x + oc * I;
@@ -31,12 +31,12 @@ void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, int 
   });
 }
 
-void bias_grad(const BiasAttrs& a, const float* dy, float* db, int threads) {
+void bias_grad(const BiasAttrs& a, const float* dy, float* db, ThreadPool& pool) {
   const int64_t C = a.channels, I = a.inner, O = a.outer;
-  const int t = team(O * C * I, threads);
+  const int64_t t = parts_for(O * C * I, pool);
   if (I == 1) {  // column sums of an (outer, channels) matrix, in column blocks
     constexpr int64_t kBlock = 64;
-    parallel_ranges((C + kBlock - 1) / kBlock, t, [&](int64_t bb, int64_t be) {
+    parallel_ranges(pool, (C + kBlock - 1) / kBlock, t, [&](int64_t bb, int64_t be) {
       for (int64_t bl = bb; bl < be; ++bl) {
         const int64_t c0 = bl * kBlock, c1 = std::min(C, c0 + kBlock);
         float acc[kBlock] = {};
@@ -50,7 +50,7 @@ void bias_grad(const BiasAttrs& a, const float* dy, float* db, int threads) {
     });
     return;
   }
-  parallel_ranges(C, t, [&](int64_t cb, int64_t ce) {
+  parallel_ranges(pool, C, t, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
       double total = 0;
       for (int64_t o = 0; o < O; ++o) {
@@ -65,54 +65,54 @@ void bias_grad(const BiasAttrs& a, const float* dy, float* db, int threads) {
   });
 }
 
-void add(const ElementwiseAttrs& a, const float* x, const float* z, float* y, int threads) {
+void add(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool) {
   const float al = a.alpha, be = a.beta;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) y[i] = al * x[i] + be * z[i];
   });
 }
 
-void mul(const ElementwiseAttrs& a, const float* x, const float* z, float* y, int threads) {
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+void mul(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) y[i] = x[i] * z[i];
   });
 }
 
-void axpby(const ElementwiseAttrs& a, const float* x, float* y, int threads) {
+void axpby(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const float al = a.alpha, be = a.beta;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) y[i] = al * x[i] + be * y[i];
   });
 }
 
-void scale(const ElementwiseAttrs& a, const float* x, float* y, int threads) {
+void scale(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const float al = a.alpha;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) y[i] = al * x[i];
   });
 }
 
-void fill(const ElementwiseAttrs& a, float* y, int threads) {
+void fill(const ElementwiseAttrs& a, float* y, ThreadPool& pool) {
   const float al = a.alpha;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) { std::fill(y + b, y + e, al); });
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) { std::fill(y + b, y + e, al); });
 }
 
-void copy(const ElementwiseAttrs& a, const float* x, float* y, int threads) {
+void copy(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool) {
   if (x == y) return;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     if (e > b) std::memcpy(y + b, x + b, static_cast<size_t>(e - b) * sizeof(float));
   });
 }
 
-void reduce_sum(const ReduceAttrs& a, const float* x, float* y, int threads) {
+void reduce_sum(const ReduceAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t R = a.reduce, I = a.inner;
-  const int t = team(a.outer * R * I, threads);
+  const int64_t t = parts_for(a.outer * R * I, pool);
   if (I == 1) {
-    parallel_ranges(a.outer, t, [&](int64_t ob, int64_t oe) {
+    parallel_ranges(pool, a.outer, t, [&](int64_t ob, int64_t oe) {
       for (int64_t o = ob; o < oe; ++o) {
         double total = 0;
         for (int64_t c = 0; c < R; c += 4096) {  // float lanes over short runs, double across runs
@@ -129,7 +129,7 @@ void reduce_sum(const ReduceAttrs& a, const float* x, float* y, int threads) {
   }
   constexpr int64_t kBlock = 256;  // (outer, inner block) tasks so both shapes spread over the team
   const int64_t blocks = (I + kBlock - 1) / kBlock;
-  parallel_ranges(a.outer * blocks, t, [&](int64_t tb, int64_t te) {
+  parallel_ranges(pool, a.outer * blocks, t, [&](int64_t tb, int64_t te) {
     for (int64_t task = tb; task < te; ++task) {
       const int64_t o = task / blocks, i0 = (task % blocks) * kBlock, i1 = std::min(I, i0 + kBlock);
       float acc[kBlock] = {};
@@ -146,10 +146,10 @@ void reduce_sum(const ReduceAttrs& a, const float* x, float* y, int threads) {
 namespace {
 // Copies between the whole y(outer, sum sizes, inner) and its parts x_j(outer, sizes[j], inner).
 template <bool kConcat>
-void concat_split(const ConcatAttrs& a, float* const* parts, float* whole, int threads) {
+void concat_split(const ConcatAttrs& a, float* const* parts, float* whole, ThreadPool& pool) {
   int64_t total = 0;
   for (int64_t s : a.sizes) total += s;
-  parallel_ranges(a.outer, team(a.outer * total * a.inner, threads), [&](int64_t ob, int64_t oe) {
+  parallel_ranges(pool, a.outer, parts_for(a.outer * total * a.inner, pool), [&](int64_t ob, int64_t oe) {
     for (int64_t o = ob; o < oe; ++o) {
       int64_t start = 0;
       for (size_t j = 0; j < a.sizes.size(); ++j) {
@@ -164,19 +164,19 @@ void concat_split(const ConcatAttrs& a, float* const* parts, float* whole, int t
 }
 }  // namespace
 
-void concat(const ConcatAttrs& a, const float* const* xs, float* y, int threads) {
-  concat_split<true>(a, const_cast<float* const*>(xs), y, threads);  // parts are only read
+void concat(const ConcatAttrs& a, const float* const* xs, float* y, ThreadPool& pool) {
+  concat_split<true>(a, const_cast<float* const*>(xs), y, pool);  // parts are only read
 }
 
-void split(const ConcatAttrs& a, const float* y, float* const* xs, int threads) {
-  concat_split<false>(a, xs, const_cast<float*>(y), threads);  // the whole is only read
+void split(const ConcatAttrs& a, const float* y, float* const* xs, ThreadPool& pool) {
+  concat_split<false>(a, xs, const_cast<float*>(y), pool);  // the whole is only read
 }
 
 // Same bits as kiln::dropout_uniform, with the per-call part of the hash hoisted out of the loop.
-void dropout(const DropoutAttrs& a, const float* x, float* y, int threads) {
+void dropout(const DropoutAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const uint32_t base = kiln_hash32(a.counter ^ kiln_hash32(a.seed));
   const float rate = a.rate, keep_div = 1.0f - a.rate;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const uint32_t h = kiln_hash32(static_cast<uint32_t>(i) ^ base);

@@ -1,8 +1,7 @@
-// GEMM through OpenBLAS's sgemm. OpenBLAS is kept single-threaded and the product is split across our own
-// OpenMP team: OpenBLAS's pthreads and libgomp's spinning workers would otherwise fight over the same cores
+// GEMM through OpenBLAS's sgemm. OpenBLAS is kept single-threaded and the product is split across the
+// device's thread pool: OpenBLAS's own pthreads would otherwise fight our threads for the same cores
 // (measured in bench/results/cpu_ops.md), and one thread model keeps the `threads` option exact.
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -31,12 +30,12 @@ void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
               C, static_cast<int>(ldc));
 }
 
-void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, int threads) {
+void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPool& pool) {
   const int64_t m = a.m, n = a.n, k = a.k;
   const int64_t lda = a.trans_a ? m : k, ldb = a.trans_b ? k : n;
-  // Below ~1 MFLOP the team wake-up costs more than the second core gives.
+  // Below ~1 MFLOP waking a worker costs more than the second core gives.
   const double flops = 2.0 * double(m) * double(n) * double(k);
-  if (threads <= 1 || flops < 1.0e6 || k == 0) {
+  if (pool.size() <= 1 || flops < 1.0e6 || k == 0) {
     sgemm_1t(a.trans_a, a.trans_b, m, n, k, a.alpha, A, lda, B, ldb, a.beta, y, n);
     return;
   }
@@ -44,12 +43,11 @@ void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, int thre
   const bool split_rows = m >= n;
   const int64_t dim = split_rows ? m : n;
   const int64_t tile = split_rows ? 8 : 16;
-  const int parts = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(1, dim / tile)));
+  const int64_t parts = std::min<int64_t>(pool.size(), std::max<int64_t>(1, dim / tile));
   const int64_t chunk = ((dim + parts - 1) / parts + tile - 1) / tile * tile;
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
-  for (int p = 0; p < parts; ++p) {
+  pool.run(parts, [&](int64_t p, int) {
     const int64_t b = p * chunk, e = std::min(dim, b + chunk);
-    if (b >= e) continue;
+    if (b >= e) return;
     if (split_rows) {
       const float* As = a.trans_a ? A + b : A + b * k;
       sgemm_1t(a.trans_a, a.trans_b, e - b, n, k, a.alpha, As, lda, B, ldb, a.beta, y + b * n, n);
@@ -57,7 +55,7 @@ void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, int thre
       const float* Bs = a.trans_b ? B + b * k : B + b;
       sgemm_1t(a.trans_a, a.trans_b, m, e - b, k, a.alpha, A, lda, Bs, ldb, a.beta, y + b, n);
     }
-  }
+  });
 }
 
 }  // namespace kiln::cpu

@@ -1,7 +1,5 @@
-// Fused losses: value and gradient in one pass. Each thread sums its contiguous share into its own double
-// slot; the slots are added in thread order, so the loss does not depend on scheduling.
-#include <omp.h>
-
+// Fused losses: value and gradient in one pass. Each fixed range sums into its own double slot; the slots
+// are added in order, so the loss does not depend on scheduling.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,30 +10,25 @@
 namespace kiln::cpu {
 namespace {
 
-// Runs body(begin, end) -> double over [0, n) split into contiguous ranges, and returns the ordered sum.
+// Runs body(begin, end) -> double over [0, n) cut into `parts` fixed ranges, and returns their sum in
+// range order.
 template <class Body>
-double ordered_sum(int64_t n, bool par, int threads, double* partials, Body body) {
-  if (!par || threads <= 1) return body(int64_t{0}, n);
-  int used = 1;
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    if (t == 0) used = nt;
-    partials[t * 8] = body(n * t / nt, n * (t + 1) / nt);
-  }
+double ordered_sum(ThreadPool& pool, int64_t n, int64_t parts, double* partials, Body body) {
+  if (parts > n) parts = n;
+  if (parts <= 1) return body(int64_t{0}, n);
+  pool.run(parts, [&](int64_t c, int) { partials[c * 8] = body(n * c / parts, n * (c + 1) / parts); });
   double total = 0;
-  for (int t = 0; t < used; ++t) total += partials[t * 8];
+  for (int64_t c = 0; c < parts; ++c) total += partials[c * 8];
   return total;
 }
 
 }  // namespace
 
 void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labels, float* loss, float* dx,
-                           double* partials, int threads) {
+                           double* partials, ThreadPool& pool) {
   const int64_t cols = a.cols;
   const float scale = a.scale;
-  const bool par = threads > 1 && a.rows * cols >= kParallelMin && a.rows > 1;
-  const double total = ordered_sum(a.rows, par, threads, partials, [&](int64_t b, int64_t e) {
+  const double total = ordered_sum(pool, a.rows, parts_for(a.rows * cols, pool), partials, [&](int64_t b, int64_t e) {
     double acc = 0;
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x + r * cols;
@@ -63,11 +56,11 @@ void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labe
 }
 
 void mean_squared_error(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp, double* partials,
-                        int threads) {
+                        ThreadPool& pool) {
   const int64_t n = a.rows * a.cols;
   const float per = a.cols > 0 ? a.scale / static_cast<float>(a.cols) : 0.f;
   const float g2 = 2.f * per;
-  const double total = ordered_sum(n, threads > 1 && n >= kParallelMin, threads, partials, [&](int64_t b, int64_t e) {
+  const double total = ordered_sum(pool, n, parts_for(n, pool), partials, [&](int64_t b, int64_t e) {
     float acc = 0.f;  // float lanes, summed per thread into double below
     double out = 0;
     for (int64_t c = b; c < e; c += 4096) {  // blocks keep the float partial sums short
@@ -87,11 +80,11 @@ void mean_squared_error(const LossAttrs& a, const float* p, const float* t, floa
 }
 
 void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, float* loss, float* dp, double* partials,
-                          int threads) {
+                          ThreadPool& pool) {
   const int64_t n = a.rows * a.cols;
   const float per = a.cols > 0 ? a.scale / static_cast<float>(a.cols) : 0.f;
   const bool logits = a.from_logits;
-  const double total = ordered_sum(n, threads > 1 && n >= kParallelMin, threads, partials, [&](int64_t b, int64_t e) {
+  const double total = ordered_sum(pool, n, parts_for(n, pool), partials, [&](int64_t b, int64_t e) {
     double out = 0;
     for (int64_t i = b; i < e; ++i) {
       const float z = p[i], tv = t[i];

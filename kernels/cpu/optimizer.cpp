@@ -5,10 +5,10 @@
 
 namespace kiln::cpu {
 
-void sgd_update(const SgdAttrs& a, const float* g, float* w, float* v, int threads) {
+void sgd_update(const SgdAttrs& a, const float* g, float* w, float* v, ThreadPool& pool) {
   const float lr = a.lr, mu = a.momentum, wd = a.weight_decay;
   const bool nesterov = a.nesterov;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     if (mu == 0.f) {
 #pragma omp simd
       for (int64_t i = b; i < e; ++i) w[i] -= lr * (g[i] + wd * w[i]);
@@ -31,12 +31,12 @@ void sgd_update(const SgdAttrs& a, const float* g, float* w, float* v, int threa
   });
 }
 
-void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* v, int threads) {
+void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* v, ThreadPool& pool) {
   const float b1 = a.beta1, b2 = a.beta2, wd = a.weight_decay, eps = a.eps;
   const double t = static_cast<double>(a.step);
   const float step_size = static_cast<float>(double(a.lr) / (1.0 - std::pow(double(a.beta1), t)));
   const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(a.beta2), t)));
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const float gp = g[i] + wd * w[i];
@@ -49,9 +49,9 @@ void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* 
   });
 }
 
-void rmsprop_update(const RmspropAttrs& a, const float* g, float* w, float* sq, float* buf, int threads) {
+void rmsprop_update(const RmspropAttrs& a, const float* g, float* w, float* sq, float* buf, ThreadPool& pool) {
   const float lr = a.lr, rho = a.rho, eps = a.eps, mu = a.momentum;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     if (mu > 0.f) {
 #pragma omp simd
       for (int64_t i = b; i < e; ++i) {
@@ -72,9 +72,9 @@ void rmsprop_update(const RmspropAttrs& a, const float* g, float* w, float* sq, 
   });
 }
 
-void ema_update(const EmaAttrs& a, const float* w, float* shadow, int threads) {
+void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& pool) {
   const float d = a.decay, e1 = 1.f - a.decay;
-  parallel_ranges(a.count, team(a.count, threads), [&](int64_t b, int64_t e) {
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) shadow[i] = d * shadow[i] + e1 * w[i];
   });

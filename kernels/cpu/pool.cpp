@@ -24,10 +24,10 @@ bool is_2x2_s2(const PoolAttrs& a) {
 
 }  // namespace
 
-void max_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads) {
+void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
-  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
       const float* xp = x + p * in_plane;
       float* yp = y + p * out_plane;
@@ -61,10 +61,11 @@ void max_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads)
   });
 }
 
-void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, int threads) {
+void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
+                       ThreadPool& pool) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
-  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
       const float* xp = x + p * in_plane;
       float* dxp = dx + p * in_plane;
@@ -109,9 +110,9 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
   });
 }
 
-void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads) {
+void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
       const float* xp = x + p * in_plane;
       for (int64_t oy = 0; oy < a.oh; ++oy)
@@ -127,9 +128,9 @@ void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, int threads)
   });
 }
 
-void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, int threads) {
+void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-  parallel_ranges(planes, team(a.n * a.c * a.h * a.w, threads), [&](int64_t pb, int64_t pe) {
+  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
       float* dxp = dx + p * in_plane;
       std::fill(dxp, dxp + in_plane, 0.f);

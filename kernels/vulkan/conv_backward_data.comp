@@ -16,19 +16,42 @@ uint tile_k() { return pc.K * pc.R * pc.S; }
 uint k_chunk() { return pc.kchunk; }
 bool a_m_fastest() { return true; }
 bool b_n_fastest() { return false; }
-float load_a(uint m, uint kk) {
-  const uint iw = m % pc.W, t = m / pc.W, ih = t % pc.H, n = t / pc.H;
-  const uint s = kk % pc.S, t2 = kk / pc.S, r = t2 % pc.R, k = t2 / pc.R;
-  const int ty = int(ih + pc.PH) - int(r), tx = int(iw + pc.PW) - int(s);
-  if (ty < 0 || tx < 0 || uint(ty) % pc.SH != 0u || uint(tx) % pc.SW != 0u) return 0.0;
-  const uint oy = uint(ty) / pc.SH, ox = uint(tx) / pc.SW;
-  if (oy >= pc.OH || ox >= pc.OW) return 0.0;
-  return DY[pc.base0 + ((n * pc.K + k) * pc.OH + oy) * pc.OW + ox];
+
+// Row m: (offset of dy(n, 0, 0, 0), h + ph, w + pw); K index (k, r, s): (k*OH*OW, r, s, offset of w(k, 0, r, s)).
+shared ivec3 row_dec[64];
+shared ivec4 k_dec[16];
+#define KILN_TILE_HOOKS
+void tile_setup(uint row0, uint col0) {
+  const uint t = gl_LocalInvocationID.x, m = row0 + t;
+  if (m < tile_m()) {
+    const uint iw = m % pc.W, q = m / pc.W, ih = q % pc.H, n = q / pc.H;
+    row_dec[t] = ivec3(n * pc.K * pc.OH * pc.OW, ih + pc.PH, iw + pc.PW);
+  }
 }
-float load_b(uint kk, uint c) {
-  const uint rs = pc.R * pc.S;
-  return Wt[pc.base1 + ((kk / rs) * pc.C + c) * rs + kk % rs];
+void k_setup(uint k0) {
+  const uint t = gl_LocalInvocationID.x, kk = k0 + t;
+  if (t < 16u) {
+    const uint rs = pc.R * pc.S, k = kk / rs, rem = kk % rs;
+    k_dec[t] = ivec4(k * pc.OH * pc.OW, rem / pc.S, rem % pc.S, k * pc.C * rs + rem);
+  }
 }
+float load_a(uint m, uint kk, uint lm, uint lk) {
+  const ivec3 rd = row_dec[lm];
+  const ivec4 kd = k_dec[lk];
+  int oy = rd.y - kd.y, ox = rd.z - kd.z;  // oy*sh = h + ph - r
+  if (oy < 0 || ox < 0) return 0.0;
+  if (pc.SH != 1u) {
+    if (uint(oy) % pc.SH != 0u) return 0.0;
+    oy = int(uint(oy) / pc.SH);
+  }
+  if (pc.SW != 1u) {
+    if (uint(ox) % pc.SW != 0u) return 0.0;
+    ox = int(uint(ox) / pc.SW);
+  }
+  if (oy >= int(pc.OH) || ox >= int(pc.OW)) return 0.0;
+  return DY[pc.base0 + uint(rd.x + kd.x + oy * int(pc.OW) + ox)];
+}
+float load_b(uint kk, uint c, uint lk, uint lc) { return Wt[pc.base1 + uint(k_dec[lk].w) + c * pc.R * pc.S]; }
 void store_c(uint m, uint c, float acc) {
   const uint iw = m % pc.W, t = m / pc.W, ih = t % pc.H, n = t / pc.H;
   DX[pc.base2 + ((n * pc.C + c) * pc.H + ih) * pc.W + iw] = acc;

@@ -18,16 +18,33 @@ uint tile_k() { return pc.N * pc.OH * pc.OW; }
 uint k_chunk() { return pc.kchunk; }
 bool a_m_fastest() { return false; }
 bool b_n_fastest() { return false; }
-float load_a(uint k, uint kk) {
-  const uint plane = pc.OH * pc.OW;
-  return DY[pc.base1 + ((kk / plane) * pc.K + k) * plane + kk % plane];
+
+// Column j = (c, r, s): (c*H*W, r - ph, s - pw). K index (n, oy, ox): (offset of x(n, 0, 0, 0), oy*sh, ox*sw,
+// offset of dy(n, 0, oy, ox)).
+shared ivec3 col_dec[64];
+shared ivec4 k_dec[16];
+#define KILN_TILE_HOOKS
+void tile_setup(uint row0, uint col0) {
+  const uint t = gl_LocalInvocationID.x, j = col0 + t;
+  if (j < tile_n()) {
+    const uint s = j % pc.S, q = j / pc.S, r = q % pc.R, c = q / pc.R;
+    col_dec[t] = ivec3(c * pc.H * pc.W, int(r) - int(pc.PH), int(s) - int(pc.PW));
+  }
 }
-float load_b(uint kk, uint j) {
-  const uint ox = kk % pc.OW, t = kk / pc.OW, oy = t % pc.OH, n = t / pc.OH;
-  const uint s = j % pc.S, t2 = j / pc.S, r = t2 % pc.R, c = t2 / pc.R;
-  const int iy = int(oy * pc.SH + r) - int(pc.PH), ix = int(ox * pc.SW + s) - int(pc.PW);
+void k_setup(uint k0) {
+  const uint t = gl_LocalInvocationID.x, kk = k0 + t;
+  if (t < 16u) {
+    const uint plane = pc.OH * pc.OW, p = kk % plane, n = kk / plane, oy = p / pc.OW, ox = p % pc.OW;
+    k_dec[t] = ivec4(n * pc.C * pc.H * pc.W, oy * pc.SH, ox * pc.SW, n * pc.K * plane + p);
+  }
+}
+float load_a(uint k, uint kk, uint lk_row, uint lk) { return DY[pc.base1 + uint(k_dec[lk].w) + k * pc.OH * pc.OW]; }
+float load_b(uint kk, uint j, uint lk, uint lj) {
+  const ivec4 kd = k_dec[lk];
+  const ivec3 cd = col_dec[lj];
+  const int iy = kd.y + cd.y, ix = kd.z + cd.z;
   if (iy < 0 || iy >= int(pc.H) || ix < 0 || ix >= int(pc.W)) return 0.0;
-  return X[pc.base0 + ((n * pc.C + c) * pc.H + uint(iy)) * pc.W + uint(ix)];
+  return X[pc.base0 + uint(kd.x + cd.x + iy * int(pc.W) + ix)];
 }
 void store_c(uint k, uint j, float acc) {
   OUT[pc.base2 + gl_WorkGroupID.z * (tile_m() * tile_n()) + k * tile_n() + j] = acc;

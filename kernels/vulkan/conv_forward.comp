@@ -16,14 +16,32 @@ uint tile_k() { return pc.C * pc.R * pc.S; }
 uint k_chunk() { return pc.kchunk; }
 bool a_m_fastest() { return true; }
 bool b_n_fastest() { return false; }
-float load_a(uint m, uint kk) {
-  const uint ow = m % pc.OW, t = m / pc.OW, oh = t % pc.OH, n = t / pc.OH;
-  const uint s = kk % pc.S, t2 = kk / pc.S, r = t2 % pc.R, c = t2 / pc.R;
-  const int iy = int(oh * pc.SH + r) - int(pc.PH), ix = int(ow * pc.SW + s) - int(pc.PW);
-  if (iy < 0 || iy >= int(pc.H) || ix < 0 || ix >= int(pc.W)) return 0.0;
-  return X[pc.base0 + ((n * pc.C + c) * pc.H + uint(iy)) * pc.W + uint(ix)];
+
+// Row m of the tile: (image offset of x(n, 0, 0, 0), oh*sh - ph, ow*sw - pw); K index: (c*H*W, r, s).
+shared ivec3 row_dec[64];
+shared ivec3 k_dec[16];
+#define KILN_TILE_HOOKS
+void tile_setup(uint row0, uint col0) {
+  const uint t = gl_LocalInvocationID.x, m = row0 + t;
+  if (m < tile_m()) {
+    const uint ow = m % pc.OW, q = m / pc.OW, oh = q % pc.OH, n = q / pc.OH;
+    row_dec[t] = ivec3(n * pc.C * pc.H * pc.W, int(oh * pc.SH) - int(pc.PH), int(ow * pc.SW) - int(pc.PW));
+  }
 }
-float load_b(uint kk, uint k) { return Wt[pc.base1 + k * tile_k() + kk]; }
+void k_setup(uint k0) {
+  const uint t = gl_LocalInvocationID.x, kk = k0 + t;
+  if (t < 16u) {
+    const uint s = kk % pc.S, q = kk / pc.S, r = q % pc.R, c = q / pc.R;
+    k_dec[t] = ivec3(c * pc.H * pc.W, r, s);
+  }
+}
+float load_a(uint m, uint kk, uint lm, uint lk) {
+  const ivec3 rd = row_dec[lm], kd = k_dec[lk];
+  const int iy = rd.y + kd.y, ix = rd.z + kd.z;
+  if (iy < 0 || iy >= int(pc.H) || ix < 0 || ix >= int(pc.W)) return 0.0;
+  return X[pc.base0 + uint(rd.x + kd.x + iy * int(pc.W) + ix)];
+}
+float load_b(uint kk, uint k, uint lk, uint lk2) { return Wt[pc.base1 + k * tile_k() + kk]; }
 void store_c(uint m, uint k, float acc) {
   const uint ow = m % pc.OW, t = m / pc.OW, oh = t % pc.OH, n = t / pc.OH;
   Y[pc.base2 + ((n * pc.K + k) * pc.OH + oh) * pc.OW + ow] = acc;

@@ -14,8 +14,8 @@ uint tile_k() { return pc.K; }
 uint k_chunk() { return pc.kchunk; }
 bool a_m_fastest() { return pc.trans_a != 0u; }  // A stored (K, M)
 bool b_n_fastest() { return pc.trans_b == 0u; }  // B stored (K, N)
-float load_a(uint m, uint k) { return pc.trans_a != 0u ? A[pc.base0 + k * pc.M + m] : A[pc.base0 + m * pc.K + k]; }
-float load_b(uint k, uint n) { return pc.trans_b != 0u ? B[pc.base1 + n * pc.K + k] : B[pc.base1 + k * pc.N + n]; }
+float load_a(uint m, uint k, uint lm, uint lk) { return pc.trans_a != 0u ? A[pc.base0 + k * pc.M + m] : A[pc.base0 + m * pc.K + k]; }
+float load_b(uint k, uint n, uint lk, uint ln) { return pc.trans_b != 0u ? B[pc.base1 + n * pc.K + k] : B[pc.base1 + k * pc.N + n]; }
 void store_c(uint m, uint n, float acc) {
   const uint i = pc.base2 + m * pc.N + n;
   float r = pc.alpha * acc;

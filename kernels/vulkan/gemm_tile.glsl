@@ -3,9 +3,15 @@
 // gl_WorkGroupID = (column tile, row tile, K split). The including kernel defines, before the include:
 //   uint tile_m(), tile_n(), tile_k(), k_chunk()   sizes; K range of split z is [z*k_chunk, (z+1)*k_chunk)
 //   bool a_m_fastest(), b_n_fastest()             which index is contiguous in memory (for coalesced loads)
-//   float load_a(uint m, uint k), load_b(uint k, uint n)   called only with in-range indices
+//   float load_a(uint m, uint k, uint lm, uint lk), load_b(uint k, uint n, uint lk, uint ln)
+//                                                 called only with in-range indices; l* are the indices inside
+//                                                 the tile (m = row0 + lm, k = k0 + lk, n = col0 + ln)
 //   void store_c(uint m, uint n, float acc)
-// Convolutions use it as an implicit GEMM: their loaders gather image patches on the fly.
+// and, with KILN_TILE_HOOKS defined, two hooks every invocation calls (each followed by a barrier):
+//   void tile_setup(uint row0, uint col0)         once per workgroup
+//   void k_setup(uint k0)                         before loading each K step
+// Convolutions use it as an implicit GEMM: their loaders gather image patches on the fly, with the index
+// arithmetic (divisions) done once per tile row/column and K step in the hooks, not per loaded element.
 #define TILE_M 64u
 #define TILE_N 64u
 #define TILE_K 16u
@@ -25,17 +31,25 @@ void main() {
   for (uint i = 0u; i < 8u; ++i)
     for (uint j = 0u; j < 8u; ++j) acc[i][j] = 0.0;
 
+#ifdef KILN_TILE_HOOKS
+  tile_setup(row0, col0);
+  barrier();
+#endif
   for (uint k0 = kb; k0 < ke; k0 += TILE_K) {
+#ifdef KILN_TILE_HOOKS
+    k_setup(k0);
+    barrier();
+#endif
     for (uint i = 0u; i < 16u; ++i) {
       const uint idx = tid + i * 64u;
       const uint ar = am ? idx % TILE_M : idx / TILE_K;
       const uint ak = am ? idx / TILE_M : idx % TILE_K;
       const uint gm = row0 + ar, gka = k0 + ak;
-      As[ak][ar] = (gm < M && gka < ke) ? load_a(gm, gka) : 0.0;
+      As[ak][ar] = (gm < M && gka < ke) ? load_a(gm, gka, ar, ak) : 0.0;
       const uint bc = bn ? idx % TILE_N : idx / TILE_K;
       const uint bk = bn ? idx / TILE_N : idx % TILE_K;
       const uint gn = col0 + bc, gkb = k0 + bk;
-      Bs[bk][bc] = (gn < N && gkb < ke) ? load_b(gkb, gn) : 0.0;
+      Bs[bk][bc] = (gn < N && gkb < ke) ? load_b(gkb, gn, bk, bc) : 0.0;
     }
     barrier();
     for (uint kk = 0u; kk < TILE_K; ++kk) {

@@ -74,8 +74,8 @@ std::unique_ptr<Stage> make_batch(const ConfigNode& cfg, StageContext ctx) {
   require_upstream(cfg, ctx, "batch");
   int64_t size = cfg.get_int("size", ctx.global_batch);
   if (cfg.has("size") && ctx.global_batch > 0 && size != ctx.global_batch)
-    cfg.fail("size", "is " + std::to_string(size) + " but [train] batch_size is " +
-                         std::to_string(ctx.global_batch) + "; leave size out (it defaults to batch_size) or make "
+    cfg.fail("size", "is " + std::to_string(size) + " but [train] batch_size is " + std::to_string(ctx.global_batch) +
+                         "; leave size out (it defaults to batch_size) or make "
                          "them equal");
   if (size < 1)
     cfg.fail("size", "must be >= 1, got " + std::to_string(size) +

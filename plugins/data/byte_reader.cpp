@@ -56,8 +56,8 @@ size_t ByteReader::read_some(void* dst, size_t n) {
       const char* msg = gzerror(f_, &code);
       // zlib reports a gzip stream cut short as Z_BUF_ERROR at the end of the file.
       if (code != Z_OK && code != Z_STREAM_END)
-        fail("corrupt or truncated gzip data at uncompressed byte offset " + std::to_string(offset_ + total) +
-             ": " + (msg ? msg : "read error"));
+        fail("corrupt or truncated gzip data at uncompressed byte offset " + std::to_string(offset_ + total) + ": " +
+             (msg ? msg : "read error"));
       break;
     }
     total += static_cast<size_t>(r);
@@ -70,9 +70,8 @@ void ByteReader::read_exact(void* dst, size_t n, const std::string& what) {
   uint64_t at = offset_;
   size_t got = read_some(dst, n);
   if (got != n)
-    fail("truncated: reading " + what + " needed " + std::to_string(n) + " bytes at byte offset " +
-         std::to_string(at) + ", but the " + (gzip_ ? "uncompressed data ends" : "file ends") + " at offset " +
-         std::to_string(at + got));
+    fail("truncated: reading " + what + " needed " + std::to_string(n) + " bytes at byte offset " + std::to_string(at) +
+         ", but the " + (gzip_ ? "uncompressed data ends" : "file ends") + " at offset " + std::to_string(at + got));
 }
 
 void ByteReader::seek(uint64_t offset) {

@@ -99,8 +99,8 @@ void CacheWriter::append(const Element& e) {
 
 void CacheWriter::commit() {
   auto h = header(x_, y_, elements_, examples_, payload_, crc_);
-  bool ok = std::fflush(f_) == 0 && std::fseek(f_, 0, SEEK_SET) == 0 && std::fwrite(h.data(), 1, h.size(), f_) == h.size() &&
-            std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
+  bool ok = std::fflush(f_) == 0 && std::fseek(f_, 0, SEEK_SET) == 0 &&
+            std::fwrite(h.data(), 1, h.size(), f_) == h.size() && std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
   int err = errno;
   ok = std::fclose(f_) == 0 && ok;
   f_ = nullptr;
@@ -143,7 +143,8 @@ std::unique_ptr<CacheReader> CacheReader::open(const std::string& path, const Sh
     uint32_t hlen;
     std::memcpy(&hlen, h.data() + 12, 4);
     const size_t shapes_at = 44, shapes_end = want.size() - 4;
-    if (hlen != want.size() || std::memcmp(h.data() + shapes_at, want.data() + shapes_at, shapes_end - shapes_at) != 0) {
+    if (hlen != want.size() ||
+        std::memcmp(h.data() + shapes_at, want.data() + shapes_at, shapes_end - shapes_at) != 0) {
       why = "written for other element shapes (expected x " + x.str() + ", y " + y.str() + ")";
       return nullptr;
     }

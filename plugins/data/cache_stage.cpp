@@ -86,8 +86,8 @@ class CacheStage final : public Stage {
     for (uint64_t i = 0; i < pos; ++i) {
       std::optional<Element> e = up_->next();
       if (!e)
-        r.fail("replaying " + std::to_string(pos) + " elements to refill the cache ran out after " +
-               std::to_string(i) + " (has the upstream data changed?)");
+        r.fail("replaying " + std::to_string(pos) + " elements to refill the cache ran out after " + std::to_string(i) +
+               " (has the upstream data changed?)");
       record(*e);
       ++pos_;
     }

@@ -21,8 +21,8 @@ class Cifar10Source final : public Stage {
       uint64_t bytes = r.uncompressed_bytes(0);
       if (bytes == 0 || bytes % kRecord != 0)
         r.fail("length " + std::to_string(bytes) + " bytes is not a positive multiple of the 3073-byte CIFAR-10 " +
-               "record (1 label byte + 3072 pixels); " + std::to_string(bytes % kRecord) +
-               " bytes left over after " + std::to_string(bytes / kRecord) + " records (truncated or not CIFAR-10?)");
+               "record (1 label byte + 3072 pixels); " + std::to_string(bytes % kRecord) + " bytes left over after " +
+               std::to_string(bytes / kRecord) + " records (truncated or not CIFAR-10?)");
       records_.push_back(bytes / kRecord);
       total += bytes / kRecord;
     }
@@ -76,8 +76,8 @@ class Cifar10Source final : public Stage {
     StateReader r(s, name(), 1);
     uint64_t pos = r.u64();
     r.done();
-    if (pos > size_) r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) +
-                            " records");
+    if (pos > size_)
+      r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " records");
     seek_to(pos);
   }
 

@@ -58,8 +58,8 @@ void StateReader::fail(const std::string& what) const {
 
 void StateReader::get(void* p, size_t n) {
   if (n > s_.size() - pos_)
-    fail("saved state is truncated (needed " + std::to_string(n) + " bytes at offset " + std::to_string(pos_) +
-         ", " + std::to_string(s_.size() - pos_) + " left)");
+    fail("saved state is truncated (needed " + std::to_string(n) + " bytes at offset " + std::to_string(pos_) + ", " +
+         std::to_string(s_.size() - pos_) + " left)");
   std::memcpy(p, s_.data() + pos_, n);
   pos_ += n;
 }
@@ -99,8 +99,7 @@ Element StateReader::element() {
 }
 
 void StateReader::done() const {
-  if (pos_ != s_.size())
-    fail("saved state has " + std::to_string(s_.size() - pos_) + " unexpected trailing bytes");
+  if (pos_ != s_.size()) fail("saved state has " + std::to_string(s_.size() - pos_) + " unexpected trailing bytes");
 }
 
 uint64_t mix64(uint64_t x) {  // splitmix64 finalizer
@@ -132,8 +131,7 @@ Element stack_examples(std::vector<Element>& examples, const std::string& stage)
                       std::to_string(e.batch) + " (is there a second batch stage?)");
     if (!(e.x.shape == xs) || !(e.y.shape == ys))
       throw DataError("data stage '" + stage + "': example " + std::to_string(i) + " of the batch has shapes x " +
-                      e.x.shape.str() + ", y " + e.y.shape.str() + "; the first had x " + xs.str() + ", y " +
-                      ys.str());
+                      e.x.shape.str() + ", y " + e.y.shape.str() + "; the first had x " + xs.str() + ", y " + ys.str());
     std::memcpy(out.x.data.data() + i * xn, e.x.data.data(), xn * sizeof(float));
     std::memcpy(out.y.data.data() + i * yn, e.y.data.data(), yn * sizeof(float));
   }

@@ -36,9 +36,21 @@ class StateWriter {
 class StateReader {
  public:
   StateReader(const StageState& s, const std::string& stage, uint32_t version);
-  uint64_t u64() { uint64_t v; get(&v, sizeof v); return v; }
-  int64_t i64() { int64_t v; get(&v, sizeof v); return v; }
-  double f64() { double v; get(&v, sizeof v); return v; }
+  uint64_t u64() {
+    uint64_t v;
+    get(&v, sizeof v);
+    return v;
+  }
+  int64_t i64() {
+    int64_t v;
+    get(&v, sizeof v);
+    return v;
+  }
+  double f64() {
+    double v;
+    get(&v, sizeof v);
+    return v;
+  }
   std::string str();
   StageState blob();
   Element element();

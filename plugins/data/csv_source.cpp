@@ -103,8 +103,7 @@ class CsvSource final : public Stage {
       } else {
         int64_t idx = -1;
         auto [p, ec] = std::from_chars(label.data(), label.data() + label.size(), idx);
-        if (ec != std::errc() || p != label.data() + label.size() || idx < 0 ||
-            idx >= static_cast<int64_t>(columns_)) {
+        if (ec != std::errc() || p != label.data() + label.size() || idx < 0 || idx >= static_cast<int64_t>(columns_)) {
           std::string known;
           for (auto& n : names) known += (known.empty() ? "" : ", ") + n;
           in_.reader().fail("label = \"" + label + "\" is neither a column name " +
@@ -114,8 +113,9 @@ class CsvSource final : public Stage {
         label_col_ = static_cast<size_t>(idx);
       }
     }
-    if (columns_ < 2) in_.reader().fail("line " + std::to_string(in_.line_no()) + " has " +
-                                        std::to_string(columns_) + " column; need a label and at least one feature");
+    if (columns_ < 2)
+      in_.reader().fail("line " + std::to_string(in_.line_no()) + " has " + std::to_string(columns_) +
+                        " column; need a label and at least one feature");
     // One streaming pass to count the rows (memory stays bounded).
     in_.seek(data_offset_, data_line_);
     uint64_t rows = 0;
@@ -144,8 +144,9 @@ class CsvSource final : public Stage {
     ScopedTimer t(stats_.busy_seconds);
     while (in_.next(line_) && blank(line_)) {
     }
-    if (blank(line_)) in_.reader().fail("ended after " + std::to_string(pos_) + " rows, expected " +
-                                        std::to_string(size_) + " (was it modified while reading?)");
+    if (blank(line_))
+      in_.reader().fail("ended after " + std::to_string(pos_) + " rows, expected " + std::to_string(size_) +
+                        " (was it modified while reading?)");
     auto fields = split(line_, delim_);
     if (fields.size() != columns_)
       in_.reader().fail("line " + std::to_string(in_.line_no()) + ": expected " + std::to_string(columns_) +
@@ -183,7 +184,8 @@ class CsvSource final : public Stage {
     StateReader r(s, name(), 1);
     uint64_t pos = r.u64(), offset = r.u64(), line = r.u64();
     r.done();
-    if (pos > size_) r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " rows");
+    if (pos > size_)
+      r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " rows");
     in_.seek(offset, line);
     pos_ = pos;
   }

@@ -48,8 +48,8 @@ class IdxSource final : public Stage {
     count_ = read_be32(images_, "the image count");
     rows_ = read_be32(images_, "the row count");
     cols_ = read_be32(images_, "the column count");
-    if (rows_ == 0 || cols_ == 0) images_.fail("header gives an empty image size " + std::to_string(rows_) + " x " +
-                                               std::to_string(cols_));
+    if (rows_ == 0 || cols_ == 0)
+      images_.fail("header gives an empty image size " + std::to_string(rows_) + " x " + std::to_string(cols_));
     uint32_t lm = read_be32(labels_, "the magic number");
     if (lm != kLabelsMagic)
       labels_.fail("byte offset 0: expected IDX labels magic " + hex32(kLabelsMagic) +
@@ -59,9 +59,9 @@ class IdxSource final : public Stage {
       throw DataError("idx: images and labels have different counts: " + images_.path() + " holds " +
                       std::to_string(count_) + " images, " + labels_.path() + " holds " + std::to_string(nlabels) +
                       " labels");
-    check_length(images_, 16 + count_ * rows_ * cols_,
-                 "16-byte header + " + std::to_string(count_) + " x " + std::to_string(rows_) + " x " +
-                     std::to_string(cols_));
+    check_length(
+        images_, 16 + count_ * rows_ * cols_,
+        "16-byte header + " + std::to_string(count_) + " x " + std::to_string(rows_) + " x " + std::to_string(cols_));
     check_length(labels_, 8 + count_, "8-byte header + " + std::to_string(count_) + " labels");
     if (count_ == 0) images_.fail("holds no examples (its header gives a count of 0)");
     if (limit > static_cast<int64_t>(count_))
@@ -73,9 +73,7 @@ class IdxSource final : public Stage {
   }
 
   std::string name() const override { return "idx"; }
-  Shape example_shape() const override {
-    return {1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)};
-  }
+  Shape example_shape() const override { return {1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}; }
   Shape label_shape() const override { return {}; }
   int64_t size_hint() const override { return static_cast<int64_t>(size_); }
 
@@ -107,8 +105,9 @@ class IdxSource final : public Stage {
     StateReader r(s, name(), 1);
     uint64_t pos = r.u64();
     r.done();
-    if (pos > size_) r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) +
-                            " examples of " + images_.path());
+    if (pos > size_)
+      r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " examples of " +
+             images_.path());
     seek_to(pos);
   }
 

@@ -21,7 +21,8 @@ class ScaleOp final : public MapOp {
 // (x - mean[c]) / std[c] with c the index along the first dim (the channel for (C, H, W) images).
 class NormalizeOp final : public MapOp {
  public:
-  NormalizeOp(std::vector<float> mean, std::vector<float> inv_std) : mean_(std::move(mean)), inv_std_(std::move(inv_std)) {}
+  NormalizeOp(std::vector<float> mean, std::vector<float> inv_std)
+      : mean_(std::move(mean)), inv_std_(std::move(inv_std)) {}
   std::string name() const override { return "normalize"; }
   void apply(Element& e, CounterRng&) const override {
     const size_t c = x_out.rank() ? static_cast<size_t>(x_out[0]) : 1;
@@ -120,13 +121,12 @@ class FlipHorizontalOp final : public MapOp {
 std::vector<float> channel_values(const ConfigNode& cfg, const std::string& key, int64_t channels, bool positive) {
   std::vector<double> v = cfg.get_float_list(key);
   if (v.size() != 1 && static_cast<int64_t>(v.size()) != channels)
-    cfg.fail(key, "needs 1 value or one per channel (" + std::to_string(channels) + "), got " +
-                      std::to_string(v.size()));
+    cfg.fail(key,
+             "needs 1 value or one per channel (" + std::to_string(channels) + "), got " + std::to_string(v.size()));
   std::vector<float> out;
   for (double d : v) {
     if (!std::isfinite(d) || (positive && d <= 0))
-      cfg.fail(key, std::string("values must be finite") + (positive ? " and > 0" : "") + ", got " +
-                        std::to_string(d));
+      cfg.fail(key, std::string("values must be finite") + (positive ? " and > 0" : "") + ", got " + std::to_string(d));
     out.push_back(static_cast<float>(positive ? 1.0 / d : d));
   }
   return out;
@@ -145,8 +145,9 @@ std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const 
   const std::vector<std::string> kinds = {"scale",   "normalize",   "standardize",
                                           "one_hot", "random_crop", "flip_horizontal"};
   if (!cfg.has("op"))
-    cfg.fail("op", "is missing: every map op needs op = one of scale, normalize, standardize, one_hot, "
-                   "random_crop, flip_horizontal");
+    cfg.fail("op",
+             "is missing: every map op needs op = one of scale, normalize, standardize, one_hot, "
+             "random_crop, flip_horizontal");
   std::string kind = cfg.get_choice("op", kinds, "scale");
   std::unique_ptr<MapOp> op;
   Shape xo = x, yo = y;
@@ -163,8 +164,8 @@ std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const 
     int64_t classes = cfg.get_int("classes");
     if (classes < 2) cfg.fail("classes", "must be >= 2, got " + std::to_string(classes));
     if (y.rank() != 0)
-      cfg.fail("op", "one_hot needs a scalar class-index label, but labels here have shape " + y.str() +
-                         " (one_hot twice?)");
+      cfg.fail("op",
+               "one_hot needs a scalar class-index label, but labels here have shape " + y.str() + " (one_hot twice?)");
     op = std::make_unique<OneHotOp>(classes);
     yo = Shape{classes};
   } else if (kind == "random_crop") {

@@ -17,15 +17,21 @@
 namespace kiln::data {
 namespace {
 
-constexpr uint64_t kChunk = 16;        // elements a worker pulls at once
-constexpr uint64_t kChunksAhead = 4;   // chunks per worker that may be pulled ahead of the consumer
+constexpr uint64_t kChunk = 16;       // elements a worker pulls at once
+constexpr uint64_t kChunksAhead = 4;  // chunks per worker that may be pulled ahead of the consumer
 
 class MapStage final : public Stage {
  public:
   MapStage(std::string name, std::unique_ptr<Stage> up, std::vector<std::unique_ptr<MapOp>> ops, size_t workers,
            uint64_t seed)
-      : name_(std::move(name)), up_(std::move(up)), ops_(std::move(ops)), workers_(workers), seed_(seed),
-        capacity_(workers * kChunk * kChunksAhead), in_x_(up_->example_shape()), in_y_(up_->label_shape()) {}
+      : name_(std::move(name)),
+        up_(std::move(up)),
+        ops_(std::move(ops)),
+        workers_(workers),
+        seed_(seed),
+        capacity_(workers * kChunk * kChunksAhead),
+        in_x_(up_->example_shape()),
+        in_y_(up_->label_shape()) {}
   ~MapStage() override { stop(); }
 
   std::string name() const override { return name_; }
@@ -59,7 +65,8 @@ class MapStage final : public Stage {
     ready_.erase(it);
     ++next_out_;
     ++stats_.elements;
-    space_cv_.notify_all();
+    // Wake a worker only when one waits and a whole chunk fits: waking on every element costs context switches.
+    if (waiting_ > 0 && claimed_ + kChunk <= next_out_ + capacity_) space_cv_.notify_one();
     return e;
   }
 
@@ -130,8 +137,8 @@ class MapStage final : public Stage {
   void transform(Element& e, uint64_t index) const {
     if (!(e.x.shape == in_x_) || !(e.y.shape == in_y_))
       throw DataError("data stage '" + name_ + "': example " + std::to_string(index) + " has shapes x " +
-                      e.x.shape.str() + ", y " + e.y.shape.str() + " but upstream declared x " + in_x_.str() +
-                      ", y " + in_y_.str());
+                      e.x.shape.str() + ", y " + e.y.shape.str() + " but upstream declared x " + in_x_.str() + ", y " +
+                      in_y_.str());
     for (size_t k = 0; k < ops_.size(); ++k) {
       CounterRng rng(hash_key(seed_, epoch_, index, k));
       ops_[k]->apply(e, rng);
@@ -173,13 +180,16 @@ class MapStage final : public Stage {
     for (;;) {
       {  // claim room for a chunk, so the consumer is never more than capacity_ elements behind
         std::unique_lock<std::mutex> lock(mu_);
+        ++waiting_;
         space_cv_.wait(lock, [&] { return stop_ || up_done_ || claimed_ + kChunk <= next_out_ + capacity_; });
+        --waiting_;
         if (stop_ || up_done_) return;
         claimed_ += kChunk;
       }
       std::vector<Element> chunk;
       std::vector<uint64_t> first_index;
       uint64_t seq0 = 0;
+      bool ended = false;
       {
         std::lock_guard<std::mutex> pull(pull_mu_);
         std::exception_ptr err;
@@ -209,17 +219,23 @@ class MapStage final : public Stage {
         claimed_ -= kChunk - chunk.size();
         if (err) fail(err, pulled_);
         if (chunk.size() < kChunk) up_done_ = true;
+        ended = up_done_;
       }
-      ready_cv_.notify_all();
-      space_cv_.notify_all();
+      if (ended) {  // let the consumer and the other workers see the end
+        ready_cv_.notify_all();
+        space_cv_.notify_all();
+      }
       double busy = 0;
       for (size_t i = 0; i < chunk.size(); ++i) {
         try {
           ScopedTimer t(busy);
           transform_element(chunk[i], first_index[i]);
         } catch (...) {
-          std::lock_guard<std::mutex> lock(mu_);
-          fail(std::current_exception(), seq0 + i);
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            fail(std::current_exception(), seq0 + i);
+          }
+          space_cv_.notify_all();
           chunk.resize(i);
           break;
         }
@@ -245,7 +261,7 @@ class MapStage final : public Stage {
   mutable std::mutex mu_, pull_mu_;
   std::condition_variable ready_cv_, space_cv_;
   std::map<uint64_t, Element> ready_;  // transformed elements by sequence number
-  uint64_t next_out_ = 0, pulled_ = 0, claimed_ = 0, examples_seen_ = 0, error_seq_ = 0;
+  uint64_t next_out_ = 0, pulled_ = 0, claimed_ = 0, examples_seen_ = 0, error_seq_ = 0, waiting_ = 0;
   bool up_done_ = false, stop_ = false;
   std::exception_ptr error_;
   StageStats stats_;
@@ -257,7 +273,8 @@ class MapStage final : public Stage {
 std::unique_ptr<Stage> make_map(const ConfigNode& cfg, StageContext ctx) {
   require_upstream(cfg, ctx, "map");
   std::vector<ConfigNode> op_cfgs = cfg.table_array("ops");
-  if (op_cfgs.empty()) cfg.fail("ops", "needs at least one op, e.g. ops = [{op = \"scale\", factor = 0.00392156862745098}]");
+  if (op_cfgs.empty())
+    cfg.fail("ops", "needs at least one op, e.g. ops = [{op = \"scale\", factor = 0.00392156862745098}]");
   int64_t workers = cfg.get_int("workers", 1);
   if (workers < 1 || workers > 256) cfg.fail("workers", "must be in 1..256, got " + std::to_string(workers));
   auto seed = static_cast<uint64_t>(cfg.get_int("seed", static_cast<int64_t>(ctx.seed)));
@@ -269,8 +286,7 @@ std::unique_ptr<Stage> make_map(const ConfigNode& cfg, StageContext ctx) {
     y = ops.back()->y_out;
   }
   cfg.finish();
-  return std::make_unique<MapStage>("map", std::move(ctx.upstream), std::move(ops), static_cast<size_t>(workers),
-                                    seed);
+  return std::make_unique<MapStage>("map", std::move(ctx.upstream), std::move(ops), static_cast<size_t>(workers), seed);
 }
 
 std::unique_ptr<Stage> make_scale(const ConfigNode& cfg, StageContext ctx) {

@@ -2,6 +2,7 @@
 // consumer works. An exception in the thread is re-thrown by next() in the consumer. reset(), restore() and
 // the destructor stop and join the thread. The copy to device memory is not done here: the trainer's runner
 // copies each batch it takes (it owns the device and the allocator).
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -113,6 +114,7 @@ class PrefetchStage final : public Stage {
   }
 
   void run() {
+    auto last_snapshot = std::chrono::steady_clock::now();
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -126,10 +128,16 @@ class PrefetchStage final : public Stage {
       } catch (...) {
         err = std::current_exception();
       }
+      // Refresh the stats snapshot every 20 ms and at the end: collecting them may take locks in the upstream.
       std::vector<StageStats> snap;
-      up_->collect_stats(snap);
+      const auto now = std::chrono::steady_clock::now();
+      const bool refresh = !e || err || now - last_snapshot > std::chrono::milliseconds(20);
+      if (refresh) {
+        up_->collect_stats(snap);
+        last_snapshot = now;
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      upstream_stats_ = std::move(snap);
+      if (refresh) upstream_stats_ = std::move(snap);
       // An element already pulled is always queued, even when stopping, so save() loses nothing.
       if (e) queue_.push_back(std::move(*e));
       if (!e || err) {

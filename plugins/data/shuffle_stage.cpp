@@ -12,7 +12,8 @@ namespace {
 
 class ShuffleStage final : public Stage {
  public:
-  ShuffleStage(std::unique_ptr<Stage> up, size_t buffer, uint64_t seed) : up_(std::move(up)), cap_(buffer), seed_(seed) {
+  ShuffleStage(std::unique_ptr<Stage> up, size_t buffer, uint64_t seed)
+      : up_(std::move(up)), cap_(buffer), seed_(seed) {
     buf_.reserve(std::min<size_t>(cap_, 1 << 16));
   }
 

@@ -14,7 +14,11 @@ namespace {
 class SyntheticSource final : public Stage {
  public:
   SyntheticSource(Shape shape, int64_t classes, int64_t examples, uint64_t seed, double latency_ms, double noise)
-      : shape_(std::move(shape)), classes_(classes), examples_(examples), seed_(seed), latency_ms_(latency_ms),
+      : shape_(std::move(shape)),
+        classes_(classes),
+        examples_(examples),
+        seed_(seed),
+        latency_ms_(latency_ms),
         noise_(static_cast<float>(noise)) {
     const auto n = static_cast<size_t>(shape_.numel());
     means_.resize(static_cast<size_t>(classes_) * n);
@@ -35,8 +39,8 @@ class SyntheticSource final : public Stage {
     ScopedTimer t(stats_.busy_seconds);
     if (latency_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(latency_ms_));
     const auto i = static_cast<uint64_t>(pos_);
-    const auto label = static_cast<int64_t>(hash_key(seed_, 0x6c6162656c /* "label" */, i) %
-                                            static_cast<uint64_t>(classes_));
+    const auto label =
+        static_cast<int64_t>(hash_key(seed_, 0x6c6162656c /* "label" */, i) % static_cast<uint64_t>(classes_));
     Element e;
     e.x = HostTensor(shape_);
     const size_t n = e.x.data.size();

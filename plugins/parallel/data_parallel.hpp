@@ -24,8 +24,9 @@ struct DataParallelOptions {
 };
 
 // Creates the Runner for these options (used by the strategy and by benchmarks).
+// `keep` stays alive as long as the runner (devices the strategy opened itself).
 std::unique_ptr<Runner> make_data_parallel_runner(const DataParallelOptions& o, const RunnerContext& ctx,
-                                                  std::unique_ptr<Communicator> comm);
+                                                  std::unique_ptr<Communicator> comm, std::shared_ptr<void> keep = {});
 std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const RunnerContext& ctx);
 
 // Registers "data_parallel". `reg` is consulted for communicators other than "host" and must outlive the strategies.

@@ -1,14 +1,17 @@
 // The data-parallel runner: replicas step together; gradient buckets are all-reduced by a communication lane
 // while the replicas' backward passes are still running.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "data_parallel.hpp"
 #include "kiln/error.hpp"
 #include "lanes.hpp"
 #include "replica.hpp"
+#include "sharded_optimizer.hpp"
 
 namespace kiln::parallel {
 
@@ -32,30 +35,39 @@ size_t first_of_kind(const Graph& g, OpKind k, size_t from) {
 
 class DataParallelRunner final : public Runner {
  public:
-  DataParallelRunner(const DataParallelOptions& o, const RunnerContext& ctx, std::unique_ptr<Communicator> comm)
-      : o_(o), ctx_(ctx), comm_(std::move(comm)) {
+  DataParallelRunner(const DataParallelOptions& o, const RunnerContext& ctx, std::unique_ptr<Communicator> comm,
+                     std::shared_ptr<void> keep)
+      : keep_(std::move(keep)), o_(o), ctx_(ctx), comm_(std::move(comm)) {
     dev_ = resolve_devices(o_.devices, ctx_.devices, o_.where_devices);
     const int n = static_cast<int>(dev_.size());
     base_rows_ = split_rows(ctx_.global_batch, n);
-    if (o_.sharded) owners_ = make_shards(replica_graph(ctx_, base_rows_[0], true, false, {}, 0), n);
-    bool mixed = false;
+    if (o_.sharded) layout_ = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx_, base_rows_[0], true, false, false), n));
     for (int r = 0; r < n; ++r) {
-      reps_.push_back(std::make_unique<Replica>(ctx_, dev_[static_cast<size_t>(r)], r, owners_));
+      reps_.push_back(std::make_unique<Replica>(ctx_, dev_[static_cast<size_t>(r)], r, o_.sharded));
       devices_.push_back(&reps_.back()->device());
-      mixed = mixed || devices_.back()->info().backend != devices_[0]->info().backend;
+      mixed_ = mixed_ || devices_.back()->info().backend != devices_[0]->info().backend;
       stats_.emplace_back();
     }
+    // Overlap has the communication lane copy from a device while its replica computes; only host-memory devices
+    // are known to allow that, so others reduce once every replica has finished its backward pass.
+    for (auto* d : devices_) overlap_ = overlap_ && d->info().backend == "cpu";
     if (comm_->size() != n)
       throw Error("data_parallel: the communicator has " + std::to_string(comm_->size()) + " ranks for " + std::to_string(n) + " replicas");
-    // Replicas of one backend compute bit-identical updates; across backends the rounding may differ, so the
-    // weights are re-sent from replica 0 after every update.
     for (int r = 0; r < n; ++r) reps_[static_cast<size_t>(r)]->executor(base_rows_[static_cast<size_t>(r)], true, false);
     const Graph& g0 = reps_[0]->executor(base_rows_[0], true, false).graph();
-    for (auto [param, grad] : g0.param_grads) {
-      (void)grad;
-      const std::string& name = g0.tensor(param).name;
-      if (o_.sharded) send_from_.emplace_back(name, owners_.at(name));
-      else if (mixed) send_from_.emplace_back(name, 0);
+    if (layout_)
+      for (const auto& u : layout_->params) param_names_.push_back(u.name);
+    else
+      for (auto [param, grad] : g0.param_grads) param_names_.push_back(g0.tensor(param).name);
+    // Weights sent after each update: each shard's slices from their owner; across backends (whose rounding may
+    // differ) every weight from replica 0.
+    if (o_.sharded) {
+      for (int r = 0; r < n; ++r) {
+        shards_.push_back(std::make_unique<ShardedOptimizer>(*layout_, r, ctx_.devices.at(static_cast<size_t>(dev_[static_cast<size_t>(r)]))));
+        for (const auto& sl : layout_->slices[static_cast<size_t>(r)]) sends_.push_back({sl, r});
+      }
+    } else if (mixed_) {
+      for (size_t p = 0; p < param_names_.size(); ++p) sends_.push_back({ShardSlice{p, 0, -1}, 0});
     }
     for (int r = 0; r < n; ++r) {
       auto& rep = *reps_[static_cast<size_t>(r)];
@@ -80,9 +92,12 @@ class DataParallelRunner final : public Runner {
     for (size_t r = 0; r < ex.size(); ++r) {
       ex[r] = &reps_[r]->executor(rows[r] > 0 ? rows[r] : base_rows_[r], true, false);
       buckets[r] = &buckets_for(*ex[r]);
-      if (buckets[r]->size() != buckets[0]->size())
-        throw Error("data_parallel: replicas disagree on the gradient layout (" + std::to_string(buckets[r]->size()) + " vs " +
-                    std::to_string(buckets[0]->size()) + " buckets)");
+      bool same = buckets[r]->size() == buckets[0]->size();
+      for (size_t k = 0; same && k < buckets[0]->size(); ++k)
+        same = (*buckets[r])[k].begin == (*buckets[0])[k].begin && (*buckets[r])[k].end == (*buckets[0])[k].end;
+      if (!same)
+        throw Error("data_parallel: replica " + std::to_string(r) + " lays out its gradients differently from replica 0 (" +
+                    std::to_string(buckets[r]->size()) + " vs " + std::to_string(buckets[0]->size()) + " buckets)");
     }
     const size_t fwd_end = ex[0]->first_node_of(Phase::backward);
     std::vector<std::vector<float>> losses(static_cast<size_t>(n));
@@ -152,8 +167,8 @@ class DataParallelRunner final : public Runner {
     return out;
   }
 
-  // Replica 0's tensors plus the optimizer-state shards of the others. Every tensor two replicas both hold must be
-  // bit-identical: a difference means the replicas diverged, which is reported instead of saved.
+  // Replica 0's tensors plus the optimizer-state shards of the others. Every tensor two replicas of one backend
+  // both hold must be bit-identical: a difference means the replicas diverged, which is reported, not saved.
   std::map<std::string, HostTensor> save_state() override {
     auto all = reps_[0]->state().read_all();
     for (size_t r = 1; r < reps_.size(); ++r)
@@ -164,18 +179,25 @@ class DataParallelRunner final : public Runner {
           continue;
         }
         if (it->second.data == t.data) continue;
+        // Across backends only the weights are kept identical (re-sent from replica 0); replica 0's optimizer state
+        // and EMA are the ones that count there.
+        if (mixed_ && !std::count(param_names_.begin(), param_names_.end(), name)) continue;
         double worst = 0;
         for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, std::fabs(double(t.data[i]) - double(it->second.data[i])));
         throw Error("data_parallel: replica " + std::to_string(r) + " (" + reps_[r]->label() + ") holds different values for '" +
                     name + "' than replica 0 (" + reps_[0]->label() + "), largest difference " + std::to_string(worst) +
                     "; the replicas diverged and no state was saved");
       }
+    for (auto& sh : shards_) sh->gather(all);  // each shard's slices of the optimizer state
     return all;
   }
 
   void load_state(const std::map<std::string, HostTensor>& st) override {
+    std::set<std::string> sharded;
+    for (auto& sh : shards_)
+      for (auto& name : sh->scatter(st)) sharded.insert(name);
     for (const auto& [name, t] : st) {
-      bool found = false;
+      bool found = sharded.count(name) != 0;
       for (auto& rep : reps_)
         if (rep->state().has(name)) rep->state().write(name, t), found = true;
       if (!found) throw Error("checkpoint tensor '" + name + "' does not exist in this model");
@@ -198,14 +220,14 @@ class DataParallelRunner final : public Runner {
     const size_t n = reps_.size();
     os << "data_parallel: " << n << " replica(s), global batch " << ctx_.global_batch << ", optimizer state "
        << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator, buckets of "
-       << bytes_text(o_.bucket_bytes) << (o_.overlap ? " reduced during backward" : " reduced after backward") << "\n";
+       << bytes_text(o_.bucket_bytes) << (overlap_ ? " reduced during backward" : " reduced after backward") << "\n";
     for (size_t r = 0; r < n; ++r) {
       const auto& st = stats_[r];
       os << "  replica " << r << " on " << reps_[r]->label() << ": batch " << base_rows_[r];
       if (st.steps > 0 && st.compute > 0) {
         os << std::fixed << std::setprecision(0) << ", " << static_cast<double>(st.examples) / st.compute << " examples/s of compute, "
-           << std::setprecision(4) << st.compute / static_cast<double>(st.steps) << " s/batch computing, " << st.wait / static_cast<double>(st.steps)
-           << " s/batch waiting for gradients";
+           << std::setprecision(3) << st.compute * 1e3 / static_cast<double>(st.steps) << " ms/batch computing, "
+           << st.wait * 1e3 / static_cast<double>(st.steps) << " ms/batch waiting for gradients";
       }
       os << "\n";
     }
@@ -215,8 +237,8 @@ class DataParallelRunner final : public Runner {
       double hidden = comm_seconds_ > 0 ? std::clamp(1.0 - exposed_seconds_ / comm_seconds_, 0.0, 1.0) : 1.0;
       os << std::fixed << std::setprecision(0) << "  total: " << static_cast<double>(examples) / step_seconds_ << " examples/s, "
          << std::setprecision(4) << step_seconds_ / static_cast<double>(steps_) << " s/batch; all-reduce "
-         << comm_seconds_ / static_cast<double>(steps_) << " s/step, " << std::setprecision(0) << hidden * 100
-         << "% of it hidden behind backward\n";
+         << std::setprecision(3) << comm_seconds_ * 1e3 / static_cast<double>(steps_) << " ms/step, " << std::setprecision(0)
+         << hidden * 100 << "% of it hidden behind backward\n";
     }
     return os.str();
   }
@@ -227,7 +249,15 @@ class DataParallelRunner final : public Runner {
     if (o_.concurrent) {
       if (lane < static_cast<int>(reps_.size())) f(static_cast<size_t>(lane));
     } else if (lane == 0) {
-      for (size_t r = 0; r < reps_.size(); ++r) f(r);
+      for (size_t r = 0; r < reps_.size(); ++r) {
+        try {
+          f(r);
+        } catch (const Aborted&) {
+          throw;
+        } catch (...) {  // one lane runs every replica: name the one that failed
+          rethrow_with_prefix(std::current_exception(), "replica " + std::to_string(r) + " (" + reps_[r]->label() + "): ");
+        }
+      }
     }
   }
 
@@ -291,11 +321,12 @@ class DataParallelRunner final : public Runner {
 
   // Optimizer updates (ema = false) or the EMA updates that follow the weight broadcast (ema = true).
   void update(size_t r, Executor& ex, const StepScalars& s, bool ema) {
-    const size_t upd = ex.first_node_of(Phase::update);
-    const size_t ema_at = send_from_.empty() ? ex.size() : first_of_kind(ex.graph(), OpKind::EmaUpdate, upd);
+    const size_t upd = std::min(ex.first_node_of(Phase::update), ex.size());
+    const size_t ema_at = sends_.empty() ? ex.size() : first_of_kind(ex.graph(), OpKind::EmaUpdate, upd);
     if (!ema) {
       stats_[r].wait += lanes_->wait([&] { return reduced_ == ready_.size(); });
       auto t0 = Clock::now();
+      if (o_.sharded) shards_[r]->update(ex, s);
       ex.run_range(upd, ema_at, s);
       reps_[r]->device().synchronize();
       stats_[r].compute += since(t0);
@@ -311,24 +342,30 @@ class DataParallelRunner final : public Runner {
   void reduce_and_send(const std::vector<Bucket>& bk) {
     const int n = static_cast<int>(reps_.size());
     std::vector<BufferView> views(reps_.size());
+    std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;  // when each bucket's reduction ran
     for (size_t k = 0; k < bk.size(); ++k) {
-      lanes_->wait([&] { return o_.overlap ? ready_[k] == n : backward_done_ == n; });
+      lanes_->wait([&] { return overlap_ ? ready_[k] == n : backward_done_ == n; });
       for (size_t r = 0; r < reps_.size(); ++r) views[r] = range_of(reps_[r]->state().region(Region::gradients), bk[k]);
       auto t0 = Clock::now();
       comm_->all_reduce_sum(views, devices_);
+      spans.emplace_back(t0, Clock::now());
       comm_seconds_ += since(t0);
       lanes_->signal([&] { reduced_ = k + 1; });
     }
-    // Exposed communication: how long the last reduction outlasted the last replica's backward pass.
-    const auto reduced_at = Clock::now();
+    // Exposed communication: the reduction work done after the last replica finished its backward pass (waking
+    // threads is not counted; that is scheduling, not communication).
     Clock::time_point bwd_end;
     lanes_->wait([&] { return backward_done_ == n; });
     lanes_->signal([&] { bwd_end = backward_end_; });
-    exposed_seconds_ += std::max(0.0, std::chrono::duration<double>(reduced_at - bwd_end).count());
-    if (send_from_.empty()) return;
+    for (const auto& [a, b] : spans)
+      exposed_seconds_ += std::max(0.0, std::chrono::duration<double>(b - std::max(a, bwd_end)).count());
+    if (sends_.empty()) return;
     lanes_->wait([&] { return updated_ == n; });
-    for (const auto& [name, owner] : send_from_) {
-      for (size_t r = 0; r < reps_.size(); ++r) views[r] = reps_[r]->state().persistent(name);
+    for (const auto& [sl, owner] : sends_) {
+      for (size_t r = 0; r < reps_.size(); ++r) {
+        const std::string& name = param_names_[sl.param];
+        views[r] = sl.count < 0 ? reps_[r]->state().persistent(name) : ShardedOptimizer::weight_slice(*layout_, reps_[r]->state(), sl);
+      }
       comm_->broadcast(views, devices_, owner);
     }
     lanes_->signal([&] { sent_ = true; });
@@ -339,15 +376,24 @@ class DataParallelRunner final : public Runner {
     double compute = 0, wait = 0;
   };
 
+  std::shared_ptr<void> keep_;  // first member: outlives everything allocated on its devices
   DataParallelOptions o_;
   RunnerContext ctx_;
   std::unique_ptr<Communicator> comm_;
+  bool overlap_ = o_.overlap;
+  bool mixed_ = false;  // replicas on more than one backend
   std::vector<int> dev_;
   std::vector<int64_t> base_rows_;
-  ShardMap owners_;
+  std::unique_ptr<ShardLayout> layout_;  // optimizer_state = "sharded"
   std::vector<std::unique_ptr<Replica>> reps_;
+  std::vector<std::unique_ptr<ShardedOptimizer>> shards_;  // per replica, when sharded
   std::vector<Device*> devices_;
-  std::vector<std::pair<std::string, int>> send_from_;  // weights broadcast after each update, with their source
+  std::vector<std::string> param_names_;
+  struct Send {
+    ShardSlice slice;  // count < 0: the whole parameter
+    int owner;
+  };
+  std::vector<Send> sends_;  // weights broadcast after each update, with their source
   std::map<const Executor*, std::vector<Bucket>> buckets_;
   std::vector<Element> parts_;
   std::unique_ptr<Lanes> lanes_;
@@ -367,8 +413,8 @@ class DataParallelRunner final : public Runner {
 }  // namespace
 
 std::unique_ptr<Runner> make_data_parallel_runner(const DataParallelOptions& o, const RunnerContext& ctx,
-                                                  std::unique_ptr<Communicator> comm) {
-  return std::make_unique<DataParallelRunner>(o, ctx, std::move(comm));
+                                                  std::unique_ptr<Communicator> comm, std::shared_ptr<void> keep) {
+  return std::make_unique<DataParallelRunner>(o, ctx, std::move(comm), std::move(keep));
 }
 
 }  // namespace kiln::parallel

@@ -3,11 +3,13 @@
 #include <sstream>
 
 #include "data_parallel.hpp"
+#include "device_list.hpp"
 #include "host_communicator.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
 #include "replica.hpp"
+#include "sharded_optimizer.hpp"
 
 namespace kiln::parallel {
 
@@ -34,13 +36,15 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
                       std::to_string((ctx.global_batch / n + 1) * n) +
                       "), or set uneven = true to give replicas different shares and weight their gradients by them");
   auto rows = split_rows(ctx.global_batch, n);
-  ShardMap owners;
-  if (o.sharded) owners = make_shards(replica_graph(ctx, rows[0], true, false, {}, 0), n);
+  bool overlap = o.overlap;  // the runner reduces after backward unless every device is host memory
+  for (int d : dev) overlap = overlap && ctx.devices.at(static_cast<size_t>(d)).device->info().backend == "cpu";
+  std::unique_ptr<ShardLayout> layout;
+  if (o.sharded) layout = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx, rows[0], true, false, false), n));
   std::vector<DevicePlan> out;
   for (int r = 0; r < n; ++r) {
     Device* d = ctx.devices.at(static_cast<size_t>(dev[static_cast<size_t>(r)])).device;
-    Graph train = replica_graph(ctx, rows[static_cast<size_t>(r)], true, false, owners, r);
-    Graph eval = replica_graph(ctx, rows[static_cast<size_t>(r)], false, false, owners, r);
+    Graph train = replica_graph(ctx, rows[static_cast<size_t>(r)], true, false, o.sharded);
+    Graph eval = replica_graph(ctx, rows[static_cast<size_t>(r)], false, false, o.sharded);
     MemoryPlan pt = plan_memory(train, d), pe = plan_memory(eval, d);
     auto buckets = make_buckets(train, pt, o.bucket_bytes);
     pt.arena = std::max(pt.arena, pe.arena);
@@ -52,12 +56,12 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
                       " (gradient weight " + share_text(rows[static_cast<size_t>(r)], ctx.global_batch) + ")");
     p.notes.push_back("gradient all-reduce: " + bytes_text(pt.gradients) + " per step in " + std::to_string(buckets.size()) +
                       " bucket(s) of about " + bytes_text(o.bucket_bytes) + " through the \"" + o.communicator + "\" communicator, " +
-                      (o.overlap ? "overlapped with backward" : "after backward"));
-    if (o.sharded) {
-      int owned = 0;
-      for (const auto& [name, owner] : owners) owned += owner == r;
-      p.notes.push_back("optimizer state sharded: this replica updates and keeps the state of " + std::to_string(owned) + " of " +
-                        std::to_string(owners.size()) + " parameters, then broadcasts them");
+                      (overlap ? "overlapped with backward" : "after backward"));
+    if (layout) {
+      p.optimizer_state += layout->state_bytes(r);
+      p.notes.push_back("optimizer state sharded (ZeRO stage 1): this replica keeps the state of " + std::to_string(layout->elements(r)) +
+                        " of " + std::to_string(layout->total_elements) + " weights in " +
+                        std::to_string(layout->slices[static_cast<size_t>(r)].size()) + " slice(s), updates them and broadcasts them");
     } else {
       p.notes.push_back("optimizer state replicated: every replica updates every parameter");
     }
@@ -86,6 +90,15 @@ class DataParallelStrategy final : public Strategy {
     o_.concurrent = c.get_bool("concurrent", true);
     o_.sharded = c.get_choice("optimizer_state", {"replicated", "sharded"}, "replicated") == "sharded";
     o_.communicator = c.get_string("communicator", "host");
+    auto limit = c.get_size_text("memory_limit", "");
+    if (!limit.empty()) {
+      try {
+        parse_memory_size(limit, size_t{1} << 40);
+      } catch (const ConfigError& e) {
+        c.fail("memory_limit", e.what());
+      }
+    }
+    extra_ = std::make_shared<ExtraDevices>(reg, limit, o_.where_devices);
     if (o_.communicator != "host" && !(reg_ && reg_->has_communicator(o_.communicator)))
       c.fail("communicator", "no communicator \"" + o_.communicator + "\" is registered; \"host\" (in-process, any backend) " +
                                  "always is, \"nccl\" comes with the cuda plugin");
@@ -94,9 +107,12 @@ class DataParallelStrategy final : public Strategy {
 
   std::string name() const override { return "data_parallel"; }
   int device_count(int visible) const override { return devices_to_open(o_.devices, visible); }
-  std::vector<DevicePlan> plan(const RunnerContext& ctx) const override { return plan_data_parallel(o_, ctx); }
+  std::vector<DevicePlan> plan(const RunnerContext& ctx) const override {
+    return plan_data_parallel(o_, extra_->extend(ctx, o_.devices));
+  }
 
-  std::unique_ptr<Runner> create(const RunnerContext& ctx) override {
+  std::unique_ptr<Runner> create(const RunnerContext& host_ctx) override {
+    const RunnerContext ctx = extra_->extend(host_ctx, o_.devices);
     auto plans = plan_data_parallel(o_, ctx);  // validates the devices and the batch split before anything is allocated
     auto dev = resolve_devices(o_.devices, ctx.devices, o_.where_devices);
     std::vector<Device*> devices;
@@ -115,12 +131,13 @@ class DataParallelStrategy final : public Strategy {
     std::unique_ptr<Communicator> comm;
     if (o_.communicator == "host") comm = std::make_unique<HostCommunicator>(devices);
     else comm = reg_->communicator(o_.communicator)(devices);
-    return make_data_parallel_runner(o_, ctx, std::move(comm));
+    return make_data_parallel_runner(o_, ctx, std::move(comm), extra_);
   }
 
  private:
   const Registry* reg_;
   DataParallelOptions o_;
+  std::shared_ptr<ExtraDevices> extra_;  // shared with the runners, which use its devices
 };
 
 }  // namespace

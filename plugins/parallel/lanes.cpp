@@ -10,7 +10,7 @@ namespace kiln::parallel {
 
 Lanes::Lanes(std::vector<std::string> names) : names_(std::move(names)) {
   threads_.reserve(names_.size());
-  for (int i = 0; i < size(); ++i) threads_.emplace_back([this, i] { loop(i); });
+  for (int i = 1; i < size(); ++i) threads_.emplace_back([this, i] { loop(i); });  // lane 0 is the caller of run()
 }
 
 Lanes::~Lanes() {
@@ -20,6 +20,22 @@ Lanes::~Lanes() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
+}
+
+void Lanes::work(const std::function<void(int)>& fn, int lane) {
+  try {
+    fn(lane);
+  } catch (const Aborted&) {
+    // another lane failed first; its error is the one reported
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failed_) {
+      failed_ = true;
+      failed_lane_ = lane;
+      error_ = std::current_exception();
+    }
+    sync_cv_.notify_all();
+  }
 }
 
 void Lanes::loop(int lane) {
@@ -33,19 +49,7 @@ void Lanes::loop(int lane) {
       seen = generation_;
       fn = fn_;
     }
-    try {
-      (*fn)(lane);
-    } catch (const Aborted&) {
-      // another lane failed first; its error is the one reported
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!failed_) {
-        failed_ = true;
-        failed_lane_ = lane;
-        error_ = std::current_exception();
-      }
-      sync_cv_.notify_all();
-    }
+    work(*fn, lane);
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (--running_ == 0) done_cv_.notify_all();
@@ -54,17 +58,21 @@ void Lanes::loop(int lane) {
 }
 
 void Lanes::run(const std::function<void(int)>& fn) {
-  std::exception_ptr err;
-  int lane = -1;
   {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(mu_);
     fn_ = &fn;
     failed_ = false;
     failed_lane_ = -1;
     error_ = nullptr;
-    running_ = size();
+    running_ = size() - 1;
     ++generation_;
-    work_cv_.notify_all();
+  }
+  work_cv_.notify_all();
+  work(fn, 0);  // the calling thread is lane 0: one thread hand-off fewer per run
+  std::exception_ptr err;
+  int lane = -1;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return running_ == 0; });
     fn_ = nullptr;
     err = error_;

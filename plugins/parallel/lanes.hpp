@@ -1,5 +1,6 @@
-// Lanes: one persistent thread per device (or replica) of a strategy, so every device's stream is driven at the
-// same time, plus the signalling the lanes of one step use to wait for each other without hanging when one fails.
+// Lanes: one thread per device (or replica) of a strategy, so every device's stream is driven at the same time (lane
+// 0 is the thread calling run(), the others are persistent workers), plus the signalling the lanes of one step use
+// to wait for each other without hanging when one fails.
 #pragma once
 #include <condition_variable>
 #include <exception>
@@ -36,6 +37,7 @@ class Lanes {
 
  private:
   void loop(int lane);
+  void work(const std::function<void(int)>& fn, int lane);
   std::vector<std::string> names_;
   std::vector<std::thread> threads_;
   std::mutex mu_;

@@ -47,7 +47,9 @@ std::vector<DevicePlan> plan_model_parallel(const RunnerContext& ctx, const Plac
 std::vector<int> auto_place(const RunnerContext& ctx, int slots, int micro_batches, int64_t micro_rows,
                             const std::function<std::vector<bool>(const std::vector<int>&)>& fits);
 
-std::unique_ptr<Runner> make_model_parallel_runner(const ModelParallelOptions& o, const RunnerContext& ctx, Placement p);
+// `keep` stays alive as long as the runner (devices the strategy opened itself).
+std::unique_ptr<Runner> make_model_parallel_runner(const ModelParallelOptions& o, const RunnerContext& ctx, Placement p,
+                                                   std::shared_ptr<void> keep = {});
 void register_model_parallel(Registry& reg);
 
 }  // namespace kiln::parallel

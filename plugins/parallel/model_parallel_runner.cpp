@@ -21,7 +21,8 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 class ModelParallelRunner final : public Runner {
  public:
-  ModelParallelRunner(const ModelParallelOptions& o, const RunnerContext& ctx, Placement p) : o_(o), ctx_(ctx), p_(std::move(p)) {
+  ModelParallelRunner(const ModelParallelOptions& o, const RunnerContext& ctx, Placement p, std::shared_ptr<void> keep)
+      : keep_(std::move(keep)), o_(o), ctx_(ctx), p_(std::move(p)) {
     const size_t slots = p_.open_index.size();
     states_.resize(slots);
     stage_.resize(slots);
@@ -32,7 +33,11 @@ class ModelParallelRunner final : public Runner {
       states_[s].push_back(std::make_unique<DeviceState>(dev_ctx(s), ctx_.seed));
       names.push_back("device " + device(s).info().label() + " (slot " + std::to_string(s) + ")");
     }
-    if (o_.concurrent) lanes_ = std::make_unique<Lanes>(names);
+    // Lanes copy from other devices while those compute; only host-memory devices are known to allow that, so a
+    // placement with other devices runs its segments in graph order on one thread.
+    bool host_only = true;
+    for (size_t s = 0; s < slots; ++s) host_only = host_only && device(s).info().backend == "cpu";
+    if (o_.concurrent && host_only) lanes_ = std::make_unique<Lanes>(names);
     // Build every executor of a full step now, so the regions are sized once and nothing allocates mid-step.
     for (int m = 0; m < p_.micro_batches; ++m)
       for (size_t s = 0; s < slots; ++s) {
@@ -147,7 +152,7 @@ class ModelParallelRunner final : public Runner {
   std::string report() const override {
     std::ostringstream os;
     os << "model_parallel: " << states_.size() << " device(s), " << p_.micro_batches << " micro-batch(es) of " << p_.micro_rows
-       << " rows" << (o_.concurrent ? "" : ", devices run one after another") << "\n";
+       << " rows" << (lanes_ ? "" : ", devices run one after another") << "\n";
     for (const auto& d : plan())
       for (const auto& n : d.notes) os << "  " << d.device << ": " << n << "\n";
     if (steps_ > 0) {
@@ -262,13 +267,19 @@ class ModelParallelRunner final : public Runner {
       if (after) after(slot);
     };
     if (lanes_) return lanes_->run([&](int slot) { on_slot(static_cast<size_t>(slot)); });
-    for (size_t m : order) {
-      for (size_t slot = 0; slot < states_.size() && before; ++slot) before(slot, m);
-      const Program& prog = *progs[m];
-      for (size_t si = 0; si < prog.segments.size(); ++si)
-        if (prog.segments[si].phase == ph) segment(si, m, ex, prog, s);
+    size_t slot = 0;  // graph order on this thread; errors name the device like the lanes do
+    try {
+      for (size_t m : order) {
+        for (slot = 0; slot < states_.size() && before; ++slot) before(slot, m);
+        const Program& prog = *progs[m];
+        for (size_t si = 0; si < prog.segments.size(); ++si)
+          if (prog.segments[si].phase == ph) slot = static_cast<size_t>(prog.segments[si].slot), segment(si, m, ex, prog, s);
+      }
+      for (slot = 0; slot < states_.size() && after; ++slot) after(slot);
+    } catch (...) {
+      rethrow_with_prefix(std::current_exception(), "device " + device(std::min(slot, states_.size() - 1)).info().label() + " (slot " +
+                                                         std::to_string(std::min(slot, states_.size() - 1)) + ") failed: ");
     }
-    for (size_t slot = 0; slot < states_.size() && after; ++slot) after(slot);
   }
 
   std::vector<const Program*> programs(const std::vector<int64_t>& rows, bool training, bool ema) {
@@ -311,6 +322,7 @@ class ModelParallelRunner final : public Runner {
     busy_[slot] += since(t0);
   }
 
+  std::shared_ptr<void> keep_;  // first member: outlives everything allocated on its devices
   ModelParallelOptions o_;
   RunnerContext ctx_;
   Placement p_;
@@ -328,8 +340,9 @@ class ModelParallelRunner final : public Runner {
 
 }  // namespace
 
-std::unique_ptr<Runner> make_model_parallel_runner(const ModelParallelOptions& o, const RunnerContext& ctx, Placement p) {
-  return std::make_unique<ModelParallelRunner>(o, ctx, std::move(p));
+std::unique_ptr<Runner> make_model_parallel_runner(const ModelParallelOptions& o, const RunnerContext& ctx, Placement p,
+                                                   std::shared_ptr<void> keep) {
+  return std::make_unique<ModelParallelRunner>(o, ctx, std::move(p), std::move(keep));
 }
 
 }  // namespace kiln::parallel

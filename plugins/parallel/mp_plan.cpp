@@ -114,7 +114,8 @@ std::vector<DevicePlan> plan_model_parallel(const RunnerContext& ctx, const Plac
       std::string from, to;
       for (const auto& t : pt.transfers) {
         auto label = [&](int slot) { return ctx.devices.at(static_cast<size_t>(p.open_index[static_cast<size_t>(slot)])).device->info().label(); };
-        std::string what = t.from_layer + " -> " + t.to_layer + " " + bytes_text(t.bytes * static_cast<size_t>(m));
+        std::string what = (t.phase == Phase::forward ? "" : "gradient ") + t.from_layer + " -> " + t.to_layer + " " +
+                           bytes_text(t.bytes * static_cast<size_t>(m));
         if (t.dst == s) in += t.bytes, from += (from.empty() ? "" : ", ") + what + " from " + label(t.src);
         if (t.src == s) out_b += t.bytes, to += (to.empty() ? "" : ", ") + what + " to " + label(t.dst);
       }

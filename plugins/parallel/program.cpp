@@ -52,6 +52,7 @@ Program make_program(const Graph& g, int slots) {
       tr.producer = v.segment;
       tr.from_layer = v.layer;
       tr.to_layer = n.layer;
+      tr.phase = n.phase;
       bool dup = false;
       for (const auto& q : pulls) dup = dup || q.root == r;
       if (!dup) pulls.push_back(tr);

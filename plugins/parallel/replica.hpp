@@ -1,5 +1,5 @@
-// One data-parallel replica: the whole model on one device, its persistent state, its executors per batch size,
-// and the graph edits of a sharded optimizer state. Also the gradient buckets the all-reduce works on.
+// One data-parallel replica: the whole model on one device, its persistent state and its executors per batch size.
+// Also the gradient buckets the all-reduce works on.
 #pragma once
 #include <map>
 #include <memory>
@@ -12,20 +12,12 @@
 
 namespace kiln::parallel {
 
-// Which replica updates (and keeps the optimizer state of) each parameter, by parameter name. Empty: every
-// replica updates every parameter (replicated optimizer state).
-using ShardMap = std::map<std::string, int>;
+// Moves EMA updates after every optimizer update (so they can run after a weights broadcast).
+void move_ema_last(Graph& g);
 
-// Balances optimizer-state bytes over `ranks` (largest parameter first to the least loaded rank).
-ShardMap make_shards(const Graph& training_graph, int ranks);
-
-// With `owners`, keeps only the update nodes of parameters `rank` owns (the others' optimizer state is neither
-// planned nor allocated here). Always moves EMA updates after every optimizer update, so they can run after a
-// weight broadcast.
-void shard_updates(Graph& g, const ShardMap& owners, int rank);
-
-// The step's graph for one replica: build_graph at `batch`, then (training) shard_updates.
-Graph replica_graph(const RunnerContext& ctx, int64_t batch, bool training, bool ema, const ShardMap& owners, int rank);
+// The step's graph for one replica: build_graph at `batch`; training graphs get their EMA updates last and, with a
+// sharded optimizer, no optimizer updates at all (the ShardedOptimizer runs them).
+Graph replica_graph(const RunnerContext& ctx, int64_t batch, bool training, bool ema, bool sharded);
 
 // A contiguous byte range of the gradients region, complete once node `ready` (exclusive) has run.
 struct Bucket {
@@ -39,7 +31,7 @@ std::vector<Bucket> make_buckets(const Graph& g, const MemoryPlan& p, size_t buc
 
 class Replica {
  public:
-  Replica(const RunnerContext& ctx, int device_index, int rank, const ShardMap& owners);
+  Replica(const RunnerContext& ctx, int device_index, int rank, bool sharded);
 
   Executor& executor(int64_t batch, bool training, bool ema);
   DeviceState& state() { return state_; }
@@ -55,7 +47,7 @@ class Replica {
   const RunnerContext& ctx_;
   DeviceContext dctx_;
   int rank_;
-  const ShardMap& owners_;
+  bool sharded_;
   DeviceState state_;
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<Executor>> execs_;
 };

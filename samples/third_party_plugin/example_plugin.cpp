@@ -15,7 +15,7 @@ class ResidualDense : public Layer {
   std::string type() const override { return "residual_dense"; }
   // x: (N, F) -> y: (N, F)
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
-    const Shape& s = g.shape(in[0]);
+    const Shape s = g.shape(in[0]);
     if (s.rank() != 2) throw ConfigError("layer '" + g.layer() + "': residual_dense expects (batch, features), got " + s.str());
     int64_t n = s[0], f = s[1];
     TensorId w = g.param("kernel", {f, f}, Init{InitKind::glorot_uniform, f, f});

@@ -165,7 +165,7 @@ TEST_CASE("memory_policy = \"fit\" turns on recomputation when the plan does not
   std::string layers;
   for (int i = 0; i < 16; ++i) layers += "[[model.layers]]\ntype = \"dense\"\nunits = 512\nactivation = \"relu\"\n";
   auto config = [&](const std::string& policy) {
-    return "[device]\nbackend = \"cpu\"\nmemory_limit = \"40MiB\"\n[model]\ninput_shape = [64]\nloss = \"softmax_cross_entropy\"\n" +
+    return "[device]\nbackend = \"cpu\"\nmemory_limit = \"56MiB\"\n[model]\ninput_shape = [64]\nloss = \"softmax_cross_entropy\"\n" +
            layers + "[[model.layers]]\ntype = \"dense\"\nunits = 4\n[optimizer]\ntype = \"sgd\"\n[train]\nbatch_size = 1024\nmemory_policy = \"" +
            policy + "\"\n";
   };

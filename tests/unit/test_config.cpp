@@ -71,7 +71,7 @@ TEST_CASE("a missing config file is a config error naming it", "[config]") {
   CHECK_THAT(msg, Catch::Contains("not found"));
 }
 
-TEST_CASE("--set overrides replace and add values, including inside arrays of tables", "[config]") {
+TEST_CASE("command-line overrides (--set) replace and add values, including inside arrays of tables", "[config]") {
   auto c = Config::load_string("[train]\nepochs = 5\n[[model.layers]]\nunits = 3\n", "o.toml",
                                {"train.epochs=1", "train.batch_size=64", "model.layers[0].units=7", "run.name=abc"});
   auto r = c.root();

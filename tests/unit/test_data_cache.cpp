@@ -1,9 +1,8 @@
 // Cache stage: later epochs read nothing from the source; a file cache is reused across runs and a partial
 // or corrupt one is never used.
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 
@@ -66,7 +65,8 @@ TEST_CASE("memory cache: the second epoch reads nothing from the source and yiel
 TEST_CASE("file cache: written once, then reused by a new pipeline without reading the source", "[data]") {
   auto dir = kiln::test::temp_dir("data-cache-file");
   std::string idx = write_idx(dir, 40);
-  const std::string cache = "{type = \"cache\", kind = \"file\", path = \"" + (dir / "c" / "train.cache").string() + "\"}";
+  const std::string cache =
+      "{type = \"cache\", kind = \"file\", path = \"" + (dir / "c" / "train.cache").string() + "\"}";
   auto p = build(cache_pipeline(idx, cache));
   auto e0 = epoch(*p, 0);
   REQUIRE(std::filesystem::exists(dir / "c" / "train.cache"));
@@ -81,7 +81,8 @@ TEST_CASE("file cache: written once, then reused by a new pipeline without readi
   for (auto& f : std::filesystem::directory_iterator(dir / "c")) REQUIRE(f.path().filename() == "train.cache");
 }
 
-TEST_CASE("file cache: a truncated, corrupt or half-written cache is rebuilt from the source with a warning", "[data]") {
+TEST_CASE("file cache: a truncated, corrupt or half-written cache is rebuilt from the source with a warning",
+          "[data]") {
   auto dir = kiln::test::temp_dir("data-cache-bad");
   std::string idx = write_idx(dir, 30);
   auto path = dir / "train.cache";

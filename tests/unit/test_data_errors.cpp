@@ -1,6 +1,5 @@
 // Bad data raises DataError naming the file and where in it; nothing hangs.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 
 #include "kiln/error.hpp"
@@ -88,7 +87,8 @@ TEST_CASE("idx: images and labels of different counts is a DataError naming both
                         Catch::Contains("10 images") && Catch::Contains("9 labels"));
 }
 
-TEST_CASE("an empty source (IDX count 0, CSV with only a header) is a DataError, not an endless empty epoch", "[data]") {
+TEST_CASE("an empty source (IDX count 0, CSV with only a header) is a DataError, not an endless empty epoch",
+          "[data]") {
   auto dir = kiln::test::temp_dir("data-err-empty");
   write_bytes(dir / "images", idx_images(0, 2, 2));
   write_bytes(dir / "labels", idx_labels(0));
@@ -124,7 +124,8 @@ TEST_CASE("csv: a non-number field is a DataError naming the file, line and colu
   REQUIRE_THAT(msg, Catch::Contains("target") && Catch::Contains("x, y, label"));
 }
 
-TEST_CASE("a data error inside map workers or behind prefetch surfaces in next() and leaves no thread behind", "[data]") {
+TEST_CASE("a data error inside map workers or behind prefetch surfaces in next() and leaves no thread behind",
+          "[data]") {
   auto dir = kiln::test::temp_dir("data-err-threads");
   // Labels go up to 9; one_hot with 5 classes fails on the first label >= 5, inside a worker thread.
   std::string idx = write_idx(dir, 200, 2, 2);

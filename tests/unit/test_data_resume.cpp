@@ -1,7 +1,6 @@
 // Exact resume: save after k batches, build a new pipeline, reset to the same epoch, restore, and the remaining
 // batches equal those of an uninterrupted run. Also: worker count does not change the data.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 
 #include "test_data_support.hpp"
@@ -130,8 +129,9 @@ TEST_CASE("the whole pipeline gives identical batches with 1, 2 and 4 map worker
   auto dir = kiln::test::temp_dir("data-workers");
   std::string idx = write_idx(dir, 300, 8, 8);
   auto make = [&](int w) {
-    return build("stages = [" + idx + R"(, {type = "map", workers = )" + std::to_string(w) +
-                 R"(, ops = [{op = "scale", factor = 0.00392156862745098}, {op = "random_crop", size = [8, 8], padding = 3},
+    return build(
+        "stages = [" + idx + R"(, {type = "map", workers = )" + std::to_string(w) +
+        R"(, ops = [{op = "scale", factor = 0.00392156862745098}, {op = "random_crop", size = [8, 8], padding = 3},
                              {op = "flip_horizontal"}]},
                  {type = "shuffle", buffer = 100}, {type = "batch", size = 32}, {type = "prefetch", depth = 2}])");
   };

@@ -1,6 +1,5 @@
 // Sources of the data plugin (idx, cifar10, csv, synthetic) read small files written here.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <fstream>
 
@@ -78,7 +77,7 @@ TEST_CASE("idx source reads Debian's Fashion-MNIST test set", "[data]") {
     per_class[static_cast<size_t>(e.y.data[0])]++;
   }
   for (int n : per_class) REQUIRE(n == 1000);  // the test set is balanced
-  REQUIRE(es[0].y.data[0] == 9);                 // first test image is an ankle boot
+  REQUIRE(es[0].y.data[0] == 9);               // first test image is an ankle boot
 }
 
 TEST_CASE("cifar10 source reads label + 3072 pixel records across several files", "[data]") {
@@ -151,7 +150,8 @@ TEST_CASE("csv source takes the label column by name or index and the other colu
 }
 
 TEST_CASE("synthetic source is deterministic from its seed and its classes are separable", "[data]") {
-  const std::string cfg = R"(stages = [{type = "synthetic", shape = [2, 3, 3], classes = 4, examples = 400, seed = 7}])";
+  const std::string cfg =
+      R"(stages = [{type = "synthetic", shape = [2, 3, 3], classes = 4, examples = 400, seed = 7}])";
   auto a = build(cfg), b = build(cfg);
   auto ea = drain(*a), eb = drain(*b);
   REQUIRE(ea.size() == 400);

@@ -1,7 +1,6 @@
 // Semantics of the transforming stages: map ops, scale, shuffle, batch, prefetch, and their config checks.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
 
@@ -34,7 +33,8 @@ TEST_CASE("scale stage and scale op multiply features by the factor; scale defau
 
 TEST_CASE("normalize op subtracts the per-channel mean and divides by the per-channel std", "[data]") {
   auto raw = drain(*build("stages = [" + kSynth + "]"));
-  auto n = drain(*build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "normalize", mean = [1.0, -2], std = [2, 0.5]}]}])"));
+  auto n = drain(*build("stages = [" + kSynth +
+                        R"(, {type = "map", ops = [{op = "normalize", mean = [1.0, -2], std = [2, 0.5]}]}])"));
   for (size_t i = 0; i < raw.size(); ++i)
     for (size_t j = 0; j < 32; ++j) {
       const float m = j < 16 ? 1.f : -2.f, s = j < 16 ? 2.f : 0.5f;
@@ -69,7 +69,8 @@ TEST_CASE("one_hot op turns the class index into a (classes) vector", "[data]") 
 
 TEST_CASE("random_crop pads with zeros and crops a window of the padded image", "[data]") {
   auto raw = drain(*build("stages = [" + kSynth + "]"));
-  auto p = build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [4, 4], padding = 2}]}])");
+  auto p =
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [4, 4], padding = 2}]}])");
   REQUIRE(p->example_shape() == Shape({2, 4, 4}));
   auto s = drain(*p);
   std::set<std::pair<int, int>> offsets;
@@ -99,8 +100,10 @@ TEST_CASE("random_crop pads with zeros and crops a window of the padded image", 
 
 TEST_CASE("flip_horizontal mirrors the width with the given probability", "[data]") {
   auto raw = drain(*build("stages = [" + kSynth + "]"));
-  auto flip_all = drain(*build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal", probability = 1}]}])"));
-  auto flip_none = drain(*build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal", probability = 0}]}])"));
+  auto flip_all =
+      drain(*build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal", probability = 1}]}])"));
+  auto flip_none =
+      drain(*build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal", probability = 0}]}])"));
   auto flip_half = drain(*build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal"}]}])"));
   REQUIRE(same(flip_none, raw));
   int flipped = 0;
@@ -115,8 +118,10 @@ TEST_CASE("flip_horizontal mirrors the width with the given probability", "[data
 
 TEST_CASE("map random ops give the same elements for 1, 2 and 4 workers and differ across epochs", "[data]") {
   auto make = [](int workers) {
-    return build("stages = [" + kSynth + R"(, {type = "map", workers = )" + std::to_string(workers) +
-                 R"(, ops = [{op = "random_crop", size = [4, 4], padding = 1}, {op = "flip_horizontal"}, {op = "one_hot", classes = 10}]}])");
+    return build(
+        "stages = [" + kSynth + R"(, {type = "map", workers = )" + std::to_string(workers) +
+        R"(, ops = [{op = "random_crop", size = [4, 4], padding = 1}, {op = "flip_horizontal"},)"
+        R"( {op = "one_hot", classes = 10}]}])");
   };
   auto p1 = make(1), p2 = make(2), p4 = make(4);
   auto e1 = epoch(*p1, 0), e2 = epoch(*p2, 0), e4 = epoch(*p4, 0);
@@ -125,12 +130,14 @@ TEST_CASE("map random ops give the same elements for 1, 2 and 4 workers and diff
   REQUIRE(same(e1, e4));
   auto n1 = epoch(*p1, 1), n4 = epoch(*p4, 1);
   REQUIRE(same(n1, n4));
-  REQUIRE_FALSE(same(e1, n1));  // fresh augmentation every epoch
+  REQUIRE_FALSE(same(e1, n1));       // fresh augmentation every epoch
   REQUIRE(same(epoch(*p2, 0), e1));  // and the same again for the same epoch
 }
 
 TEST_CASE("map after batch transforms every example of the batch", "[data]") {
-  auto p = build("stages = [" + kSynth + R"(, {type = "batch", size = 10}, {type = "map", workers = 2, ops = [{op = "one_hot", classes = 10}]}])");
+  auto p =
+      build("stages = [" + kSynth +
+            R"(, {type = "batch", size = 10}, {type = "map", workers = 2, ops = [{op = "one_hot", classes = 10}]}])");
   auto b = drain(*p);
   REQUIRE(b.size() == 7);
   REQUIRE(b[0].y.shape == Shape({10, 10}));
@@ -203,7 +210,8 @@ TEST_CASE("prefetch delivers exactly the upstream elements and re-throws upstrea
   REQUIRE(same(epoch(*p, 0), plain));
   REQUIRE(same(epoch(*p, 0), plain));
   // An error raised in the prefetch thread (one_hot with too few classes) reaches the consumer as DataError.
-  auto bad = build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "one_hot", classes = 2}]}, {type = "prefetch"}])");
+  auto bad =
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "one_hot", classes = 2}]}, {type = "prefetch"}])");
   REQUIRE_THROWS_AS(drain(*bad), DataError);
 }
 
@@ -220,7 +228,8 @@ TEST_CASE("prefetch destroyed or reset mid-epoch stops its thread without hangin
 }
 
 TEST_CASE("stats count elements per stage and the time each spends", "[data]") {
-  auto p = build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "standardize"}]}, {type = "batch", size = 8}, {type = "prefetch"}])");
+  auto p = build("stages = [" + kSynth +
+                 R"(, {type = "map", ops = [{op = "standardize"}]}, {type = "batch", size = 8}, {type = "prefetch"}])");
   drain(*p);
   std::vector<StageStats> st;
   p->collect_stats(st);
@@ -242,16 +251,19 @@ TEST_CASE("stage configs are validated: unknown keys, bad values, position of so
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"shuffle\"}]"), ConfigError);  // buffer required
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"shuffle\", buffer = 0}]"), ConfigError);
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", " + kSynth + "]"), ConfigError);  // source not first
-  REQUIRE_THROWS_AS(build(R"(stages = [{type = "batch", size = 2}])"), ConfigError);     // no source
+  REQUIRE_THROWS_AS(build(R"(stages = [{type = "batch", size = 2}])"), ConfigError);   // no source
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "blur"}]}])"), ConfigError);
-  REQUIRE_THROWS_AS(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "normalize", mean = [1, 2, 3], std = [1]}]}])"),
-                    ConfigError);  // 3 means for 2 channels
-  REQUIRE_THROWS_AS(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "normalize", mean = [0], std = [0]}]}])"),
-                    ConfigError);
+  REQUIRE_THROWS_AS(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "normalize", mean = [1, 2, 3], std = [1]}]}])"),
+      ConfigError);  // 3 means for 2 channels
+  REQUIRE_THROWS_AS(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "normalize", mean = [0], std = [0]}]}])"),
+      ConfigError);
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [9, 9]}]}])"),
                     ConfigError);  // larger than the image
-  REQUIRE_THROWS_AS(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "scale", factor = 2, extra = 1}]}])"),
-                    ConfigError);
+  REQUIRE_THROWS_AS(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "scale", factor = 2, extra = 1}]}])"),
+      ConfigError);
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"cache\", kind = \"disk\"}]"), ConfigError);
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"cache\", kind = \"file\"}]"), ConfigError);  // no path
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"prefetch\", depth = 0}]"), ConfigError);

@@ -1,6 +1,5 @@
 // Sources stream: reading a ~1 GB IDX file keeps the process's peak resident memory within a fixed bound.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 
 #include "test_data_support.hpp"

@@ -122,12 +122,15 @@ TEST_CASE("in-place ops and recomputation train bit for bit like the plain plan"
   inplace.inplace = true;
   MemorySavers recompute;
   recompute.recompute = RecomputeMode::auto_;
+  recompute.checkpoint_every = 2;
+  MemorySavers automatic;
+  automatic.recompute = RecomputeMode::auto_;
   MemorySavers both = recompute;
   both.inplace = true;
   MemorySavers listed;
   listed.recompute = RecomputeMode::layers;
   listed.recompute_layers = {"c1", "p1", "c2", "d1", "drop"};
-  for (const auto* s : {&inplace, &recompute, &both, &listed}) {
+  for (const auto* s : {&inplace, &recompute, &automatic, &both, &listed}) {
     INFO(s->describe());
     Trained t = train(m, *s);
     CHECK(t.losses == plain.losses);
@@ -137,6 +140,7 @@ TEST_CASE("in-place ops and recomputation train bit for bit like the plain plan"
       CHECK(t.state.at(name).data == h.data);  // exact: same arithmetic on the same values
     }
     if (s->inplace) CHECK(t.plan.arena < plain.plan.arena);  // sharing storage saves activation memory
+    if (s == &automatic) CHECK(t.plan.arena <= plain.plan.arena);  // auto never plans a larger arena
   }
   CHECK(plain.losses[2] < plain.losses[0]);  // the steps did train (same batch each step)
 }
@@ -198,8 +202,9 @@ TEST_CASE("recomputation duplicates forward ops into backward and shrinks a deep
   Graph plain = training_graph(m, sgd, 512, MemorySavers{});
   MemorySavers s;
   s.recompute = RecomputeMode::auto_;
+  s.checkpoint_every = 4;
   Graph rec = training_graph(m, sgd, 512, s);
-  // 13 layers: "auto" keeps every 4th layer's output and recomputes the other nine layers.
+  // 13 layers, every 4th output kept: dense_4, dense_8 and dense_12 are checkpoints, the other ten recomputed.
   auto layers = recompute_layer_list(rec, s);
   CHECK(layers.size() == 10);
   CHECK(layers.front() == "dense_1");
@@ -213,6 +218,12 @@ TEST_CASE("recomputation duplicates forward ops into backward and shrinks a deep
   INFO("plain arena " << pp.arena << ", with recomputation " << pr.arena);
   CHECK(double(pr.arena) < 0.7 * double(pp.arena));
   CHECK(pr.gradients == pp.gradients);
+  // "auto" plans candidate spacings and keeps the best: never worse than none or a fixed spacing.
+  MemorySavers a;
+  a.recompute = RecomputeMode::auto_;
+  Graph best = training_graph(m, sgd, 512, a);
+  CHECK(best.nodes().size() > plain.nodes().size());  // here recomputation pays off, so auto uses it
+  CHECK(plan_memory(best, nullptr).arena <= pr.arena);
   // Explicit layers that are not in the model are refused.
   MemorySavers bad;
   bad.recompute = RecomputeMode::layers;

@@ -247,14 +247,20 @@ TEST_CASE("model_parallel configuration errors come before any step", "[parallel
 TEST_CASE("a device that fails mid-step stops every model-parallel device with one error", "[parallel]") {
   ModelSpec m = model_from(kTwoBranch);
   OptimizerSpec o = optimizer_from(kSgd);
+  for (const char* extra : {"", "concurrent = false\n"})
   for (int fail_in : {2, 9}) {
-    CAPTURE(fail_in);
+    CAPTURE(extra, fail_in);
     CpuDevices devs(3);
     FailingDevice* failing = wrap_failing(devs, 1);
-    auto r = strategy(kMp + "micro_batches = 2\n")->create(context(m, o, devs.ctx(), 8));
+    auto r = strategy(kMp + "micro_batches = 2\n" + extra)->create(context(m, o, devs.ctx(), 8));
     auto b = random_batch(8, m.input_shape, 3, 1);
     r->train_step(b, {0, 0.01f});
     failing->fail_after(fail_in);
-    CHECK_THROWS_WITH(r->train_step(b, {1, 0.01f}), Catch::Contains("device cpu:1 (slot 1) failed") && Catch::Contains("injected"));
+    try {
+      r->train_step(b, {1, 0.01f});
+      FAIL("expected a DeviceError");
+    } catch (const DeviceError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("device cpu:1 (slot 1) failed") && Catch::Contains("injected launch failure"));
+    }
   }
 }

@@ -76,6 +76,11 @@ TEST_CASE("vulkan enumerates each device with a name, a hardware id and its memo
     CHECK(d.free_memory <= d.total_memory);
   }
   CHECK(v.device->info().label() == "vulkan:0");
+  const std::string vendor = static_cast<const char*>(v.device->extension("vulkan.vendor"));
+  CHECK_FALSE(vendor.empty());
+  const std::string describe = static_cast<const char*>(v.device->extension("vulkan.describe"));
+  CHECK_THAT(describe, Catch::Contains("vendor: " + vendor) && Catch::Contains("device-local") &&
+                           Catch::Contains("maxStorageBufferRange: ") && Catch::Contains("VK_EXT_memory_budget: "));
   CHECK_THROWS_WITH(v.backend->open(99), Catch::Contains("no device 99") && Catch::Contains("vulkan:0"));
 }
 

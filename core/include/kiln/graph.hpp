@@ -109,7 +109,8 @@ class GraphBuilder {
     return op(kind, std::move(attrs), std::move(in), {std::move(out_shape)})[0];
   }
   TensorId reshape(TensorId x, Shape s) { return g_.add_alias(x, std::move(s), layer_); }
-  const Shape& shape(TensorId t) const { return g_.tensor(t).shape; }
+  // By value: the graph's tensor list grows as ops are added, so a reference would dangle.
+  Shape shape(TensorId t) const { return g_.tensor(t).shape; }
   int64_t batch() const { return batch_; }
   bool training() const { return training_; }
   // A seed unique to the current layer (dropout masks), derived from the run seed.

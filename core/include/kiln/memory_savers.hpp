@@ -20,7 +20,8 @@ struct MemorySavers {
   bool inplace = false;
   // Recomputation: the forward outputs of these layers are not kept for backward; backward recomputes them from
   // the nearest kept layer output just before it needs them. "auto" keeps every `checkpoint_every`-th layer's
-  // output (0 = about sqrt(layers)).
+  // output; with checkpoint_every = 0 it tries spacings around sqrt(layers) and keeps the one whose planned
+  // activation arena is smallest (no recomputation at all when none is smaller).
   RecomputeMode recompute = RecomputeMode::none;
   std::vector<std::string> recompute_layers;
   int64_t checkpoint_every = 0;
@@ -32,7 +33,7 @@ struct MemorySavers {
 // so the originals die at the end of forward. Throws ConfigError for a recompute layer the graph does not have.
 void apply_memory_savers(Graph& g, const MemorySavers& s, bool training);
 
-// The layers `s` recomputes in `g` (resolves "auto").
+// The layers `s` recomputes in training graph `g` (resolves "auto" by planning the candidates).
 std::vector<std::string> recompute_layer_list(const Graph& g, const MemorySavers& s);
 
 // Lifetimes of a graph's storage on one device, after in-place merging. Indexed by tensor id; only storage roots

@@ -1,0 +1,97 @@
+// ThreadPool: chunks claimed through one atomic word; workers spin briefly between calls, then sleep.
+#include "thread_pool.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KILN_CPU_PAUSE() _mm_pause()
+#else
+#define KILN_CPU_PAUSE() std::this_thread::yield()
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+// How long an idle worker spins for the next call before it sleeps: ops of a training step follow each
+// other within microseconds, and waking a sleeping thread costs tens of microseconds.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+constexpr uint64_t pack(uint64_t gen, uint64_t chunks, uint64_t next) { return (gen << 32) | (chunks << 16) | next; }
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true);
+  epoch_.fetch_add(1);
+  epoch_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::claim_all(int slot) {
+  uint64_t cur = next_.load(std::memory_order_acquire);
+  for (;;) {
+    const uint64_t chunks = (cur >> 16) & 0xffff, idx = cur & 0xffff;
+    if (idx >= chunks) return;
+    if (next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      // The claim succeeded, so this call is still running and call_/ctx_ are its own.
+      call_(ctx_, base_ + static_cast<int64_t>(idx), slot);
+      done_.fetch_add(1, std::memory_order_acq_rel);
+      cur = next_.load(std::memory_order_acquire);
+    }
+  }
+}
+
+void ThreadPool::run_impl(int64_t chunks, Call call, void* ctx) {
+  if (chunks <= 0) return;
+  if (workers_.empty() || chunks == 1) {
+    for (int64_t c = 0; c < chunks; ++c) call(ctx, c, 0);
+    return;
+  }
+  call_ = call;
+  ctx_ = ctx;
+  for (int64_t base = 0; base < chunks; base += kMaxChunks) {  // more chunks than one word holds: in rounds
+    const int64_t count = std::min(kMaxChunks, chunks - base);
+    base_ = base;
+    done_.store(0, std::memory_order_relaxed);
+    ++generation_;
+    next_.store(pack(generation_, static_cast<uint64_t>(count), 0), std::memory_order_release);
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
+    claim_all(0);
+    // Chunks still running on workers: they hold a core, so a short spin then yielding is enough.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < count; ++spins) {
+      if (spins < 4096)
+        KILN_CPU_PAUSE();
+      else
+        std::this_thread::yield();
+    }
+  }
+}
+
+void ThreadPool::worker(int slot) {
+  uint32_t seen = epoch_.load();
+  for (;;) {
+    // Spin for a new call, then sleep on the epoch (a seq_cst handshake with run_impl's notify).
+    auto start = std::chrono::steady_clock::now();
+    for (int spins = 0; epoch_.load(std::memory_order_acquire) == seen; ++spins) {
+      KILN_CPU_PAUSE();
+      if ((spins & 255) == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        while (epoch_.load(std::memory_order_seq_cst) == seen) epoch_.wait(seen);
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        start = std::chrono::steady_clock::now();
+      }
+    }
+    seen = epoch_.load(std::memory_order_acquire);
+    if (stop_.load()) return;
+    claim_all(slot);
+  }
+}
+
+}  // namespace kiln::cpu
