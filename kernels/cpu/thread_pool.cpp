@@ -29,8 +29,17 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   stop_.store(true);
   epoch_.fetch_add(1);
-  epoch_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(sleep_mu_);
+    wake_.notify_all();
+  }
   for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::wake_sleepers() {
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+  std::lock_guard<std::mutex> lock(sleep_mu_);
+  wake_.notify_all();
 }
 
 void ThreadPool::claim_all(int slot) {
@@ -62,7 +71,7 @@ void ThreadPool::run_impl(int64_t chunks, Call call, void* ctx) {
     ++generation_;
     next_.store(pack(generation_, static_cast<uint64_t>(count), 0), std::memory_order_release);
     epoch_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
+    wake_sleepers();
     claim_all(0);
     // Chunks still running on workers: they hold a core, so a short spin then yielding is enough.
     for (int spins = 0; done_.load(std::memory_order_acquire) < count; ++spins) {
@@ -77,13 +86,15 @@ void ThreadPool::run_impl(int64_t chunks, Call call, void* ctx) {
 void ThreadPool::worker(int slot) {
   uint32_t seen = epoch_.load();
   for (;;) {
-    // Spin for a new call, then sleep on the epoch (a seq_cst handshake with run_impl's notify).
+    // Spin for a new call, then sleep. sleepers_ and epoch_ are a seq_cst handshake with wake_sleepers():
+    // either the caller sees this sleeper and notifies, or this thread sees the new epoch and does not wait.
     auto start = std::chrono::steady_clock::now();
     for (int spins = 0; epoch_.load(std::memory_order_acquire) == seen; ++spins) {
       KILN_CPU_PAUSE();
       if ((spins & 255) == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+        std::unique_lock<std::mutex> lock(sleep_mu_);
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        while (epoch_.load(std::memory_order_seq_cst) == seen) epoch_.wait(seen);
+        wake_.wait(lock, [&] { return epoch_.load(std::memory_order_seq_cst) != seen; });
         sleepers_.fetch_sub(1, std::memory_order_seq_cst);
         start = std::chrono::steady_clock::now();
       }

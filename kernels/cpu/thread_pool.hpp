@@ -5,7 +5,9 @@
 // (bench/results/cpu_ops.md).
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -39,13 +41,16 @@ class ThreadPool {
   void run_impl(int64_t chunks, Call call, void* ctx);
   void claim_all(int slot);
   void worker(int slot);
+  void wake_sleepers();
 
   // (generation << 32) | (chunks << 16) | next chunk: one word, so a claim can never mix two calls.
   std::atomic<uint64_t> next_{0};
   std::atomic<int64_t> done_{0};
-  std::atomic<uint32_t> epoch_{0};  // bumped per call and at shutdown; sleeping workers wait on it
+  std::atomic<uint32_t> epoch_{0};  // bumped per call and at shutdown
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
+  std::mutex sleep_mu_;  // only for workers that stopped spinning
+  std::condition_variable wake_;
   Call call_ = nullptr;  // written before the call is published, read only after a successful claim
   void* ctx_ = nullptr;
   int64_t base_ = 0;  // first chunk of the current round

@@ -77,9 +77,10 @@ class DataParallelRunner final : public Runner {
     std::vector<std::string> names;
     for (int r = 0; r < n; ++r) names.push_back("replica " + std::to_string(r) + " (" + devices_[static_cast<size_t>(r)]->info().label() + ")");
     if (!o_.concurrent) names = {"replicas " + devices_[0]->info().label() + ".." + devices_.back()->info().label()};
-    names.push_back("the gradient all-reduce (" + o_.communicator + " communicator)");
+    // One replica has nothing to reduce or send: no communication lane.
+    if (n > 1) names.push_back("the gradient all-reduce (" + o_.communicator + " communicator)");
     lanes_ = std::make_unique<Lanes>(names);
-    comm_lane_ = lanes_->size() - 1;
+    comm_lane_ = n > 1 ? lanes_->size() - 1 : -1;
   }
 
   StepResult train_step(const Element& batch, const StepScalars& s) override {
@@ -121,9 +122,9 @@ class DataParallelRunner final : public Runner {
 
     const size_t nb = buckets[0]->size();
     ready_.assign(nb, 0);
-    reduced_ = 0;
+    reduced_ = comm_lane_ < 0 ? nb : 0;
     backward_done_ = updated_ = 0;
-    sent_ = false;
+    sent_ = comm_lane_ < 0;
     lanes_->run([&](int lane) {
       if (lane == comm_lane_) return reduce_and_send(*buckets[0]);
       each_replica(lane, [&](size_t r) { backward(r, *ex[r], *buckets[r], rows[r], batch.batch, s); });
@@ -397,7 +398,7 @@ class DataParallelRunner final : public Runner {
   std::map<const Executor*, std::vector<Bucket>> buckets_;
   std::vector<Element> parts_;
   std::unique_ptr<Lanes> lanes_;
-  int comm_lane_ = 0;
+  int comm_lane_ = -1;  // -1: a single replica, nothing to communicate
   // One step's progress, guarded by the lanes' lock.
   std::vector<int> ready_;
   size_t reduced_ = 0;

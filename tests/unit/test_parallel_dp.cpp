@@ -84,6 +84,18 @@ TEST_CASE("data_parallel results do not depend on overlap, bucket size or runnin
   }
 }
 
+TEST_CASE("data_parallel with one replica is exactly the single-device run", "[parallel]") {
+  ModelSpec m = model_from(kConvNet);
+  OptimizerSpec o = optimizer_from(kAdam);
+  auto ref = single_device(m, o, 8, 3);
+  for (const char* extra : {"", "optimizer_state = \"sharded\"\n", "concurrent = false\n"}) {
+    CAPTURE(extra);
+    CpuDevices one(1);
+    auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + extra)->create(context(m, o, one.ctx(), 8));
+    CHECK(max_abs_diff(train(*r, m, 8, 3, 3), ref) == 0.0);
+  }
+}
+
 TEST_CASE("data_parallel with uneven = true weights each replica's gradient by its share of the batch", "[parallel]") {
   ModelSpec m = model_from(kConvNet);
   OptimizerSpec o = optimizer_from(kSgd);
