@@ -126,7 +126,10 @@ TrainReport Trainer::run() {
   if (ts.memory_policy == "strict") {
     auto plans = s_.strategy().plan(rctx);
     for (size_t i = 0; i < plans.size(); ++i) {
+      // Match the plan to its device by label; strategies may plan a subset of the opened devices.
       size_t limit = rctx.devices.at(std::min(i, rctx.devices.size() - 1)).allocator->limit();
+      for (const auto& d : rctx.devices)
+        if (d.device->info().label() == plans[i].device) limit = d.allocator->limit();
       if (plans[i].total() > limit)
         throw OutOfMemory("the training step needs " + format_bytes(plans[i].total()) + " on " + plans[i].device +
                               " but its memory limit is " + format_bytes(limit) + " (parameters " + format_bytes(plans[i].parameters) +
@@ -209,7 +212,10 @@ TrainReport Trainer::run() {
     line << std::setprecision(1) << ", " << em.seconds << " s, " << std::setprecision(0) << em.examples_per_s << " examples/s, "
          << std::setprecision(4) << em.s_per_batch << " s/batch, input-bound: " << std::setprecision(0)
          << em.input_wait_fraction * 100 << "% of step time";
-    out_ << line.str() << "\n" << std::flush;
+    out_ << line.str() << "\n";
+    // Per-replica / per-device throughput of multi-device strategies.
+    if (std::string rep = runner->report(); !rep.empty()) out_ << rep;
+    out_ << std::flush;
     metrics << "{\"event\":\"epoch\",\"epoch\":" << em.epoch << ",\"step\":" << step << ",\"train_loss\":" << json_num(em.train_loss)
             << ",\"test_loss\":" << (em.test_loss >= 0 ? json_num(em.test_loss) : "null")
             << ",\"test_accuracy\":" << (em.test_accuracy >= 0 ? json_num(em.test_accuracy) : "null")

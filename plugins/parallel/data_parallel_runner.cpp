@@ -300,24 +300,33 @@ class DataParallelRunner final : public Runner {
     auto t0 = Clock::now();
     const BufferView grads = rep.state().region(Region::gradients);
     const float share = static_cast<float>(static_cast<double>(rows) / static_cast<double>(global));
+    const size_t end = ex.first_node_of(Phase::update);
     size_t at = ex.first_node_of(Phase::backward);
     for (size_t k = 0; k < bk.size(); ++k) {
+      const bool last = k + 1 == bk.size();
       if (rows > 0) {
-        ex.run_range(at, bk[k].ready, s);
-        at = bk[k].ready;
+        ex.run_range(at, last ? end : bk[k].ready, s);  // the last bucket also takes backward's trailing nodes
+        at = last ? end : bk[k].ready;
         if (share != 1.f) rep.run_op(OpKind::Scale, share, range_of(grads, bk[k]));
       } else {
         rep.run_op(OpKind::Fill, 0.f, range_of(grads, bk[k]));  // a replica without rows contributes nothing
       }
       rep.device().synchronize();
+      if (last) finish_backward(r, t0);  // before the signal that lets the last reduction start
       lanes_->signal([&] { ++ready_[k]; });
     }
-    if (rows > 0) ex.run_range(at, ex.first_node_of(Phase::update), s);
-    rep.device().synchronize();
-    stats_[r].compute += since(t0);
-    lanes_->signal([&] {
-      if (++backward_done_ == static_cast<int>(reps_.size())) backward_end_ = Clock::now();
-    });
+    if (bk.empty()) {
+      if (rows > 0) ex.run_range(at, end, s);
+      rep.device().synchronize();
+      finish_backward(r, t0);
+    }
+  }
+
+  // Records the end of replica r's backward compute (the reference for how much communication was hidden).
+  void finish_backward(size_t r, Clock::time_point t0) {
+    const auto t_end = Clock::now();
+    stats_[r].compute += std::chrono::duration<double>(t_end - t0).count();
+    lanes_->signal([&] { backward_end_ = backward_done_++ == 0 ? t_end : std::max(backward_end_, t_end); });
   }
 
   // Optimizer updates (ema = false) or the EMA updates that follow the weight broadcast (ema = true).
