@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 what="${1:-sample}"
+# ccache hits across clones: paths are rewritten relative to the checkout.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 BUILD_DIR="${KILN_BUILD_DIR:-build}"
 JOBS="${KILN_JOBS:-$(nproc)}"
 

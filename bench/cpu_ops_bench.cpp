@@ -1,9 +1,11 @@
 // GEMM and convolution kernels of the "cpu" plugin, through the real Device API, in GFLOP/s and ms.
-//   cpu_ops_bench [--threads N] [--plugin-dir DIR] [--reps N]
-// Also compares the two ways to share the cores between OpenMP kernels and OpenBLAS on an MLP-shaped op
-// sequence: (A) the plugin's way, OpenBLAS single-threaded inside our OpenMP team; (B) OpenBLAS's own
-// pthreads for GEMM next to OpenMP elementwise kernels.
+//   kiln_cpu_ops_bench [--threads N] [--plugin-dir DIR] [--reps N]
+// Also measures the two design choices of the plugin's threading:
+//  - on an MLP-shaped op sequence, (A) the plugin's way, OpenBLAS single-threaded inside the plugin's
+//    threads, against (B) OpenBLAS's own pthreads for the GEMMs next to the plugin's other kernels;
+//  - handing 2 chunks of busy work to 2 threads: the plugin's ThreadPool against an OpenMP parallel for.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,9 +13,11 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/plugin_loader.hpp"
+#include "thread_pool.hpp"
 
 using namespace kiln;
 
@@ -71,7 +75,7 @@ OpCall call_for(Device& dev, OpKind k, OpAttrs a, const Buffers& b, std::vector<
 }
 
 void bench_gemm(Device& dev, int reps) {
-  std::printf("\nGEMM (sgemm split over the OpenMP team)\n%-28s %10s %10s\n", "m x n x k", "ms", "GFLOP/s");
+  std::printf("\nGEMM (sgemm split over the device's threads)\n%-28s %10s %10s\n", "m x n x k", "ms", "GFLOP/s");
   struct G {
     int64_t m, n, k;
     bool ta, tb;
@@ -171,6 +175,10 @@ void bench_cnn_ops(Device& dev, int reps) {
     for (size_t o = 0; o < ar.out.size(); ++o) out.push_back(int(ar.in.size() + o));
     if (op.kind == OpKind::AdamUpdate)  // v must be >= 0
       for (float *p = b.views[3].host(), *e = p + ar.out[2]; p < e; ++p) *p = *p < 0 ? -*p : *p;
+    if (op.kind == OpKind::MaxPoolBackward) {  // realistic input: after a ReLU (many ties at 0), y = pool(x)
+      for (float *p = b.views[0].host(), *e = p + ar.in[0]; p < e; ++p) *p = *p < 0 ? 0 : *p;
+      dev.run(OpCall{OpKind::MaxPoolForward, op.attrs, {b.views[0]}, {b.views[1]}, {}});
+    }
     Block* ws = nullptr;
     OpCall c = call_for(dev, op.kind, op.attrs, b, in, out, ws);
     const double t = best_time(reps, [&] { dev.run(c); });
@@ -242,6 +250,36 @@ double mlp_step(Device& dev, int64_t n, bool direct_blas, int reps) {
   return t[t.size() / 2];
 }
 
+// Per call of 2 chunks x `us` microseconds of spinning, ThreadPool vs OpenMP: the cost of handing work to a
+// second thread, which is what matters for the short ops of a training step (and on a busy host, whether a
+// late thread stalls the call).
+void bench_handoff(int calls) {
+  auto busy = [](double us) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() < us) {
+    }
+  };
+  std::printf("\nHanding 2 chunks to 2 threads (us per call; ideal = chunk)\n%-10s %12s %12s\n", "chunk us",
+              "ThreadPool", "OpenMP for");
+  cpu::ThreadPool pool(2);
+  // Idle gaps so that neither side's threads are still spinning from the other's last call.
+  auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
+  for (double us : {5.0, 20.0, 70.0, 300.0}) {
+    settle();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) pool.run(2, [&](int64_t, int) { busy(us); });
+    const double tp = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+    settle();
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) {
+#pragma omp parallel for num_threads(2)
+      for (int c = 0; c < 2; ++c) busy(us);
+    }
+    const double om = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+    std::printf("%-10.0f %12.1f %12.1f\n", us, tp, om);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -257,6 +295,7 @@ int main(int argc, char** argv) {
       reps = std::stoi(argv[i + 1]);
   }
   try {
+    bench_handoff(reps * 100);  // first: no other threads of this process are alive yet
     PluginLoader loader;
     Registry reg = Registry::with_builtins();
     if (!dir.empty())
@@ -271,16 +310,17 @@ int main(int argc, char** argv) {
     bench_gemm(*dev, reps);
     bench_conv(*dev, std::max(3, reps / 4));
     bench_cnn_ops(*dev, std::max(3, reps / 4));
-    std::printf("\nMLP 784-256-256-10 step ops (median ms)\n%-8s %22s %26s\n", "batch", "A: OpenBLAS 1t in OMP",
-                "B: OpenBLAS pthreads + OMP");
+    std::printf("\nMLP 784-256-256-10 step ops (median ms)\n%-8s %26s %26s\n", "batch", "A: OpenBLAS 1t per thread",
+                "B: OpenBLAS's own pthreads");
     for (int64_t n : {32, 128}) {
       openblas_set_num_threads(1);
       const double a = mlp_step(*dev, n, false, reps * 10);
       openblas_set_num_threads(std::max(1, threads == 0 ? 2 : threads));
       const double b = mlp_step(*dev, n, true, reps * 10);
       openblas_set_num_threads(1);
-      std::printf("%-8lld %22.3f %26.3f\n", (long long)n, a * 1e3, b * 1e3);
+      std::printf("%-8lld %26.3f %26.3f\n", (long long)n, a * 1e3, b * 1e3);
     }
+
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cpu_ops_bench: %s\n", e.what());
     return 1;

@@ -104,8 +104,8 @@ Allocator::Allocator(Device& device, AllocatorOptions opts) : device_(device), o
         for (auto* b : blocks_) device_.free_block(b);
         blocks_.clear();
         throw OutOfMemory("cannot reserve the memory limit " + format_bytes(opts_.limit) + " on " +
-                              device_.info().label() + " (" + device_.info().name + "): the device refused a block of " +
-                              format_bytes(chunk) + " after " + format_bytes(stats_.reserved) +
+                              device_.info().label() + " (" + device_.info().name + "): " + grow_failure_ + " after " +
+                              format_bytes(stats_.reserved) +
                               " (device free: " + format_bytes(device_.query_free_memory()) +
                               "). Lower [device] memory_limit or set growth = true.",
                           chunk, stats_);
@@ -120,6 +120,7 @@ Allocator::~Allocator() {
 }
 
 bool Allocator::grow(size_t at_least) {
+  fault_fired_ = false;
   const size_t room = opts_.limit > stats_.reserved ? opts_.limit - stats_.reserved : 0;
   const size_t free_inside = stats_.reserved - stats_.in_use;
   if (at_least > room) {
@@ -145,6 +146,7 @@ bool Allocator::grow(size_t at_least) {
   if (opts_.fail_block_request > 0 && stats_.block_requests == static_cast<size_t>(opts_.fail_block_request)) {
     grow_failure_ = "fault injection failed block request #" + std::to_string(opts_.fail_block_request) +
                     " ([device] fault_injection_block)";
+    fault_fired_ = true;  // an injected failure is final: no retry after giving free blocks back
     return false;
   }
   Block* b = device_.allocate_block(want);
@@ -186,7 +188,7 @@ Allocation Allocator::allocate(size_t bytes, const AllocationSite& site) {
   if (it == free_by_size_.end()) {
     bool grown = grow(padded);
     // Whole free blocks may be in the way of one larger block: give them back and try once more.
-    if (!grown && opts_.growth && stats_.reserved - stats_.in_use >= opts_.min_block) {
+    if (!grown && !fault_fired_ && opts_.growth && stats_.reserved - stats_.in_use >= opts_.min_block) {
       release_free_blocks();
       grown = grow(padded);
     }

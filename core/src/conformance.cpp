@@ -236,10 +236,11 @@ ConformanceReport run_conformance_suite(Registry& registry, const ConformanceOpt
       report.backends.push_back(std::move(r));
       continue;
     }
+    // A malformed tolerance file is refused before any device is opened.
+    const ToleranceSet tols = load_tolerances(opts.tolerance_dir, name);
     std::unique_ptr<Device> dev = backend->open(opts.device);
     r.available = true;
     r.device = dev->info();
-    const ToleranceSet tols = load_tolerances(opts.tolerance_dir, name);
     r.tolerance_file = tols.path;
     out << "== " << name << ": " << r.device.label() << " " << r.device.name << " [" << r.device.hardware_id << "]\n"
         << "   tolerances: "

@@ -37,7 +37,17 @@ std::vector<size_t> device_limits(const RunnerContext& ctx) {
   return l;
 }
 
-size_t limit_for(const std::vector<size_t>& limits, size_t i) { return limits.at(std::min(i, limits.size() - 1)); }
+// The opened device a plan is for: matched by label (a strategy may plan a subset of the opened devices), else by
+// position.
+size_t device_of(const DevicePlan& p, const RunnerContext& ctx, size_t i) {
+  for (size_t d = 0; d < ctx.devices.size(); ++d)
+    if (ctx.devices[d].device && ctx.devices[d].device->info().label() == p.device) return d;
+  return std::min(i, ctx.devices.empty() ? size_t{0} : ctx.devices.size() - 1);
+}
+
+size_t limit_for(const std::vector<size_t>& limits, const DevicePlan& p, const RunnerContext& ctx, size_t i) {
+  return limits.at(std::min(device_of(p, ctx, i), limits.size() - 1));
+}
 
 // Largest plan total over devices, and whether every plan fits its limit.
 std::pair<size_t, bool> plan_need(Strategy& s, const RunnerContext& ctx, const std::vector<size_t>& limits) {
@@ -46,7 +56,7 @@ std::pair<size_t, bool> plan_need(Strategy& s, const RunnerContext& ctx, const s
   bool fits = true;
   for (size_t i = 0; i < plans.size(); ++i) {
     need = std::max(need, plans[i].total());
-    fits = fits && plans[i].total() <= limit_for(limits, i);
+    fits = fits && plans[i].total() <= limit_for(limits, plans[i], ctx, i);
   }
   return {need, fits};
 }
@@ -113,7 +123,7 @@ int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<
     try {
       auto plans = s.plan(ctx);
       for (size_t i = 0; i < plans.size(); ++i)
-        if (plans[i].total() > limit_for(limits, i)) return false;
+        if (plans[i].total() > limit_for(limits, plans[i], ctx, i)) return false;
       return true;
     } catch (const ConfigError&) {
       return false;  // e.g. a batch that a data-parallel strategy cannot split
@@ -177,7 +187,7 @@ std::string oom_advice(Session& s, size_t device) {
   RunnerContext ctx = s.runner_context();
   if (ctx.devices.empty() || !ctx.optimizer) return {};
   const auto limits = device_limits(ctx);
-  const size_t limit = limit_for(limits, device);
+  const size_t limit = limits.at(std::min(device, limits.size() - 1));
   Strategy& st = s.strategy();
   std::ostringstream os;
   auto verdict = [&](size_t need, bool fits) { return format_bytes_both(need) + (fits ? ": fits" : ": does not fit"); };
@@ -250,10 +260,10 @@ PlanCheck check_plan(Session& s) {
   os << format_layer_table(layer_table(m));
   size_t worst = 0;
   for (size_t i = 0; i < c.plans.size(); ++i) {
-    const size_t limit = limit_for(limits, i);
+    const size_t di = device_of(c.plans[i], ctx, i);
+    const size_t limit = limits.at(di);
     c.limits.push_back(limit);
     os << format_device_plan(c.plans[i], limit);
-    const size_t di = std::min(i, ctx.devices.size() - 1);
     Device& dev = *ctx.devices[di].device;
     const auto& info = dev.info();
     os << "  device: " << info.label() << " (" << info.name << "), " << format_bytes(info.total_memory) << " total, "
@@ -267,7 +277,7 @@ PlanCheck check_plan(Session& s) {
       os << "  reserved by other Kiln jobs: " << format_bytes(total_bytes(others)) << "\n" << format_holders(others);
     if (c.plans[i].total() > limit) {
       c.fits = false;
-      if (c.plans[i].total() > c.worst_need) c.worst_need = c.plans[i].total(), worst = i;
+      if (c.plans[i].total() > c.worst_need) c.worst_need = c.plans[i].total(), worst = di;
     }
   }
   const int64_t best = largest_fitting_batch(s.strategy(), ctx, limits, ctx.global_batch);

@@ -29,6 +29,12 @@ Element zero_batch(const ModelSpec& m, const OptimizerSpec* opt, int64_t batch) 
   return e;
 }
 
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
+  return o;
+}
+
 std::string mib(size_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(b) / (1 << 20));
@@ -57,7 +63,10 @@ std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& bat
     auto plans = s.strategy().plan(ctx);
     p.fits = true;
     for (size_t i = 0; i < plans.size(); ++i) {
-      size_t limit = base.devices.at(std::min(i, base.devices.size() - 1)).allocator->limit();
+      size_t di = std::min(i, base.devices.size() - 1);
+      for (size_t d = 0; d < base.devices.size(); ++d)
+        if (base.devices[d].device->info().label() == plans[i].device) di = d;
+      size_t limit = base.devices[di].allocator->limit();
       p.predicted = std::max(p.predicted, plans[i].total());
       p.limit = p.limit ? std::min(p.limit, limit) : limit;
       p.fits = p.fits && plans[i].total() <= limit;
@@ -112,7 +121,7 @@ std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& 
   os.precision(1);
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << title << "</text>\n"
+     << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title) << "</text>\n"
      << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
      << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n";
   for (int i = 0; i <= 5; ++i) {  // y grid in MiB

@@ -1,5 +1,7 @@
 // Max and average pooling, one (n, c) plane per OpenMP iteration (planes never share output).
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 
 #include "kernels.hpp"
 
@@ -15,6 +17,11 @@ Window window(const PoolAttrs& a, int64_t oy, int64_t ox) {
   const int64_t ty = oy * a.stride_h - a.pad_h, tx = ox * a.stride_w - a.pad_w;
   return {std::max<int64_t>(ty, 0), std::min<int64_t>(ty + a.kh, a.h), std::max<int64_t>(tx, 0),
           std::min<int64_t>(tx + a.kw, a.w)};
+}
+
+// g where m == 1, +0 where m == 0, by masking bits (no branch even in the scalar remainder of a loop).
+inline float keep_if(int m, float g) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(g) & (0u - static_cast<uint32_t>(m)));
 }
 
 bool is_2x2_s2(const PoolAttrs& a) {
@@ -78,13 +85,15 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
           const float* yr = y + p * out_plane + oy * a.ow;
           const float* gr = dy + p * out_plane + oy * a.ow;
           for (int64_t ox = 0; ox < a.ow; ++ox) {
+            // Bitwise, not &&: after a ReLU many windows tie at 0, and short-circuit branches mispredict.
             const float yv = yr[ox], g = gr[ox];
-            const bool m0 = r0[2 * ox] == yv, m1 = !m0 && r0[2 * ox + 1] == yv;
-            const bool m2 = !m0 && !m1 && r1[2 * ox] == yv, m3 = !m0 && !m1 && !m2 && r1[2 * ox + 1] == yv;
-            d0[2 * ox] = m0 ? g : 0.f;
-            d0[2 * ox + 1] = m1 ? g : 0.f;
-            d1[2 * ox] = m2 ? g : 0.f;
-            d1[2 * ox + 1] = m3 ? g : 0.f;
+            const int e0 = r0[2 * ox] == yv, e1 = r0[2 * ox + 1] == yv, e2 = r1[2 * ox] == yv;
+            const int e3 = r1[2 * ox + 1] == yv;
+            const int m1 = e1 & ~e0, m2 = e2 & ~(e0 | e1), m3 = e3 & ~(e0 | e1 | e2);
+            d0[2 * ox] = keep_if(e0, g);
+            d0[2 * ox + 1] = keep_if(m1, g);
+            d1[2 * ox] = keep_if(m2, g);
+            d1[2 * ox + 1] = keep_if(m3, g);
           }
           std::fill(d0 + 2 * a.ow, d0 + a.w, 0.f);  // an odd last column is in no window
           std::fill(d1 + 2 * a.ow, d1 + a.w, 0.f);

@@ -23,7 +23,9 @@ constexpr uint64_t pack(uint64_t gen, uint64_t chunks, uint64_t next) { return (
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+  // Each worker starts from the epoch of construction: one that starts late must still see a later bump.
+  const uint32_t epoch = epoch_.load();
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, epoch] { worker(i, epoch); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -83,8 +85,7 @@ void ThreadPool::run_impl(int64_t chunks, Call call, void* ctx) {
   }
 }
 
-void ThreadPool::worker(int slot) {
-  uint32_t seen = epoch_.load();
+void ThreadPool::worker(int slot, uint32_t seen) {
   for (;;) {
     // Spin for a new call, then sleep. sleepers_ and epoch_ are a seq_cst handshake with wake_sleepers():
     // either the caller sees this sleeper and notifies, or this thread sees the new epoch and does not wait.

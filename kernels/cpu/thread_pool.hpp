@@ -40,7 +40,7 @@ class ThreadPool {
   using Call = void (*)(void* ctx, int64_t chunk, int slot);
   void run_impl(int64_t chunks, Call call, void* ctx);
   void claim_all(int slot);
-  void worker(int slot);
+  void worker(int slot, uint32_t seen);
   void wake_sleepers();
 
   // (generation << 32) | (chunks << 16) | next chunk: one word, so a claim can never mix two calls.

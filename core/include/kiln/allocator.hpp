@@ -141,6 +141,7 @@ class Allocator {
   std::map<uint64_t, Block*> block_by_id_;
   std::string oom_hint_;
   std::string grow_failure_;  // why the last grow() failed, for the OOM report
+  bool fault_fired_ = false;  // the last grow() failed by fault injection
   std::function<std::string()> oom_hint_provider_;
 };
 

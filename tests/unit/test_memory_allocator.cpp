@@ -1,0 +1,171 @@
+// The allocator's harder cases on a real CPU device: fragmentation, giving whole blocks back, reserve mode,
+// fault injection across a whole workload, peaks, and the advice hook of OOM reports.
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "kiln/allocator.hpp"
+#include "test_support.hpp"
+
+using namespace kiln;
+
+namespace {
+
+constexpr size_t MiB = 1u << 20;
+
+std::unique_ptr<Device> cpu_device() { return test::registry().backend("cpu")(BackendOptions{})->open(0); }
+
+std::string oom_text(Allocator& a, size_t bytes) {
+  try {
+    a.allocate(bytes, {MemoryTag::activations, "probe"});
+  } catch (const OutOfMemory& e) {
+    return e.what();
+  }
+  return "<allocated>";
+}
+
+// Sum of the sizes of the live allocations, padded the way the allocator pads them.
+size_t padded_sum(const std::vector<Allocation>& held) {
+  size_t s = 0;
+  for (const auto& h : held)
+    if (h) s += std::max<size_t>(256, (h.bytes() + 255) / 256 * 256);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a request that fits the limit but no free range is reported as fragmentation", "[memory]") {
+  auto dev = cpu_device();
+  AllocatorOptions o;
+  o.limit = 4 * MiB;
+  o.growth = false;  // one 4 MiB block
+  Allocator a(*dev, o);
+  std::vector<Allocation> held;
+  for (int i = 0; i < 4; ++i) held.push_back(a.allocate(MiB, {MemoryTag::activations, "x"}));
+  held[0].reset();
+  held[2].reset();  // 2 MiB free, in two separate 1 MiB ranges
+  CHECK(a.stats().largest_free == MiB);
+  CHECK(a.stats().fragmentation() == Approx(0.5));
+  std::string m = oom_text(a, 2 * MiB);
+  CHECK_THAT(m, Catch::Contains("fragmentation"));
+  CHECK_THAT(m, Catch::Contains("largest free range is 1.0 MiB"));
+  held[1].reset();  // coalesces 0..3 MiB
+  CHECK(a.stats().fragmentation() == Approx(0.0));
+  CHECK(a.allocate(3 * MiB, {MemoryTag::activations, "y"}));
+}
+
+TEST_CASE("growth gives whole free blocks back to make room for a larger one under the limit", "[memory]") {
+  auto dev = cpu_device();
+  AllocatorOptions o;
+  o.limit = 8 * MiB;
+  o.min_block = MiB;
+  Allocator a(*dev, o);
+  std::vector<Allocation> held;
+  for (int i = 0; i < 8; ++i) held.push_back(a.allocate(MiB, {MemoryTag::activations, "x"}));
+  CHECK(a.stats().blocks == 8);
+  CHECK(a.stats().reserved == 8 * MiB);
+  for (int i = 0; i < 6; ++i) held[size_t(i)].reset();  // six whole free blocks, none big enough alone
+  auto big = a.allocate(5 * MiB, {MemoryTag::parameters, "big"});
+  CHECK(big);
+  CHECK(a.stats().reserved <= 8 * MiB);
+  CHECK(a.stats().blocks == 3);  // two 1 MiB blocks still in use, plus the new one
+}
+
+TEST_CASE("growth = false that cannot reserve its limit fails at construction and leaves nothing behind", "[memory]") {
+  auto dev = cpu_device();
+  AllocatorOptions o;
+  o.limit = 8 * MiB;
+  o.growth = false;
+  o.max_block = 2 * MiB;  // four block requests
+  for (int k = 1; k <= 4; ++k) {
+    o.fail_block_request = k;
+    INFO("failing block request " << k);
+    CHECK_THROWS_WITH(Allocator(*dev, o), Catch::Contains("cannot reserve the memory limit 8.0 MiB"));
+  }
+  o.fail_block_request = 0;
+  Allocator ok(*dev, o);
+  CHECK(ok.stats().reserved == 8 * MiB);
+  CHECK(ok.stats().blocks == 4);
+}
+
+TEST_CASE("fault injection at every k over a mixed workload keeps the statistics exact and the device usable", "[memory]") {
+  auto dev = cpu_device();
+  auto workload = [](Allocator& a, std::vector<Allocation>& held, int& failures) {
+    std::mt19937 rng(3);
+    for (int i = 0; i < 40; ++i) {
+      size_t bytes = (rng() % 2048 + 1) * 1024;
+      try {
+        held.push_back(a.allocate(bytes, {MemoryTag(rng() % 6), "t"}));
+      } catch (const OutOfMemory& e) {
+        ++failures;
+        CHECK_THAT(std::string(e.what()), Catch::Contains("fault injection"));
+      }
+      if (rng() % 3 == 0 && !held.empty()) held[rng() % held.size()].reset();
+      // Invariants after every step, failed or not.
+      REQUIRE(a.stats().in_use == padded_sum(held));
+      size_t by_tag = 0;
+      for (auto t : a.stats().in_use_by_tag) by_tag += t;
+      REQUIRE(by_tag == a.stats().in_use);
+      REQUIRE(a.stats().reserved <= a.limit());
+      REQUIRE(a.stats().largest_free <= a.stats().reserved - a.stats().in_use);
+    }
+  };
+  AllocatorOptions base;
+  base.limit = 64 * MiB;
+  base.min_block = MiB;
+  size_t requests = 0;
+  {
+    Allocator a(*dev, base);
+    std::vector<Allocation> held;
+    int failures = 0;
+    workload(a, held, failures);
+    CHECK(failures == 0);
+    requests = a.stats().block_requests;
+  }
+  REQUIRE(requests > 3);
+  for (size_t k = 1; k <= requests; ++k) {
+    INFO("failing block request " << k);
+    AllocatorOptions o = base;
+    o.fail_block_request = int(k);
+    Allocator a(*dev, o);
+    std::vector<Allocation> held;
+    int failures = 0;
+    workload(a, held, failures);
+    CHECK(failures == 1);
+    held.clear();
+    CHECK(a.stats().in_use == 0);
+    // Usable afterwards: the whole workload runs again without a failure.
+    int again = 0;
+    workload(a, held, again);
+    CHECK(again == 0);
+  }
+}
+
+TEST_CASE("reset_peak starts a new measurement window and OOM advice comes from the provider", "[memory]") {
+  auto dev = cpu_device();
+  AllocatorOptions o;
+  o.limit = 4 * MiB;
+  Allocator a(*dev, o);
+  {
+    auto x = a.allocate(3 * MiB, {MemoryTag::activations, "x"});
+  }
+  auto y = a.allocate(MiB, {MemoryTag::gradients, "y"});
+  CHECK(a.stats().peak_in_use == 3 * MiB);
+  a.reset_peak();
+  CHECK(a.stats().peak_in_use == MiB);
+  CHECK(a.stats().peak_by_tag[size_t(MemoryTag::activations)] == 0);
+  CHECK(a.stats().peak_by_tag[size_t(MemoryTag::gradients)] == MiB);
+  int calls = 0;
+  a.set_oom_hint("fixed hint\n");
+  a.set_oom_hint_provider([&] {
+    ++calls;
+    return std::string("what would fit: batch size 7\n");
+  });
+  std::string m = oom_text(a, 5 * MiB);
+  CHECK_THAT(m, Catch::Contains("the request alone exceeds the memory limit"));
+  CHECK_THAT(m, Catch::Contains("fixed hint\nwhat would fit: batch size 7"));
+  CHECK(calls == 1);
+  a.set_oom_hint_provider([]() -> std::string { throw std::runtime_error("planner failed"); });
+  m = oom_text(a, 4 * MiB);  // a throwing provider never hides the report itself
+  CHECK_THAT(m, Catch::Contains("exceeds the memory limit (1.0 MiB in use + 4.0 MiB requested > 4.0 MiB)"));
+  CHECK_THAT(m, Catch::Contains("gradients 1.0 MiB"));
+}
