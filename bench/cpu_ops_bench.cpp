@@ -250,6 +250,23 @@ double mlp_step(Device& dev, int64_t n, bool direct_blas, int reps) {
   return t[t.size() / 2];
 }
 
+// Device::run on tiny ops: the fixed cost of one call (checks, dispatch), in ns.
+void bench_call_overhead(Device& dev) {
+  Buffers b(dev, {16, 16, 16});
+  std::printf("\nPer-call overhead (16-element ops, ns per Device::run)\n");
+  const std::pair<const char*, OpCall> calls[] = {
+      {"fill", OpCall{OpKind::Fill, ElementwiseAttrs{16, 1.f}, {}, {b.views[2]}, {}}},
+      {"add", OpCall{OpKind::Add, ElementwiseAttrs{16}, {b.views[0], b.views[1]}, {b.views[2]}, {}}},
+      {"gemm 4x4x4", OpCall{OpKind::Gemm, GemmAttrs{4, 4, 4}, {b.views[0], b.views[1]}, {b.views[2]}, {}}}};
+  for (const auto& [name, c] : calls) {
+    const int n = 200000;
+    const double t = best_time(3, [&] {
+      for (int i = 0; i < n; ++i) dev.run(c);
+    });
+    std::printf("%-12s %8.0f\n", name, t / n * 1e9);
+  }
+}
+
 // Per call of 2 chunks x `us` microseconds of spinning, ThreadPool vs OpenMP: the cost of handing work to a
 // second thread, which is what matters for the short ops of a training step (and on a busy host, whether a
 // late thread stalls the call).
@@ -307,6 +324,7 @@ int main(int argc, char** argv) {
     auto backend = reg.backend("cpu")(o);
     auto dev = backend->open(0);
     std::printf("device: %s\n", dev->info().name.c_str());
+    bench_call_overhead(*dev);
     bench_gemm(*dev, reps);
     bench_conv(*dev, std::max(3, reps / 4));
     bench_cnn_ops(*dev, std::max(3, reps / 4));

@@ -19,6 +19,7 @@ struct Options {
   int device_index = 0;
   std::string op_filter, case_id, report, matrix;
   bool validation = false;
+  std::string tolerance_dir;
 };
 
 // Loads plugins from the default dirs, --plugin-dir, and (when given) the config's [plugins] table.

@@ -18,6 +18,7 @@ int cmd_conformance(const Options& o) {
   c.report_path = o.report;
   c.matrix_path = o.matrix;
   c.backend_options.validation = o.validation;
+  c.tolerance_dir = o.tolerance_dir;
   return run_conformance(reg, c, std::cout);
 }
 

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   conf->add_option("--case", o.case_id, "Only this case id (from a failure's repro line)");
   conf->add_option("--report", o.report, "Write the JSON report here");
   conf->add_option("--matrix", o.matrix, "Write the op-support matrix (Markdown) here");
+  conf->add_option("--tolerances", o.tolerance_dir, "Directory of <backend>.toml tolerance files (default: the installed ones)");
   conf->add_flag("--validation", o.validation, "Vulkan: run with the Khronos validation layer and fail on any message");
 
   try {

@@ -171,6 +171,15 @@ bool Allocator::grow(size_t at_least) {
   return true;
 }
 
+bool Allocator::reserve(size_t bytes) {
+  if (!opts_.growth || bytes == 0) return true;
+  bytes = (bytes + opts_.alignment - 1) / opts_.alignment * opts_.alignment;
+  if (stats_.largest_free >= bytes) return true;
+  release_free_blocks();
+  if (opts_.max_block && bytes > opts_.max_block) return false;
+  return grow(bytes);
+}
+
 void Allocator::reset_peak() {
   stats_.peak_in_use = stats_.in_use;
   stats_.peak_reserved = stats_.reserved;
@@ -274,6 +283,7 @@ std::string Allocator::report() const {
      << format_bytes(s.in_use) << "; peak in use " << format_bytes(s.peak_in_use) << "; largest free range "
      << format_bytes(s.largest_free) << "; fragmentation " << static_cast<int>(s.fragmentation() * 100) << "%\n";
   os << "  in use by tag:";
+  if (s.peak_in_use == 0) os << " none";
   for (size_t t = 0; t < kMemoryTagCount; ++t)
     if (s.in_use_by_tag[t] || s.peak_by_tag[t])
       os << " " << memory_tag_name(static_cast<MemoryTag>(t)) << " " << format_bytes(s.in_use_by_tag[t]) << " (peak "

@@ -74,6 +74,14 @@ class SaversGuard {
   MemorySavers saved_;
 };
 
+// Takes each device's planned total as one block, so the planned allocations pack without block-boundary waste
+// (growth mode; a no-op when the whole limit is reserved already).
+void reserve_planned(Session& s) {
+  RunnerContext ctx = s.runner_context();
+  auto plans = s.strategy().plan(ctx);
+  for (size_t i = 0; i < plans.size(); ++i) ctx.devices.at(device_of(plans[i], ctx, i)).allocator->reserve(plans[i].total());
+}
+
 }  // namespace
 
 std::string format_bytes_both(size_t b) {
@@ -194,6 +202,11 @@ std::string oom_advice(Session& s, size_t device) {
   os << "what would fit in the " << format_bytes(limit) << " limit of " << ctx.devices.at(std::min(device, ctx.devices.size() - 1)).device->info().label()
      << ":\n";
   const int64_t batch = ctx.global_batch;
+  {
+    auto [need, fits] = plan_need(st, ctx, limits);
+    os << "  - as configured the step needs " << verdict(need, fits)
+       << (fits ? " (so the limit is not what failed: the device refused memory or the free space is fragmented; see above)" : "") << "\n";
+  }
   const int64_t best = largest_fitting_batch(st, ctx, limits, batch);
   if (best == 0) {
     RunnerContext one = ctx;
@@ -291,7 +304,7 @@ void enforce_memory_plan(Session& s, std::ostream& out) {
   const std::string policy = s.train().memory_policy;
   if (policy == "none") return;
   PlanCheck c = check_plan(s);
-  if (c.fits) return;
+  if (c.fits) return reserve_planned(s);
   if (policy == "fit") {
     ModelSpec& m = s.model();
     const MemorySavers before = m.savers;
@@ -324,7 +337,7 @@ void enforce_memory_plan(Session& s, std::ostream& out) {
       m.savers = best;
       out << "memory_policy = \"fit\": the plan needs " << format_bytes_both(c.worst_need) << "; turned on " << best.describe()
           << ", which needs " << format_bytes_both(best_need) << "\n";
-      return;
+      return reserve_planned(s);
     }
   }
   throw OutOfMemory("the planned training step does not fit the memory limit; nothing was allocated" +

@@ -72,6 +72,11 @@ std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& bat
       p.fits = p.fits && plans[i].total() <= limit;
     }
     if (measure && p.fits) {
+      // A clean device per batch size: blocks of the previous size go back, this size's plan is taken as one block.
+      for (auto& d : base.devices) d.allocator->release_free_blocks();
+      for (size_t i = 0; i < plans.size(); ++i)
+        for (auto& d : base.devices)
+          if (d.device->info().label() == plans[i].device) d.allocator->reserve(plans[i].total());
       for (auto& d : base.devices) d.allocator->reset_peak();
       auto t0 = std::chrono::steady_clock::now();
       {
@@ -79,6 +84,7 @@ std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& bat
         Element e = zero_batch(s.model(), ctx.optimizer, b);
         runner->train_step(e, StepScalars{0, static_cast<float>(ctx.optimizer ? ctx.optimizer->lr : 0.0)});
       }  // the runner frees everything it allocated
+      for (auto& d : base.devices) d.allocator->release_free_blocks();
       p.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (auto& d : base.devices) p.measured = std::max(p.measured, d.allocator->stats().peak_in_use);
     }

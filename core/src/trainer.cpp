@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/memory_report.hpp"
 
 namespace kiln {
 
@@ -122,23 +123,10 @@ TrainReport Trainer::run() {
 
   s_.open_devices();
   auto rctx = s_.runner_context();
-  // Refuse up front when the plan cannot fit (the memory plan is exact for Kiln's own allocations).
-  if (ts.memory_policy == "strict") {
-    auto plans = s_.strategy().plan(rctx);
-    for (size_t i = 0; i < plans.size(); ++i) {
-      // Match the plan to its device by label; strategies may plan a subset of the opened devices.
-      size_t limit = rctx.devices.at(std::min(i, rctx.devices.size() - 1)).allocator->limit();
-      for (const auto& d : rctx.devices)
-        if (d.device->info().label() == plans[i].device) limit = d.allocator->limit();
-      if (plans[i].total() > limit)
-        throw OutOfMemory("the training step needs " + format_bytes(plans[i].total()) + " on " + plans[i].device +
-                              " but its memory limit is " + format_bytes(limit) + " (parameters " + format_bytes(plans[i].parameters) +
-                              ", gradients " + format_bytes(plans[i].gradients) + ", optimizer state " +
-                              format_bytes(plans[i].optimizer_state) + ", activations " + format_bytes(plans[i].activations) +
-                              ", workspace " + format_bytes(plans[i].workspace) + ", input " + format_bytes(plans[i].input_data) +
-                              "). Nothing was allocated. Run `kiln plan` for the per-layer table.",
-                          plans[i].total(), {});
-    }
+  // Refuse up front, with the full plan report, when the plan cannot fit (memory_policy "fit" turns on savers first).
+  if (ts.memory_policy != "none") {
+    enforce_memory_plan(s_, out_);
+    rctx = s_.runner_context();
   }
   auto runner = s_.strategy().create(rctx);
   if (!runner->report().empty()) out_ << runner->report();

@@ -109,6 +109,10 @@ class Allocator {
   size_t limit() const { return opts_.limit; }
   // Returns blocks that are entirely free to the device (growth mode only).
   void release_free_blocks();
+  // Growth mode: gives entirely free blocks back and takes one block of `bytes` (within the limit) unless a free
+  // range that large exists, so a planned set of allocations packs into it without block-boundary waste.
+  // Returns false (and changes nothing else) when the limit or the device does not allow it.
+  bool reserve(size_t bytes);
   // A human-readable table of the stats (used in OOM reports and `kiln train` summaries).
   std::string report() const;
   // Extra advice appended to OOM reports (the trainer sets "largest batch that fits: ..." here).

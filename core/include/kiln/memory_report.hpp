@@ -45,7 +45,8 @@ std::string oom_advice(Session& s, size_t device);
 // The up-front check of `kiln train` (call after open_devices, before the strategy creates its runner):
 // memory_policy "strict" throws OutOfMemory carrying check_plan's full report when the plan does not fit;
 // "fit" first turns on memory savers (recomputation) and keeps them in s.model().savers if that makes it fit,
-// writing what it chose to `out`; "none" checks nothing.
+// writing what it chose to `out`; "none" checks nothing. When the plan fits, each device's planned total is
+// reserved as one block (Allocator::reserve) so the planned allocations pack without block-boundary waste.
 void enforce_memory_plan(Session& s, std::ostream& out);
 
 // `kiln plan --sweep`: predicted (and, with `measure`, measured with one real training step each) peak memory
