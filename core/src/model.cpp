@@ -7,6 +7,7 @@
 
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/memory_savers.hpp"
 #include "kiln/plugin.hpp"
 
 namespace kiln {
@@ -297,6 +298,7 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
     if (!o.optimizer) throw Error("build_graph: a training graph needs an optimizer");
     append_updates(g, *o.optimizer);
   }
+  apply_memory_savers(g, m.savers, o.training);  // [memory] in_place / recompute / memory_policy
   return g;
 }
 

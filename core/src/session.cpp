@@ -308,10 +308,12 @@ void Session::open_devices(bool reserve) {
                           " devices but CUDA sees " + std::to_string(infos.size()) + ": entry \"" + entries[infos.size()] +
                           "\" does not exist on this host (CUDA ignores it and every entry after it). See `kiln devices`.");
     }
-  std::vector<int64_t> order = device_.visible;
-  if (order.empty() || bname != device_.backend)
+  // visible indexes the configured backend's devices ("auto": the one it chose); a CPU fallback ignores it.
+  const bool use_visible = bname == device_.backend || device_.backend == "auto";
+  std::vector<int64_t> order = use_visible ? device_.visible : std::vector<int64_t>{};
+  if (order.empty())
     for (size_t i = 0; i < infos.size(); ++i) order.push_back(static_cast<int64_t>(i));
-  if (bname == device_.backend)
+  if (use_visible)
     for (auto v : device_.visible)
       if (v >= static_cast<int64_t>(infos.size()))
         throw ConfigError(cfg_.file() + ": [device] visible lists device " + std::to_string(v) + ", but backend \"" + bname +
@@ -332,7 +334,7 @@ void Session::open_devices(bool reserve) {
                       " devices but only " + std::to_string(order.size()) + " are visible on backend \"" + bname + "\"");
   order.resize(want);
   for (auto idx : order) {
-    auto dev = backend_->open(static_cast<int>(idx));
+    auto dev = backend_->open(infos[static_cast<size_t>(idx)].index);  // the backend's own index ("auto" filters its list)
     const DeviceInfo& info = dev->info();
     const auto& others = holders[static_cast<size_t>(idx)];
     const size_t total = info.total_memory, promised = total_bytes(others);

@@ -160,9 +160,7 @@ TEST_CASE("kiln plan --sweep writes CSV and SVG with measured peaks within 5% of
   CHECK_THAT(svg, Catch::Contains("limit 256.0 MiB"));
 }
 
-// KNOWN FAILURE (tagged [!mayfail], reported in every run): automatic recomputation under memory_policy = "fit" does not
-// yet find a plan for this model; see the issue 3 note.
-TEST_CASE("memory_policy = \"fit\" turns on recomputation when the plan does not fit otherwise", "[memory][!mayfail]") {
+TEST_CASE("memory_policy = \"fit\" turns on recomputation when the plan does not fit otherwise", "[memory]") {
   // A deep, wide MLP whose activations dominate at this batch: plain plan over the limit, recomputation under it.
   std::string layers;
   for (int i = 0; i < 16; ++i) layers += "[[model.layers]]\ntype = \"dense\"\nunits = 512\nactivation = \"relu\"\n";

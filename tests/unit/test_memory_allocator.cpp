@@ -169,3 +169,26 @@ TEST_CASE("reset_peak starts a new measurement window and OOM advice comes from 
   CHECK_THAT(m, Catch::Contains("exceeds the memory limit (1.0 MiB in use + 4.0 MiB requested > 4.0 MiB)"));
   CHECK_THAT(m, Catch::Contains("gradients 1.0 MiB"));
 }
+
+TEST_CASE("reserving the planned total as one block packs allocations that block-by-block growth cannot", "[memory]") {
+  auto dev = cpu_device();
+  AllocatorOptions o;
+  o.limit = 8 * MiB;
+  o.min_block = 2 * MiB;
+  const size_t sizes[] = {MiB / 2, 7 * MiB / 4, 9 * MiB / 2};  // 6.75 MiB in all, under the 8 MiB limit
+  {
+    Allocator a(*dev, o);
+    auto x = a.allocate(sizes[0], {MemoryTag::parameters, "x"});  // a 2 MiB block, 1.5 MiB left in it
+    auto y = a.allocate(sizes[1], {MemoryTag::gradients, "y"});   // does not fit the tail: another 2 MiB block
+    CHECK_THAT(oom_text(a, sizes[2]), Catch::Contains("fragmentation"));
+  }
+  Allocator a(*dev, o);
+  REQUIRE(a.reserve(sizes[0] + sizes[1] + sizes[2]));
+  CHECK(a.stats().blocks == 1);
+  std::vector<Allocation> held;
+  for (size_t s : sizes) held.push_back(a.allocate(s, {MemoryTag::activations, "planned"}));
+  CHECK(a.stats().blocks == 1);
+  CHECK(a.stats().in_use == a.stats().reserved);
+  CHECK_FALSE(a.reserve(9 * MiB));  // beyond the limit: refused, nothing changed
+  CHECK(a.stats().reserved == sizes[0] + sizes[1] + sizes[2]);
+}
