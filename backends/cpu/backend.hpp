@@ -1,8 +1,12 @@
 // The "cpu" backend: N logical devices sharing the host's memory and cores.
 #pragma once
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kiln/device.hpp"
@@ -36,7 +40,12 @@ class CpuDevice final : public Device {
   Support supports(OpKind kind, const OpAttrs& attrs) const override;
   size_t workspace_bytes(const OpCall& call) const override;
   void run(const OpCall& call) override;
-  void synchronize() override {}
+  // Waits for uploads still in flight on the transfer thread (ops run synchronously on the caller).
+  void synchronize() override;
+  // The copy runs on this device's transfer thread (started on first use), overlapping the ops of the step
+  // the caller runs meanwhile: the final copy of a prefetched batch never sits on the step's path.
+  uint64_t upload_async(const void* src, const BufferView& dst) override;
+  void wait_upload(uint64_t ticket) override;
 
   int threads() const { return threads_; }
 
@@ -48,6 +57,19 @@ class CpuDevice final : public Device {
   std::atomic<size_t> live_blocks_{0};
   std::vector<double> partials_;   // per-thread loss sums (deterministic reduction order)
   std::vector<float*> part_ptrs_;  // concat/split part pointers, reused across calls
+
+  // Upload queue served by one transfer thread; tickets complete in order.
+  struct Upload {
+    const void* src;
+    void* dst;
+    size_t bytes;
+  };
+  std::mutex tmu_;
+  std::condition_variable tcv_;
+  std::deque<Upload> uploads_;
+  uint64_t issued_ = 0, completed_ = 0;
+  bool stop_ = false;
+  std::thread transfer_;
 };
 
 class CpuBackend final : public Backend {

@@ -91,7 +91,49 @@ class Checked {
 CpuDevice::CpuDevice(DeviceInfo info, int threads)
     : info_(std::move(info)), threads_(threads), pool_(threads), partials_(loss_partials(threads)) {}
 
-CpuDevice::~CpuDevice() = default;
+CpuDevice::~CpuDevice() {
+  {
+    std::lock_guard lock(tmu_);
+    stop_ = true;  // the thread finishes what is queued first
+  }
+  tcv_.notify_all();
+  if (transfer_.joinable()) transfer_.join();
+}
+
+uint64_t CpuDevice::upload_async(const void* src, const BufferView& dst) {
+  if (dst.bytes && (!dst.block || dst.offset + dst.bytes > dst.block->bytes))
+    throw DeviceError(info_.label() + " upload_async: destination range is outside its block");
+  std::lock_guard lock(tmu_);
+  if (!transfer_.joinable())
+    transfer_ = std::thread([this] {
+      std::unique_lock lk(tmu_);
+      while (true) {
+        tcv_.wait(lk, [&] { return stop_ || !uploads_.empty(); });
+        if (uploads_.empty()) return;  // stop_ and nothing left
+        const Upload u = uploads_.front();
+        lk.unlock();
+        if (u.bytes) std::memcpy(u.dst, u.src, u.bytes);
+        lk.lock();
+        uploads_.pop_front();
+        ++completed_;
+        tcv_.notify_all();
+      }
+    });
+  uploads_.push_back(Upload{src, dst.bytes ? dst.host() : nullptr, dst.bytes});
+  tcv_.notify_all();
+  return ++issued_;
+}
+
+void CpuDevice::wait_upload(uint64_t ticket) {
+  std::unique_lock lk(tmu_);
+  if (ticket > issued_) throw DeviceError(info_.label() + " wait_upload: ticket " + std::to_string(ticket) + " was never issued");
+  tcv_.wait(lk, [&] { return completed_ >= ticket; });
+}
+
+void CpuDevice::synchronize() {
+  std::unique_lock lk(tmu_);
+  tcv_.wait(lk, [&] { return completed_ >= issued_; });
+}
 
 size_t CpuDevice::query_free_memory() {
   info_.free_memory = read_available_memory();

@@ -105,6 +105,7 @@ CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);  // not activate(): a destructor must not throw
   graphs_.reset();  // ends a capture left open, destroys the graphs
   cudaStreamSynchronize(stream_.get());
+  if (upload_stream_) cudaStreamSynchronize(upload_stream_.get());
   cudaGetLastError();
 }
 
@@ -193,6 +194,47 @@ void CudaDevice::synchronize() {
   activate();
   graphs_->boundary();
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  if (upload_stream_) KILN_CUDA_CHECK(cudaStreamSynchronize(upload_stream_.get()));
+}
+
+uint64_t CudaDevice::upload_async(const void* src, const BufferView& dst) {
+  check_view(dst, "upload_async destination");
+  std::lock_guard lock(mu_);
+  activate();
+  graphs_->boundary();  // every op enqueued so far is on the op stream, so the mark below follows them
+  if (!upload_stream_) {
+    cudaStream_t s = nullptr;
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    upload_stream_.reset(s);
+    upload_staging_ = std::make_unique<PinnedStaging>(s);
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ops_mark_.reset(e);
+  }
+  // The destination may still be read by ops already enqueued (the step before the one this batch is for).
+  KILN_CUDA_CHECK(cudaEventRecord(ops_mark_.get(), stream_.get()));
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(upload_stream_.get(), ops_mark_.get(), 0));
+  if (dst.bytes) upload_staging_->to_device(src, address(dst), dst.bytes);
+  cudaEvent_t e = nullptr;
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  EventHandle done(e);
+  KILN_CUDA_CHECK(cudaEventRecord(done.get(), upload_stream_.get()));
+  const uint64_t ticket = next_ticket_++;
+  uploads_.emplace_back(ticket, std::move(done));
+  return ticket;
+}
+
+void CudaDevice::wait_upload(uint64_t ticket) {
+  std::lock_guard lock(mu_);
+  activate();
+  graphs_->boundary();
+  for (auto it = uploads_.begin(); it != uploads_.end(); ++it)
+    if (it->first == ticket) {
+      KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), it->second.get(), 0));  // the op stream waits, not the host
+      uploads_.erase(it);
+      return;
+    }
+  throw DeviceError(info_.label() + ": wait_upload: ticket " + std::to_string(ticket) + " is not pending (never issued, or already waited on)");
 }
 
 void CudaDevice::run(const OpCall& call) {

@@ -10,7 +10,9 @@
 // planning), "cuda.graph_report" and "cuda.conv_report" (const char*, regenerated on each lookup).
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <utility>
 #include <mutex>
 #include <string>
 
@@ -41,7 +43,12 @@ class CudaDevice final : public Device {
   Support supports(OpKind kind, const OpAttrs& attrs) const override;
   size_t workspace_bytes(const OpCall& call) const override;
   void run(const OpCall& call) override;
-  void synchronize() override;
+  void synchronize() override;  // the op stream and the upload stream
+  // Input prefetch: src -> pinned buffer on the calling thread, then cudaMemcpyAsync on a second (copy) stream that
+  // first waits for the ops enqueued so far; wait_upload() makes the op stream wait for the copy's event (the host
+  // does not wait).
+  uint64_t upload_async(const void* src, const BufferView& dst) override;
+  void wait_upload(uint64_t ticket) override;
   void begin_sequence(uint64_t step_id) override;
   void end_sequence() override;
   void* extension(std::string_view name) override;
@@ -67,6 +74,11 @@ class CudaDevice final : public Device {
   CudnnHandle cudnn_;
   std::unique_ptr<ConvEngine> conv_;
   std::unique_ptr<PinnedStaging> staging_;
+  StreamHandle upload_stream_;                   // created on first upload_async
+  std::unique_ptr<PinnedStaging> upload_staging_;
+  EventHandle ops_mark_;                         // recorded on the op stream before each upload
+  std::deque<std::pair<uint64_t, EventHandle>> uploads_;  // tickets not yet waited on, with their events
+  uint64_t next_ticket_ = 1;
   std::unique_ptr<GraphRecorder> graphs_;
   std::mutex mu_;
   uint64_t next_block_id_ = 1;

@@ -31,9 +31,9 @@ void PinnedStaging::wait(Chunk& c) {
 void PinnedStaging::to_device(const void* src, void* dst_device, size_t bytes) {
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst_device);
-  for (size_t off = 0, i = 0; off < bytes; off += chunk_bytes_, ++i) {
+  for (size_t off = 0; off < bytes; off += chunk_bytes_) {
     const size_t n = std::min(chunk_bytes_, bytes - off);
-    Chunk& c = chunk(i);
+    Chunk& c = chunk(next_++);
     wait(c);  // the DMA that last read this buffer must be done before it is overwritten
     std::memcpy(c.host.get(), s + off, n);
     KILN_CUDA_CHECK(cudaMemcpyAsync(d + off, c.host.get(), n, cudaMemcpyHostToDevice, stream_));

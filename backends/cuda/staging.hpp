@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 
 #include "handles.hpp"
 
@@ -32,6 +33,7 @@ class PinnedStaging {
   cudaStream_t stream_;
   size_t chunk_bytes_;
   std::array<Chunk, 2> chunks_;
+  size_t next_ = 0;  // to_device rotates through the chunks across calls, so back-to-back copies do not wait
 };
 
 }  // namespace kiln::cuda

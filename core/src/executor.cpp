@@ -141,7 +141,7 @@ Executor::Executor(Graph g, DeviceState& state, const PlanOptions& o) : g_(std::
   bind();
 }
 
-BufferView Executor::view(TensorId t) const {
+BufferView Executor::view(TensorId t, int slot) const {
   const auto& ti = g_.tensor(t);
   auto r = static_cast<size_t>(g_.root(t));
   Region reg = plan_.region[static_cast<size_t>(t)];
@@ -153,32 +153,34 @@ BufferView Executor::view(TensorId t) const {
   } else {
     BufferView base = state_.region(reg);
     v.block = base.block;
-    v.offset = base.offset + plan_.offset[r];
+    v.offset = base.offset + plan_.offset[r] + (reg == Region::input ? static_cast<size_t>(slot) * plan_.input_slot : 0);
   }
   v.bytes = ti.bytes();
   return v;
 }
 
 void Executor::bind() {
-  calls_.clear();
+  calls_.assign(static_cast<size_t>(std::max(1, opts_.input_slots)), {});
   BufferView ws = state_.region(Region::workspace);
-  for (size_t i : node_index_) {
-    const Node& n = g_.nodes()[i];
-    OpCall c;
-    c.kind = n.kind;
-    c.attrs = n.attrs;
-    for (auto t : n.in) c.in.push_back(view(t));
-    for (auto t : n.out) c.out.push_back(view(t));
-    c.workspace = ws;
-    calls_.push_back(std::move(c));
-  }
+  for (size_t slot = 0; slot < calls_.size(); ++slot)
+    for (size_t i : node_index_) {
+      const Node& n = g_.nodes()[i];
+      OpCall c;
+      c.kind = n.kind;
+      c.attrs = n.attrs;
+      for (auto t : n.in) c.in.push_back(view(t, static_cast<int>(slot)));
+      for (auto t : n.out) c.out.push_back(view(t, static_cast<int>(slot)));
+      c.workspace = ws;
+      calls_[slot].push_back(std::move(c));
+    }
   bound_generation_ = state_.generation();
   patched_step_ = -1;
 }
 
 void Executor::patch(const StepScalars& s) {
   if (s.step == patched_step_ && s.lr == patched_lr_) return;
-  for (auto& c : calls_) {
+  for (auto& slot_calls : calls_)
+  for (auto& c : slot_calls) {
     switch (c.kind) {
       case OpKind::SgdUpdate: std::get<SgdAttrs>(c.attrs).lr = s.lr; break;
       case OpKind::AdamUpdate: {
@@ -197,28 +199,53 @@ void Executor::patch(const StepScalars& s) {
   patched_lr_ = s.lr;
 }
 
-void Executor::load_batch(const Element& b) {
-  if (bound_generation_ != state_.generation()) bind();
-  Device* dev = state_.context().device;
-  auto put = [&](TensorId t, const HostTensor& h, const char* what) {
+void Executor::check_batch(const Element& b) const {
+  auto check = [&](TensorId t, const HostTensor& h, const char* what) {
     if (t == kNoTensor || plan_.region[static_cast<size_t>(t)] != Region::input) return;
     const auto& ti = g_.tensor(t);
     if (static_cast<int64_t>(h.data.size()) != ti.shape.numel())
       throw DataError(std::string("batch ") + what + " have " + std::to_string(h.data.size()) + " values " + h.shape.str() +
                       ", the model expects " + ti.shape.str());
-    dev->copy_from_host(h.data.data(), view(t));
   };
-  put(g_.input, b.x, "features");
-  put(g_.label, b.y, "labels");
+  check(g_.input, b.x, "features");
+  check(g_.label, b.y, "labels");
 }
 
-void Executor::run(const StepScalars& s) { run_range(0, calls_.size(), s); }
+static void check_slot(int slot, int slots) {
+  if (slot < 0 || slot >= std::max(1, slots))
+    throw Error("input slot " + std::to_string(slot) + " does not exist (this executor has " + std::to_string(slots) + ")");
+}
 
-void Executor::run_range(size_t begin, size_t end, const StepScalars& s) {
+void Executor::load_batch(const Element& b, int slot) {
+  check_slot(slot, opts_.input_slots);
+  if (bound_generation_ != state_.generation()) bind();
+  check_batch(b);
+  Device* dev = state_.context().device;
+  for (auto [t, h] : {std::pair{g_.input, &b.x}, std::pair{g_.label, &b.y}})
+    if (t != kNoTensor && plan_.region[static_cast<size_t>(t)] == Region::input) dev->copy_from_host(h->data.data(), view(t, slot));
+}
+
+std::vector<uint64_t> Executor::upload_batch(const Element& b, int slot) {
+  check_slot(slot, opts_.input_slots);
+  if (bound_generation_ != state_.generation()) bind();
+  check_batch(b);
+  Device* dev = state_.context().device;
+  std::vector<uint64_t> tickets;
+  for (auto [t, h] : {std::pair{g_.input, &b.x}, std::pair{g_.label, &b.y}})
+    if (t != kNoTensor && plan_.region[static_cast<size_t>(t)] == Region::input)
+      tickets.push_back(dev->upload_async(h->data.data(), view(t, slot)));
+  return tickets;
+}
+
+void Executor::run(const StepScalars& s, int slot) { run_range(0, size(), s, slot); }
+
+void Executor::run_range(size_t begin, size_t end, const StepScalars& s, int slot) {
+  check_slot(slot, opts_.input_slots);
   if (bound_generation_ != state_.generation()) bind();
   patch(s);
   Device* dev = state_.context().device;
-  for (size_t i = begin; i < end; ++i) dev->run(calls_[i]);
+  const auto& calls = calls_[static_cast<size_t>(slot)];
+  for (size_t i = begin; i < end; ++i) dev->run(calls[i]);
 }
 
 size_t Executor::first_node_of(Phase p) const {

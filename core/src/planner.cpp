@@ -177,6 +177,8 @@ MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
     }
     if (p.workspace) p.workspace = aligned_size(p.workspace, o.alignment);
   }
+  p.input_slot = p.input;
+  p.input *= static_cast<size_t>(std::max(1, o.input_slots));
   return p;
 }
 

@@ -159,6 +159,7 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     if (train_.checkpoint_every < 0) t->fail("checkpoint_every", "expected 0 (never) or a number of epochs");
     train_.resume = t->get_bool("resume", false);
     train_.memory_policy = t->get_choice("memory_policy", {"strict", "fit", "none"}, "strict");
+    train_.device_prefetch = t->get_bool("device_prefetch", true);
     t->finish();
   }
   if (train_.output_dir.empty()) train_.output_dir = "runs/" + name_;
@@ -377,6 +378,7 @@ RunnerContext Session::runner_context() const {
   c.devices = device_ctx_;
   c.global_batch = train_.batch_size;
   c.seed = seed_;
+  c.input_slots = train_.device_prefetch ? 2 : 1;
   return c;
 }
 

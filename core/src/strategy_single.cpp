@@ -14,6 +14,43 @@ namespace kiln {
 SingleDeviceRunner::SingleDeviceRunner(const RunnerContext& ctx, int device_index)
     : ctx_(ctx), dctx_(ctx.devices.at(static_cast<size_t>(device_index))), state_(dctx_, ctx.seed) {}
 
+SingleDeviceRunner::~SingleDeviceRunner() { drain(); }
+
+void SingleDeviceRunner::drain() noexcept {
+  for (auto& p : pending_)
+    for (auto t : p.tickets) {
+      try {
+        dctx_.device->wait_upload(t);
+      } catch (...) {  // a broken device: the error surfaced (or will) on the op stream; nothing to free here
+      }
+    }
+  pending_.clear();
+}
+
+int SingleDeviceRunner::free_slot() const {
+  const int slots = std::max(1, ctx_.input_slots);
+  for (int k = 1; k <= slots; ++k) {  // round robin from the slot after the last one used
+    int s = (last_slot_ + k) % slots;
+    bool held = false;
+    for (const auto& p : pending_) held = held || p.slot == s;
+    if (!held) return s;
+  }
+  return -1;
+}
+
+void SingleDeviceRunner::prefetch(const Element& next) {
+  if (ctx_.input_slots < 2 || next.x.data.empty()) return;
+  // A new executor may move the shared regions: nothing may be in flight into them then.
+  if (!execs_.count(std::make_tuple(next.batch, true, false))) drain();
+  Executor& ex = executor(next.batch, true, false);
+  const int slot = free_slot();
+  if (slot < 0 || (!pending_.empty() && pending_.back().ex != &ex)) return;  // no free slot: train_step copies it
+  // An upload into `slot` is ordered after every op enqueued so far (the step that last read it), see upload_async.
+  Pending p{next.x.data.data(), &ex, slot, state_.generation(), {}};
+  p.tickets = ex.upload_batch(next, slot);
+  pending_.push_back(std::move(p));
+}
+
 Executor& SingleDeviceRunner::executor(int64_t batch, bool training, bool ema) {
   auto key = std::make_tuple(batch, training, ema);
   auto it = execs_.find(key);
@@ -23,7 +60,9 @@ Executor& SingleDeviceRunner::executor(int64_t batch, bool training, bool ema) {
   o.training = training;
   o.use_ema = ema;
   o.optimizer = ctx_.optimizer;
-  auto ex = std::make_unique<Executor>(build_graph(*ctx_.model, o), state_);
+  PlanOptions po;
+  po.input_slots = training ? std::max(1, ctx_.input_slots) : 1;
+  auto ex = std::make_unique<Executor>(build_graph(*ctx_.model, o), state_, po);
   return *execs_.emplace(key, std::move(ex)).first->second;
 }
 
@@ -36,19 +75,36 @@ void SingleDeviceRunner::prepare(int64_t batch) {
 
 StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalars& s) {
   Executor& ex = executor(batch.batch, true, false);
-  // The same executor with the same bound buffers is the same op sequence: a backend may record it once and replay
-  // it (CUDA graphs); a new generation of the regions means new buffers, hence a new id.
   Device* dev = dctx_.device;
-  const uint64_t seq = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&ex)) ^ (state_.generation() << 48);
+  // The batch's input slot: uploaded by prefetch() while the previous step ran, or copied now.
+  int slot = -1;
+  bool uploaded = false;
+  if (!pending_.empty() && pending_.front().x == batch.x.data.data() && pending_.front().ex == &ex) {
+    slot = pending_.front().slot;
+    for (auto t : pending_.front().tickets) dev->wait_upload(t);  // orders the copy before this step's ops
+    uploaded = pending_.front().generation == state_.generation();  // else its region moved: copy again
+    pending_.pop_front();
+  } else {
+    slot = free_slot();
+    if (slot < 0) {
+      drain();
+      slot = free_slot();
+    }
+  }
+  last_slot_ = slot;
+  // The same executor with the same bound buffers is the same op sequence: a backend may record it once and replay
+  // it (CUDA graphs); a new generation of the regions, or the other input slot, means new buffers, hence a new id.
+  const uint64_t seq = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&ex)) ^ (state_.generation() << 48) ^
+                       (static_cast<uint64_t>(slot) << 40);
   struct SequenceScope {
     Device* d;
     ~SequenceScope() { d->end_sequence(); }
   } scope{dev};
   dev->begin_sequence(seq);
-  ex.load_batch(batch);
+  if (!uploaded) ex.load_batch(batch, slot);
   // Forward and losses first: a non-finite loss stops the step before any weight changes.
   size_t bwd = ex.first_node_of(Phase::backward);
-  ex.run_range(0, bwd, s);
+  ex.run_range(0, bwd, s, slot);
   StepResult r;
   for (auto t : ex.graph().losses) {
     float v = ex.read_scalar(t);
@@ -56,11 +112,12 @@ StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalar
     r.total_loss += v;
   }
   if (!std::isfinite(r.total_loss)) return r;
-  ex.run_range(bwd, ex.size(), s);
+  ex.run_range(bwd, ex.size(), s, slot);
   return r;
 }
 
 EvalResult SingleDeviceRunner::eval_batch(const Element& batch, bool use_ema) {
+  drain();  // evaluation reads input slot 0
   Executor& ex = executor(batch.batch, false, use_ema);
   ex.load_batch(batch);
   ex.run({});
@@ -79,6 +136,7 @@ void SingleDeviceRunner::load_state(const std::map<std::string, HostTensor>& st)
 }
 
 std::string SingleDeviceRunner::find_nonfinite_layer(const Element& batch, int64_t step) {
+  drain();
   GraphOptions o;
   o.batch = batch.batch;
   o.training = true;
@@ -109,7 +167,9 @@ std::vector<DevicePlan> SingleDeviceRunner::plan_for(const RunnerContext& ctx, i
   Graph train = build_graph(*ctx.model, o);
   o.training = false;
   Graph eval = build_graph(*ctx.model, o);
-  MemoryPlan pt = plan_memory(train, dev), pe = plan_memory(eval, dev);
+  PlanOptions po;
+  po.input_slots = std::max(1, ctx.input_slots);
+  MemoryPlan pt = plan_memory(train, dev, po), pe = plan_memory(eval, dev);
   pt.arena = std::max(pt.arena, pe.arena);
   pt.workspace = std::max(pt.workspace, pe.workspace);
   pt.input = std::max(pt.input, pe.input);

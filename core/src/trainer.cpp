@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "kiln/error.hpp"
@@ -155,11 +156,22 @@ TrainReport Trainer::run() {
     double loss_sum = 0, wait = 0;
     int64_t batches = 0, examples = 0;
     auto t0 = Clock::now();
-    while (ts.steps_per_epoch == 0 || batches < ts.steps_per_epoch) {
+    // One batch of lookahead: batch k+1 is handed to runner->prefetch() before step k runs, so its copy into the
+    // device's second input buffer overlaps step k ([train] device_prefetch).
+    auto more = [&](int64_t k) { return ts.steps_per_epoch == 0 || k < ts.steps_per_epoch; };
+    auto pull = [&]() {
       auto tw = Clock::now();
-      auto b = train_data->next();
+      auto e = train_data->next();
       wait += secs(tw, Clock::now());
-      if (!b) break;
+      return e;
+    };
+    std::optional<Element> b = more(0) ? pull() : std::nullopt;
+    while (b) {
+      std::optional<Element> nb;
+      if (more(batches + 1)) {
+        nb = pull();
+        if (nb && ts.device_prefetch) runner->prefetch(*nb);
+      }
       StepScalars sc{step, static_cast<float>(s_.optimizer().learning_rate_at(step))};
       StepResult r = runner->train_step(*b, sc);
       if (!std::isfinite(r.total_loss)) {
@@ -180,6 +192,7 @@ TrainReport Trainer::run() {
       ++step;
       double el = secs(t0, Clock::now());
       prog.update(batches, loss_sum / static_cast<double>(examples), static_cast<double>(examples) / el, el / static_cast<double>(batches));
+      b = std::move(nb);
     }
     em.seconds = secs(t0, Clock::now());
     em.train_loss = examples ? loss_sum / static_cast<double>(examples) : 0;

@@ -178,3 +178,25 @@ TEST_CASE("kiln --version, --help, plugins and devices answer", "[e2e]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("cpu:0"));
 }
+
+TEST_CASE("device prefetch changes no value: the same losses and accuracy with it on and off", "[e2e][prefetch]") {
+  auto dir = kiln::test::temp_dir("devprefetch");
+  auto on = write(dir, "on.toml", mlp_config((dir / "on").string(), "steps_per_epoch = 40\n", 2000));
+  auto off = write(dir, "off.toml", mlp_config((dir / "off").string(), "steps_per_epoch = 40\ndevice_prefetch = false\n", 2000));
+  auto r1 = kiln::test::run_app("train " + on + " --set train.epochs=2");
+  auto r2 = kiln::test::run_app("train " + off + " --set train.epochs=2");
+  INFO(r1.output << r2.output);
+  REQUIRE(r1.exit_code == 0);
+  REQUIRE(r2.exit_code == 0);
+  auto m1 = lines_of((dir / "on" / "metrics.jsonl").string()), m2 = lines_of((dir / "off" / "metrics.jsonl").string());
+  REQUIRE(m1.size() == 2);
+  REQUIRE(m2.size() == 2);
+  for (size_t e = 0; e < 2; ++e)
+    for (const char* k : {"train_loss", "test_loss", "test_accuracy"}) {
+      INFO("epoch " << e + 1 << " " << k);
+      CHECK(json_field(m1[e], k) == json_field(m2[e], k));
+    }
+  auto bad = kiln::test::run_app("train " + on + " --set train.device_prefetch=\\\"yes\\\"");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("device_prefetch"));
+}

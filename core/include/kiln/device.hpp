@@ -87,6 +87,20 @@ class Device {
   virtual void run(const OpCall& call) = 0;
   virtual void synchronize() = 0;
 
+  // Input prefetch: the trainer copies the next batch into a second input buffer while the current step runs.
+  // upload_async() starts copying `bytes` of host memory at `src` into `dst` and returns a ticket without waiting
+  // for the copy (a backend with a separate transfer path: CUDA's copy stream through pinned buffers, the CPU
+  // backend's transfer thread). `src` must stay valid until wait_upload(ticket) returns. wait_upload() orders the
+  // copy before every op and copy enqueued after it; it may block the host (CPU) or only the device's stream (CUDA).
+  // A copy may overwrite `dst` while ops enqueued before upload_async() still run only if the backend orders it
+  // after them (CUDA waits on an event of the op stream); the caller never uploads into a buffer that ops enqueued
+  // later than that still read. Every ticket is waited on exactly once. Default: a synchronous copy_from_host.
+  virtual uint64_t upload_async(const void* src, const BufferView& dst) {
+    copy_from_host(src, dst);
+    return 0;
+  }
+  virtual void wait_upload(uint64_t /*ticket*/) {}
+
   // Optional hooks around a training step, so a backend can record and replay it (Vulkan command buffers,
   // CUDA graphs). `step_id` identifies the op sequence: equal ids mean the same calls with the same buffers.
   virtual void begin_sequence(uint64_t /*step_id*/) {}

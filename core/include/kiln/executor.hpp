@@ -23,7 +23,8 @@ struct MemoryPlan {
   size_t persistent_by_tag[kMemoryTagCount] = {};
   size_t gradients = 0;         // one region holding every parameter gradient, in backward order
   size_t arena = 0;             // activations and backward intermediates, overlapped by liveness
-  size_t input = 0;             // the batch's features and labels
+  size_t input = 0;             // the batch's features and labels, all input slots
+  size_t input_slot = 0;        // one slot (input = input_slots x input_slot)
   size_t workspace = 0;         // the largest per-op scratch the device asks for
   size_t activations_unplanned = 0;  // sum of arena tensors without reuse (what liveness saved against)
   DevicePlan summary(const std::string& label) const;
@@ -33,6 +34,7 @@ struct PlanOptions {
   int device = 0;                    // plan only tensors and nodes of this device index
   std::vector<TensorId> keep_alive;  // tensors whose storage must survive to the end of the step
   size_t alignment = 256;
+  int input_slots = 1;               // 2: double-buffered input, the next batch uploads while this step runs
 };
 
 // Liveness-based plan. `dev` (may be null) is asked for per-op workspace sizes.
@@ -84,15 +86,19 @@ class Executor {
  public:
   Executor(Graph g, DeviceState& state, const PlanOptions& o = {});
 
-  void load_batch(const Element& batch);  // copies features and labels into the input region
-  void run(const StepScalars& s);          // all nodes
+  // Copies features and labels into input slot `slot` (synchronously, in order with the device's ops).
+  void load_batch(const Element& batch, int slot = 0);
+  // Starts copying them into `slot` through Device::upload_async; returns the tickets to wait on.
+  std::vector<uint64_t> upload_batch(const Element& batch, int slot);
+  void run(const StepScalars& s, int slot = 0);  // all nodes, reading the batch in input slot `slot`
   // Runs nodes [begin, end) (strategies that interleave communication with compute).
-  void run_range(size_t begin, size_t end, const StepScalars& s);
+  void run_range(size_t begin, size_t end, const StepScalars& s, int slot = 0);
+  int input_slots() const { return opts_.input_slots; }
   size_t first_node_of(Phase p) const;     // index of the first node of a phase (size() when none)
-  size_t size() const { return calls_.size(); }
+  size_t size() const { return node_index_.size(); }
   float read_scalar(TensorId t);
   HostTensor read(TensorId t);
-  BufferView view(TensorId t) const;
+  BufferView view(TensorId t, int slot = 0) const;
   const Graph& graph() const { return g_; }
   const MemoryPlan& plan() const { return plan_; }
 
@@ -103,7 +109,8 @@ class Executor {
   DeviceState& state_;
   PlanOptions opts_;
   MemoryPlan plan_;
-  std::vector<OpCall> calls_;
+  void check_batch(const Element& b) const;
+  std::vector<std::vector<OpCall>> calls_;  // per input slot
   std::vector<size_t> node_index_;  // calls_[i] runs g_.nodes()[node_index_[i]]
   uint64_t bound_generation_ = ~0ull;
   int64_t patched_step_ = -1;

@@ -40,6 +40,8 @@ struct TrainSettings {
   // "strict": refuse up front if the plan does not fit; "fit": turn on memory savers (recomputation) until it
   // fits, else refuse; "none": no up-front check (an allocation that does not fit fails with OutOfMemory).
   std::string memory_policy = "strict";
+  // Copy the next batch into a second device input buffer while the current step runs (strategies that support it).
+  bool device_prefetch = true;
 };
 
 // Memory settings of [memory] that are not graph savers (those live in ModelSpec::savers).

@@ -1,6 +1,7 @@
 // The runner of the `single` strategy: one device, one DeviceState, executors cached per (batch, mode).
 // Other strategies reuse it per replica.
 #pragma once
+#include <deque>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -13,6 +14,9 @@ namespace kiln {
 class SingleDeviceRunner : public Runner {
  public:
   SingleDeviceRunner(const RunnerContext& ctx, int device_index);
+  ~SingleDeviceRunner() override;  // waits for uploads still in flight
+  SingleDeviceRunner(const SingleDeviceRunner&) = delete;
+  SingleDeviceRunner& operator=(const SingleDeviceRunner&) = delete;
 
   // Builds the training and evaluation executors for this batch size (sizes the shared regions once).
   void prepare(int64_t batch);
@@ -20,6 +24,7 @@ class SingleDeviceRunner : public Runner {
   DeviceState& state() { return state_; }
 
   StepResult train_step(const Element& batch, const StepScalars& s) override;
+  void prefetch(const Element& next) override;
   EvalResult eval_batch(const Element& batch, bool use_ema) override;
   std::map<std::string, HostTensor> save_state() override;
   void load_state(const std::map<std::string, HostTensor>& st) override;
@@ -34,6 +39,19 @@ class SingleDeviceRunner : public Runner {
   DeviceContext dctx_;
   DeviceState state_;
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<Executor>> execs_;
+
+  // Batches whose upload into an input slot has started (Runner::prefetch), oldest first.
+  struct Pending {
+    const float* x = nullptr;  // identifies the Element (its storage survives a move)
+    Executor* ex = nullptr;
+    int slot = 0;
+    uint64_t generation = 0;  // DeviceState::generation() at upload
+    std::vector<uint64_t> tickets;
+  };
+  int free_slot() const;  // an input slot no pending upload holds, or -1
+  void drain() noexcept;  // waits for every pending upload
+  std::deque<Pending> pending_;
+  int last_slot_ = 1;     // the slot the last step read
 };
 
 }  // namespace kiln

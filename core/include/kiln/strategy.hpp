@@ -50,6 +50,10 @@ class Runner {
  public:
   virtual ~Runner() = default;
   virtual StepResult train_step(const Element& batch, const StepScalars& s) = 0;
+  // A hint that `next` is the batch of a coming train_step: the runner may start copying it to its device(s) now,
+  // so that step does not wait on the transfer. `next` (the same object, or one moved from it) must stay alive
+  // until that train_step. Default: nothing (train_step copies the batch itself).
+  virtual void prefetch(const Element& next) { (void)next; }
   virtual EvalResult eval_batch(const Element& batch, bool use_ema) = 0;
   // Persistent state (parameters, optimizer state, EMA) by name, for checkpoints.
   virtual std::map<std::string, HostTensor> save_state() = 0;
@@ -66,6 +70,9 @@ struct RunnerContext {
   std::vector<DeviceContext> devices;
   int64_t global_batch = 0;
   uint32_t seed = 0;
+  // Input buffers per training step on a device: 2 when the trainer prefetches batches to the device
+  // ([train] device_prefetch). Runners that implement Runner::prefetch plan and allocate that many.
+  int input_slots = 1;
 };
 
 class Strategy {
