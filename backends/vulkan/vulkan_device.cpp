@@ -232,6 +232,10 @@ void VulkanDevice::run(const OpCall& call) {
   OpCall trimmed = call;
   for (size_t i = 0; i < trimmed.in.size(); ++i) trimmed.in[i].bytes = static_cast<size_t>(ar.in[i]) * sizeof(float);
   for (size_t i = 0; i < trimmed.out.size(); ++i) trimmed.out[i].bytes = static_cast<size_t>(ar.out[i]) * sizeof(float);
+  if (call.kind == OpKind::Copy) {  // a transfer command: no kernel, no maxStorageBufferRange limit
+    copy_on_device(trimmed.in[0], trimmed.out[0]);
+    return;
+  }
   Encoder enc(*stream_, *kernels_, limits_, static_cast<VkBuffer>(dummy_->block.native));
   run_op(enc, trimmed);
   stream_->end_op();
