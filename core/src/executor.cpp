@@ -153,14 +153,21 @@ BufferView Executor::view(TensorId t, int slot) const {
   } else {
     BufferView base = state_.region(reg);
     v.block = base.block;
-    v.offset = base.offset + plan_.offset[r] + (reg == Region::input ? static_cast<size_t>(slot) * plan_.input_slot : 0);
+    v.offset = base.offset + plan_.offset[r] + (reg == Region::input ? static_cast<size_t>(slot) * input_stride_ : 0);
   }
   v.bytes = ti.bytes();
   return v;
 }
 
 void Executor::bind() {
-  calls_.assign(static_cast<size_t>(std::max(1, opts_.input_slots)), {});
+  // Input slots split the shared input region evenly, so executors of different batch sizes on one DeviceState
+  // (a smaller last batch) agree on where each slot lives: a batch uploaded for one is never under another's slot.
+  const size_t slots = static_cast<size_t>(std::max(1, opts_.input_slots));
+  input_stride_ = state_.region(Region::input).bytes / slots / opts_.alignment * opts_.alignment;
+  if (slots > 1 && input_stride_ < plan_.input_slot)
+    throw Error("executor: the input region (" + std::to_string(state_.region(Region::input).bytes) + " bytes) is too small for " +
+                std::to_string(slots) + " slots of " + std::to_string(plan_.input_slot) + " bytes");
+  calls_.assign(slots, {});
   BufferView ws = state_.region(Region::workspace);
   for (size_t slot = 0; slot < calls_.size(); ++slot)
     for (size_t i : node_index_) {

@@ -181,8 +181,9 @@ TEST_CASE("kiln --version, --help, plugins and devices answer", "[e2e]") {
 
 TEST_CASE("device prefetch changes no value: the same losses and accuracy with it on and off", "[e2e][prefetch]") {
   auto dir = kiln::test::temp_dir("devprefetch");
-  auto on = write(dir, "on.toml", mlp_config((dir / "on").string(), "steps_per_epoch = 40\n", 2000));
-  auto off = write(dir, "off.toml", mlp_config((dir / "off").string(), "steps_per_epoch = 40\ndevice_prefetch = false\n", 2000));
+  // 1000 examples at batch 32: 31 full batches and one of 8, whose upload must not disturb the batch before it.
+  auto on = write(dir, "on.toml", mlp_config((dir / "on").string(), "", 1000));
+  auto off = write(dir, "off.toml", mlp_config((dir / "off").string(), "device_prefetch = false\n", 1000));
   auto r1 = kiln::test::run_app("train " + on + " --set train.epochs=2");
   auto r2 = kiln::test::run_app("train " + off + " --set train.epochs=2");
   INFO(r1.output << r2.output);

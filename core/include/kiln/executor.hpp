@@ -111,6 +111,7 @@ class Executor {
   MemoryPlan plan_;
   void check_batch(const Element& b) const;
   std::vector<std::vector<OpCall>> calls_;  // per input slot
+  size_t input_stride_ = 0;                 // bytes between input slots (set by bind())
   std::vector<size_t> node_index_;  // calls_[i] runs g_.nodes()[node_index_[i]]
   uint64_t bound_generation_ = ~0ull;
   int64_t patched_step_ = -1;
