@@ -119,7 +119,7 @@ TEST_CASE("fault injection at every k fails exactly that block request and leave
     int failures = 0;
     for (int i = 0; i < 4; ++i) {
       try {
-        held.push_back(a.allocate(1 * MiB, {MemoryTag::activations, "t" + std::to_string(i)}));
+        held.push_back(a.allocate(1 * MiB, {MemoryTag::activations, std::string("t").append(std::to_string(i))}));
       } catch (const OutOfMemory& e) {
         ++failures;
         CHECK_THAT(std::string(e.what()), Catch::Contains("fault injection"));
