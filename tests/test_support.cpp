@@ -1,8 +1,11 @@
 #include "test_support.hpp"
 
+#include "kiln/config.hpp"
+
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <random>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +23,25 @@ Registry& registry() {
     return reg;
   }();
   return r;
+}
+
+ModelSpec model_from(const std::string& toml, uint32_t seed) {
+  auto cfg = Config::load_string(toml, "model.toml");
+  auto m = parse_model(*cfg.root().table("model"), registry());
+  m.seed = seed;
+  return m;
+}
+
+Element random_batch(int64_t n, const Shape& x, int64_t classes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  Element e;
+  e.batch = n;
+  e.x = HostTensor(x.with_batch(n));
+  for (auto& v : e.x.data) v = d(rng);
+  e.y = HostTensor(Shape{n});
+  for (int64_t i = 0; i < n; ++i) e.y.data[size_t(i)] = float(rng() % uint32_t(classes));
+  return e;
 }
 
 std::filesystem::path temp_dir(const std::string& tag) {

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <string>
 
+#include "kiln/data.hpp"
+#include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "kiln/plugin_loader.hpp"
 
@@ -19,6 +21,11 @@ struct AppResult {
   int exit_code = 0;
   std::string output;  // stdout + stderr
 };
+// The [model] table of `toml` parsed with this build's layers, its weights seeded with `seed`.
+ModelSpec model_from(const std::string& toml, uint32_t seed = 7);
+// A batch of `n` examples of shape `x`: features ~ N(0, 1), class labels below `classes`, all from `seed`.
+Element random_batch(int64_t n, const Shape& x, int64_t classes, uint32_t seed);
+
 // Runs the built `kiln` app with `args` (shell-quoted by the caller), capturing its output.
 AppResult run_app(const std::string& args);
 

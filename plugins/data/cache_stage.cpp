@@ -63,12 +63,7 @@ class CacheStage final : public Stage {
     return e;
   }
 
-  StageState save() const override {
-    StateWriter w;
-    w.tag(name(), 1);
-    w.u64(pos_);
-    return w.take();
-  }
+  StageState save() const override { return save_position(name(), pos_); }
 
   void restore(const StageState& s) override {
     StateReader r(s, name(), 1);

@@ -65,21 +65,8 @@ class Cifar10Source final : public Stage {
     return e;
   }
 
-  StageState save() const override {
-    StateWriter w;
-    w.tag(name(), 1);
-    w.u64(pos_);
-    return w.take();
-  }
-
-  void restore(const StageState& s) override {
-    StateReader r(s, name(), 1);
-    uint64_t pos = r.u64();
-    r.done();
-    if (pos > size_)
-      r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " records");
-    seek_to(pos);
-  }
+  StageState save() const override { return save_position(name(), pos_); }
+  void restore(const StageState& s) override { seek_to(restore_position(s, name(), size_, "records")); }
 
   void collect_stats(std::vector<StageStats>& out) const override {
     out.push_back(stats_);

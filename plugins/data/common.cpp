@@ -160,4 +160,19 @@ std::vector<Element> split_examples(Element e) {
   return out;
 }
 
+StageState save_position(const std::string& stage, uint64_t pos) {
+  StateWriter w;
+  w.tag(stage, 1);
+  w.u64(pos);
+  return w.take();
+}
+
+uint64_t restore_position(const StageState& s, const std::string& stage, uint64_t count, const std::string& of_what) {
+  StateReader r(s, stage, 1);
+  const uint64_t pos = r.u64();
+  r.done();
+  if (pos > count) r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(count) + " " + of_what);
+  return pos;
+}
+
 }  // namespace kiln::data

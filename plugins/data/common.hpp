@@ -64,6 +64,12 @@ class StateReader {
   size_t pos_ = 0;
 };
 
+// The state of a stage whose whole position is one counter (sources, the cache): tag(stage, 1) and the counter.
+StageState save_position(const std::string& stage, uint64_t pos);
+// Reads it back. A position past `count` is a DataError naming the stage, `count` and `of_what` ("records of
+// data_batch_1.bin").
+uint64_t restore_position(const StageState& s, const std::string& stage, uint64_t count, const std::string& of_what);
+
 // Stateless randomness: every draw is a hash of (key, counter), so results do not depend on which thread
 // draws or in which order elements are processed.
 uint64_t mix64(uint64_t x);

@@ -94,21 +94,9 @@ class IdxSource final : public Stage {
     return e;
   }
 
-  StageState save() const override {
-    StateWriter w;
-    w.tag(name(), 1);
-    w.u64(pos_);
-    return w.take();
-  }
-
+  StageState save() const override { return save_position(name(), pos_); }
   void restore(const StageState& s) override {
-    StateReader r(s, name(), 1);
-    uint64_t pos = r.u64();
-    r.done();
-    if (pos > size_)
-      r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " examples of " +
-             images_.path());
-    seek_to(pos);
+    seek_to(restore_position(s, name(), size_, "examples of " + images_.path()));
   }
 
   void collect_stats(std::vector<StageStats>& out) const override {

@@ -53,20 +53,9 @@ class SyntheticSource final : public Stage {
     return e;
   }
 
-  StageState save() const override {
-    StateWriter w;
-    w.tag(name(), 1);
-    w.i64(pos_);
-    return w.take();
-  }
-
+  StageState save() const override { return save_position(name(), static_cast<uint64_t>(pos_)); }
   void restore(const StageState& s) override {
-    StateReader r(s, name(), 1);
-    int64_t pos = r.i64();
-    r.done();
-    if (pos < 0 || pos > examples_)
-      r.fail("saved position " + std::to_string(pos) + " is outside 0.." + std::to_string(examples_));
-    pos_ = pos;
+    pos_ = static_cast<int64_t>(restore_position(s, name(), static_cast<uint64_t>(examples_), "examples"));
   }
 
   void collect_stats(std::vector<StageStats>& out) const override {

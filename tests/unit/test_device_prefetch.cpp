@@ -29,24 +29,9 @@ type = "dense"
 units = 4
 )";
 
-ModelSpec mlp() {
-  auto cfg = Config::load_string(kMlp, "model.toml");
-  auto m = parse_model(*cfg.root().table("model"), test::registry());
-  m.seed = 5;
-  return m;
-}
+ModelSpec mlp() { return test::model_from(kMlp, 5); }
 
-Element batch_of(const ModelSpec& m, int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  Element e;
-  e.batch = n;
-  e.x = HostTensor(m.input_shape.with_batch(n));
-  for (auto& v : e.x.data) v = d(rng);
-  e.y = HostTensor(Shape{n});
-  for (int64_t i = 0; i < n; ++i) e.y.data[size_t(i)] = float(rng() % 4u);
-  return e;
-}
+Element batch_of(const ModelSpec& m, int64_t n, uint32_t seed) { return test::random_batch(n, m.input_shape, 4, seed); }
 
 std::unique_ptr<Device> cpu_device() { return test::registry().backend("cpu")(BackendOptions{})->open(0); }
 

@@ -13,12 +13,8 @@ using namespace kiln;
 
 namespace {
 
-ModelSpec model_from(const std::string& toml) {
-  auto cfg = Config::load_string(toml, "model.toml");
-  auto m = parse_model(*cfg.root().table("model"), test::registry());
-  m.seed = 7;
-  return m;
-}
+using test::model_from;
+using test::random_batch;
 
 struct Rig {
   std::unique_ptr<Device> dev;
@@ -29,18 +25,6 @@ struct Rig {
   }
   DeviceContext ctx() { return {dev.get(), alloc.get()}; }
 };
-
-Element random_batch(int64_t n, const Shape& x, int64_t classes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  Element e;
-  e.batch = n;
-  e.x = HostTensor(x.with_batch(n));
-  for (auto& v : e.x.data) v = d(rng);
-  e.y = HostTensor(Shape{n});
-  for (int64_t i = 0; i < n; ++i) e.y.data[size_t(i)] = float(rng() % uint32_t(classes));
-  return e;
-}
 
 const char* kDag = R"(
 [model]

@@ -12,12 +12,7 @@ using namespace kiln;
 
 namespace {
 
-ModelSpec model_from(const std::string& toml) {
-  auto cfg = Config::load_string(toml, "model.toml");
-  auto m = parse_model(*cfg.root().table("model"), test::registry());
-  m.seed = 11;
-  return m;
-}
+ModelSpec model_from(const std::string& toml) { return test::model_from(toml, 11); }
 
 const char* kConvNet = R"(
 [model]
@@ -67,17 +62,7 @@ type = "dense"
 units = 3
 )";
 
-Element batch_of(const ModelSpec& m, int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  Element e;
-  e.batch = n;
-  e.x = HostTensor(m.input_shape.with_batch(n));
-  for (auto& v : e.x.data) v = d(rng);
-  e.y = HostTensor(Shape{n});
-  for (int64_t i = 0; i < n; ++i) e.y.data[size_t(i)] = float(rng() % 3u);
-  return e;
-}
+Element batch_of(const ModelSpec& m, int64_t n, uint32_t seed) { return test::random_batch(n, m.input_shape, 3, seed); }
 
 Graph training_graph(const ModelSpec& m, const OptimizerSpec& opt, int64_t batch, const MemorySavers& s) {
   GraphOptions o;

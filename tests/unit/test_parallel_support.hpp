@@ -19,12 +19,8 @@
 
 namespace kiln::test::par {
 
-inline ModelSpec model_from(const std::string& toml, uint32_t seed = 7) {
-  auto cfg = Config::load_string(toml, "model.toml");
-  auto m = parse_model(*cfg.root().table("model"), registry());
-  m.seed = seed;
-  return m;
-}
+using kiln::test::model_from;
+using kiln::test::random_batch;
 
 inline OptimizerSpec optimizer_from(const std::string& toml) {
   auto cfg = Config::load_string(toml, "optimizer.toml");
@@ -72,18 +68,6 @@ inline std::unique_ptr<Strategy> strategy(const std::string& strategy_toml) {
   auto s = cfg.root().table("strategy");
   auto type = s->get_string("type");
   return registry().strategy(type)(*s);
-}
-
-inline Element random_batch(int64_t n, const Shape& x, int64_t classes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  Element e;
-  e.batch = n;
-  e.x = HostTensor(x.with_batch(n));
-  for (auto& v : e.x.data) v = d(rng);
-  e.y = HostTensor(Shape{n});
-  for (int64_t i = 0; i < n; ++i) e.y.data[size_t(i)] = float(rng() % uint32_t(classes));
-  return e;
 }
 
 // Largest |a - b| over every tensor of two saved states (which must hold the same names and shapes).
