@@ -275,4 +275,21 @@ HostTensor Executor::read(TensorId t) {
   return h;
 }
 
+std::string first_nonfinite_layer(Graph g, DeviceState& state, const Element& batch, int64_t step) {
+  PlanOptions po;
+  for (const auto& l : g.layer_outputs) po.keep_alive.push_back(l.out);
+  auto layers = g.layer_outputs;
+  Executor ex(std::move(g), state, po);
+  ex.load_batch(batch);
+  StepScalars s;
+  s.step = step;
+  ex.run_range(0, ex.first_node_of(Phase::backward), s);
+  for (const auto& l : layers) {
+    HostTensor h = ex.read(l.out);
+    for (float v : h.data)
+      if (!std::isfinite(v)) return l.name + " (" + l.type + ")";
+  }
+  return {};
+}
+
 }  // namespace kiln

@@ -141,21 +141,7 @@ std::string SingleDeviceRunner::find_nonfinite_layer(const Element& batch, int64
   o.batch = batch.batch;
   o.training = true;
   o.optimizer = ctx_.optimizer;
-  Graph g = build_graph(*ctx_.model, o);
-  PlanOptions po;
-  for (const auto& l : g.layer_outputs) po.keep_alive.push_back(l.out);
-  auto layers = g.layer_outputs;
-  Executor ex(std::move(g), state_, po);
-  ex.load_batch(batch);
-  StepScalars s;
-  s.step = step;
-  ex.run_range(0, ex.first_node_of(Phase::backward), s);
-  for (const auto& l : layers) {
-    HostTensor h = ex.read(l.out);
-    for (float v : h.data)
-      if (!std::isfinite(v)) return l.name + " (" + l.type + ")";
-  }
-  return {};
+  return first_nonfinite_layer(build_graph(*ctx_.model, o), state_, batch, step);
 }
 
 std::vector<DevicePlan> SingleDeviceRunner::plan_for(const RunnerContext& ctx, int device_index) {

@@ -73,21 +73,7 @@ Executor& Replica::executor(int64_t batch, bool training, bool ema) {
 }
 
 std::string Replica::find_nonfinite_layer(const Element& batch, int64_t step) {
-  Graph g = replica_graph(ctx_, batch.batch, true, false, sharded_);
-  PlanOptions po;
-  for (const auto& l : g.layer_outputs) po.keep_alive.push_back(l.out);
-  auto layers = g.layer_outputs;
-  Executor ex(std::move(g), state_, po);
-  ex.load_batch(batch);
-  StepScalars s;
-  s.step = step;
-  ex.run_range(0, ex.first_node_of(Phase::backward), s);
-  for (const auto& l : layers) {
-    HostTensor h = ex.read(l.out);
-    for (float v : h.data)
-      if (!std::isfinite(v)) return l.name + " (" + l.type + ")";
-  }
-  return {};
+  return first_nonfinite_layer(replica_graph(ctx_, batch.batch, true, false, sharded_), state_, batch, step);
 }
 
 void Replica::run_op(OpKind kind, float alpha, const BufferView& v) {

@@ -118,4 +118,8 @@ class Executor {
   float patched_lr_ = -1.f;
 };
 
+// Runs the forward pass of training graph `g` for `batch` on `state`, keeping every layer output, and returns the
+// first layer (in model order) with a non-finite output as "name (type)", or "" (used after a non-finite loss).
+std::string first_nonfinite_layer(Graph g, DeviceState& state, const Element& batch, int64_t step);
+
 }  // namespace kiln
