@@ -82,7 +82,8 @@ std::vector<std::string> split_path(const std::string& path) {
   return parts;
 }
 
-void apply_override(toml::table& root, const std::string& file, const std::string& assignment) {
+// Applies `--set key=value` to `root`; returns the key.
+std::string apply_override(toml::table& root, const std::string& file, const std::string& assignment) {
   auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("--set '" + assignment + "': expected key=value, e.g. --set train.epochs=1");
@@ -122,6 +123,7 @@ void apply_override(toml::table& root, const std::string& file, const std::strin
   auto* t = cur->as_table();
   if (!t) throw ConfigError("--set " + key + ": the parent of '" + last + "' is not a table in " + file);
   t->insert_or_assign(last, std::move(*parsed.get("v")));
+  return key;
 }
 
 }  // namespace
@@ -133,10 +135,13 @@ bool ConfigNode::has(const std::string& key) const { return tbl(table_).contains
 
 std::string ConfigNode::where(const std::string& key) const {
   std::ostringstream os;
+  std::string full = key.empty() ? path_ : (path_.empty() ? key : path_ + "." + key);
+  // A value given on the command line has no line in the file: name the --set that gave it.
+  if (std::find(doc_->overridden.begin(), doc_->overridden.end(), full) != doc_->overridden.end())
+    return doc_->file + ": key '" + full + "' (from --set " + full + "=...)";
   os << doc_->file;
   const toml::node* n = key.empty() ? static_cast<const toml::node*>(&tbl(table_)) : tbl(table_).get(key);
   if (n && n->source().begin.line > 0) os << ":" << n->source().begin.line;
-  std::string full = key.empty() ? path_ : (path_.empty() ? key : path_ + "." + key);
   os << ": key '" << (full.empty() ? "<root>" : full) << "'";
   return os.str();
 }
@@ -317,17 +322,25 @@ std::vector<ConfigNode> ConfigNode::table_array(const std::string& key) const {
 }
 
 void ConfigNode::finish() const {
-  std::vector<std::string> unknown;
+  std::vector<std::string> unknown, known;
   {
     std::lock_guard lk(doc_->mu);
     for (const auto& [k, v] : tbl(table_))
       if (!doc_->used.count({table_, std::string(k.str())})) unknown.emplace_back(k.str());
+    for (const auto& [t, k] : doc_->used)
+      if (t == table_) known.push_back(k);  // every key this table's reader asked for
   }
   if (unknown.empty()) return;
   std::string keys;
   for (const auto& k : unknown) keys += (keys.empty() ? "'" : ", '") + k + "'";
+  // The nearest key the reader knows, when one is close: "epoch" -> "epochs".
+  std::string hint;
+  size_t best = 3;
+  for (const auto& k : known)
+    if (size_t d = edit_distance(k, unknown.front()); d < best) best = d, hint = k;
   fail(unknown.front(), "unknown key" + std::string(unknown.size() > 1 ? "s " : " ") + keys +
-                            (path_.empty() ? "" : " in [" + path_ + "]") + " (misspelled? see docs/user_guide.md)");
+                            (path_.empty() ? "" : " in [" + path_ + "]") +
+                            (hint.empty() ? " (misspelled? see docs/user_guide.md)" : " (did you mean '" + hint + "'?)"));
 }
 
 Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
@@ -343,7 +356,7 @@ Config Config::load_file(const std::string& path, const std::vector<std::string>
        << e.description();
     throw ConfigError(os.str());
   }
-  for (const auto& o : overrides) apply_override(c.doc_->root, path, o);
+  for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, path, o));
   return c;
 }
 
@@ -359,7 +372,7 @@ Config Config::load_string(const std::string& text, const std::string& name, con
        << e.description();
     throw ConfigError(os.str());
   }
-  for (const auto& o : overrides) apply_override(c.doc_->root, name, o);
+  for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, name, o));
   return c;
 }
 

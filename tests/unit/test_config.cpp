@@ -41,6 +41,18 @@ TEST_CASE("config reports an unknown key with file, line and key name", "[config
   CHECK_THAT(msg, Catch::Contains("model.toml:2"));
   CHECK_THAT(msg, Catch::Contains("unitz"));
   CHECK_THAT(msg, Catch::Contains("unknown key"));
+  CHECK_THAT(msg, Catch::Contains("did you mean 'units'?"));  // the nearest key the reader asked for
+  auto far = Config::load_string("units = 3\nzzz = 4\n", "model.toml");
+  far.root().get_int("units");
+  CHECK_THAT(error_of([&] { far.root().finish(); }), !Catch::Contains("did you mean"));
+}
+
+TEST_CASE("an error in a --set value names the --set, not a line of the file", "[config]") {
+  auto c = Config::load_string("[train]\nepochs = 5\n", "o.toml", {"train.epochs=\"many\""});
+  auto msg = error_of([&] { c.root().table("train")->get_int("epochs"); });
+  CHECK_THAT(msg, Catch::Contains("o.toml: key 'train.epochs' (from --set train.epochs=...)"));
+  CHECK_THAT(msg, Catch::Contains("expected an integer"));
+  CHECK_THAT(msg, !Catch::Contains("o.toml:1"));
 }
 
 TEST_CASE("config reports a wrong type with what was given and expected", "[config]") {
