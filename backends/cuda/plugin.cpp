@@ -1,11 +1,73 @@
 // The "cuda" plugin's entry: descriptor + registration of the backend and the NCCL communicator.
-#include <memory>
+//
+// This library links no CUDA library. Everything that does (cudart, cuBLAS, cuDNN, NCCL: ~150 MiB of resident
+// memory once loaded and relocated) lives in cuda/libkiln_cuda_impl.so beside it, which is loaded the first time a
+// "cuda" backend or "nccl" communicator is actually created. A run on the CPU or Vulkan backend never pays for it,
+// and a host whose CUDA libraries are missing still loads the plugin: its backend then lists no device and says why.
+#include <dlfcn.h>
 
-#include "cuda_backend.hpp"
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kiln/error.hpp"
 #include "kiln/plugin.hpp"
-#include "nccl_communicator.hpp"
 
 namespace kiln::cuda {
+
+namespace {
+
+using MakeBackend = Backend* (*)(const BackendOptions*);
+using MakeNccl = Communicator* (*)(Device* const*, size_t);
+
+struct Impl {
+  std::string path, error;  // error: why it could not be loaded ("" when loaded)
+  MakeBackend make_backend = nullptr;
+  MakeNccl make_nccl = nullptr;
+};
+
+// Loads the runtime part once; the library stays loaded for the life of the process (the objects it makes have
+// their code there).
+const Impl& impl() {
+  static Impl i;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info self{};
+    if (!dladdr(reinterpret_cast<void*>(&impl), &self) || !self.dli_fname) {
+      i.error = "cannot find the cuda plugin's own path (dladdr failed)";
+      return;
+    }
+    i.path = (std::filesystem::path(self.dli_fname).parent_path() / "cuda" / "libkiln_cuda_impl.so").string();
+    void* h = dlopen(i.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* e = dlerror();
+      i.error = "the CUDA backend's runtime library " + i.path + " could not be loaded: " + (e ? e : "unknown error");
+      return;
+    }
+    i.make_backend = reinterpret_cast<MakeBackend>(dlsym(h, "kiln_cuda_make_backend"));
+    i.make_nccl = reinterpret_cast<MakeNccl>(dlsym(h, "kiln_cuda_make_nccl"));
+    if (!i.make_backend) i.error = i.path + " has no kiln_cuda_make_backend entry (a library from another build?)";
+  });
+  return i;
+}
+
+// What the "cuda" backend is when its runtime library cannot be loaded: no devices, and the reason.
+class UnavailableBackend final : public Backend {
+ public:
+  explicit UnavailableBackend(std::string why) : why_(std::move(why)) {}
+  std::string name() const override { return "cuda"; }
+  std::vector<DeviceInfo> enumerate() override { return {}; }
+  std::string unavailable_reason() const override { return why_; }
+  std::unique_ptr<Device> open(int index) override {
+    throw DeviceError("cuda: cannot open device " + std::to_string(index) + ": " + why_);
+  }
+
+ private:
+  std::string why_;
+};
+
+}  // namespace
 
 const PluginDescriptor* descriptor() {
 #ifdef KILN_CUDA_HAVE_NCCL
@@ -19,11 +81,16 @@ const PluginDescriptor* descriptor() {
 
 void register_all(Registry& reg) {
   reg.add_backend("cuda", [](const BackendOptions& o) -> std::unique_ptr<Backend> {
-    return std::make_unique<CudaBackend>(o);
+    const Impl& i = impl();
+    if (!i.error.empty()) return std::make_unique<UnavailableBackend>(i.error);
+    return std::unique_ptr<Backend>(i.make_backend(&o));
   });
 #ifdef KILN_CUDA_HAVE_NCCL
   reg.add_communicator("nccl", [](std::span<Device* const> devices) -> std::unique_ptr<Communicator> {
-    return make_nccl_communicator(devices);
+    const Impl& i = impl();
+    if (!i.error.empty()) throw Error("nccl communicator: " + i.error);
+    if (!i.make_nccl) throw Error("nccl communicator: " + i.path + " was built without NCCL");
+    return std::unique_ptr<Communicator>(i.make_nccl(devices.data(), devices.size()));
   });
 #endif
 }

@@ -92,7 +92,7 @@ TEST_CASE("cuda error messages name the call, the library's error name and its t
     WARN("skipped: this build has no CUDA backend");
     return;
   }
-  void* lib = dlopen(kc::plugin_path().c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* lib = dlopen(kc::impl_path().c_str(), RTLD_NOW | RTLD_LOCAL);
   INFO("dlopen: " << (lib ? "" : dlerror()));
   REQUIRE(lib);
   auto f = reinterpret_cast<FormatFn>(dlsym(lib, "kiln_cuda_format_error"));
@@ -143,5 +143,52 @@ TEST_CASE("nccl communicator refuses devices that are not CUDA devices", "[cuda]
     FAIL("a cpu device was accepted");
   } catch (const DeviceError& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("cpu:0") && Catch::Contains("not a CUDA device"));
+  }
+}
+
+namespace {
+std::string needed_libraries(const std::filesystem::path& lib) {  // the DT_NEEDED entries, as readelf prints them
+  std::string out;
+  if (FILE* p = popen(("readelf -d '" + lib.string() + "' 2>&1").c_str(), "r")) {
+    char buf[512];
+    while (fgets(buf, sizeof buf, p))
+      if (std::string(buf).find("(NEEDED)") != std::string::npos) out += buf;
+    pclose(p);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("the cuda plugin itself links no CUDA library; its runtime part does, and is loaded on first use", "[cuda]") {
+  if (!std::filesystem::exists(kc::plugin_path())) {
+    WARN("skipped: this build has no CUDA backend");
+    return;
+  }
+  const std::string plugin = needed_libraries(kc::plugin_path()), impl = needed_libraries(kc::impl_path());
+  INFO("plugin needs:\n" << plugin << "runtime part needs:\n" << impl);
+  REQUIRE_FALSE(plugin.empty());  // readelf ran
+  for (const char* lib : {"libcudart", "libcublas", "libcudnn", "libnccl"}) CHECK(plugin.find(lib) == std::string::npos);
+  CHECK(impl.find("libcudart") != std::string::npos);
+  CHECK(impl.find("libcudnn") != std::string::npos);
+}
+
+TEST_CASE("without its runtime part the cuda plugin still loads, lists no device and says why", "[cuda]") {
+  if (!std::filesystem::exists(kc::plugin_path())) {
+    WARN("skipped: this build has no CUDA backend");
+    return;
+  }
+  auto dir = test::temp_dir("cuda-no-impl");  // the plugin alone, without cuda/libkiln_cuda_impl.so beside it
+  std::filesystem::copy_file(kc::plugin_path(), dir / "libkiln_cuda.so");
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  loader.load((dir / "libkiln_cuda.so").string(), reg);
+  REQUIRE(reg.has_backend("cuda"));
+  auto b = reg.backend("cuda")(BackendOptions{});
+  CHECK(b->enumerate().empty());
+  CHECK_THAT(b->unavailable_reason(), Catch::Contains("libkiln_cuda_impl.so could not be loaded"));
+  CHECK_THROWS_WITH(b->open(0), Catch::Contains("cannot open device 0") && Catch::Contains("libkiln_cuda_impl.so"));
+  if (reg.has_communicator("nccl")) {
+    std::vector<Device*> none;
+    CHECK_THROWS_WITH(reg.communicator("nccl")(none), Catch::Contains("could not be loaded"));
   }
 }

@@ -14,6 +14,8 @@
 namespace kiln::test::cuda {
 
 inline std::filesystem::path plugin_path() { return std::filesystem::path(KILN_PLUGIN_DIR) / "libkiln_cuda.so"; }
+// The plugin's runtime part (everything that links CUDA), loaded by the plugin on first use.
+inline std::filesystem::path impl_path() { return std::filesystem::path(KILN_PLUGIN_DIR) / "cuda" / "libkiln_cuda_impl.so"; }
 
 // The "cuda" backend, or null with `why` set when this build has no CUDA plugin.
 inline std::unique_ptr<Backend> backend_or_reason(std::string& why) {
