@@ -12,43 +12,18 @@
 namespace kiln {
 
 SingleDeviceRunner::SingleDeviceRunner(const RunnerContext& ctx, int device_index)
-    : ctx_(ctx), dctx_(ctx.devices.at(static_cast<size_t>(device_index))), state_(dctx_, ctx.seed) {}
+    : ctx_(ctx),
+      dctx_(ctx.devices.at(static_cast<size_t>(device_index))),
+      state_(dctx_, ctx.seed),
+      input_(state_, std::max(1, ctx.input_slots)) {}
 
-SingleDeviceRunner::~SingleDeviceRunner() { drain(); }
-
-void SingleDeviceRunner::drain() noexcept {
-  for (auto& p : pending_)
-    for (auto t : p.tickets) {
-      try {
-        dctx_.device->wait_upload(t);
-      } catch (...) {  // a broken device: the error surfaced (or will) on the op stream; nothing to free here
-      }
-    }
-  pending_.clear();
-}
-
-int SingleDeviceRunner::free_slot() const {
-  const int slots = std::max(1, ctx_.input_slots);
-  for (int k = 1; k <= slots; ++k) {  // round robin from the slot after the last one used
-    int s = (last_slot_ + k) % slots;
-    bool held = false;
-    for (const auto& p : pending_) held = held || p.slot == s;
-    if (!held) return s;
-  }
-  return -1;
-}
+SingleDeviceRunner::~SingleDeviceRunner() { input_.drain(); }
 
 void SingleDeviceRunner::prefetch(const Element& next) {
-  if (ctx_.input_slots < 2 || next.x.data.empty()) return;
+  if (input_.slots() < 2 || next.x.data.empty()) return;
   // A new executor may move the shared regions: nothing may be in flight into them then.
-  if (!execs_.count(std::make_tuple(next.batch, true, false))) drain();
-  Executor& ex = executor(next.batch, true, false);
-  const int slot = free_slot();
-  if (slot < 0 || (!pending_.empty() && pending_.back().ex != &ex)) return;  // no free slot: train_step copies it
-  // An upload into `slot` is ordered after every op enqueued so far (the step that last read it), see upload_async.
-  Pending p{next.x.data.data(), &ex, slot, state_.generation(), {}};
-  p.tickets = ex.upload_batch(next, slot);
-  pending_.push_back(std::move(p));
+  if (!execs_.count(std::make_tuple(next.batch, true, false))) input_.drain();
+  input_.prefetch(executor(next.batch, true, false), next, next.x.data.data());
 }
 
 Executor& SingleDeviceRunner::executor(int64_t batch, bool training, bool ema) {
@@ -77,21 +52,7 @@ StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalar
   Executor& ex = executor(batch.batch, true, false);
   Device* dev = dctx_.device;
   // The batch's input slot: uploaded by prefetch() while the previous step ran, or copied now.
-  int slot = -1;
-  bool uploaded = false;
-  if (!pending_.empty() && pending_.front().x == batch.x.data.data() && pending_.front().ex == &ex) {
-    slot = pending_.front().slot;
-    for (auto t : pending_.front().tickets) dev->wait_upload(t);  // orders the copy before this step's ops
-    uploaded = pending_.front().generation == state_.generation();  // else its region moved: copy again
-    pending_.pop_front();
-  } else {
-    slot = free_slot();
-    if (slot < 0) {
-      drain();
-      slot = free_slot();
-    }
-  }
-  last_slot_ = slot;
+  const int slot = input_.acquire(ex, batch, batch.x.data.data());
   // The same executor with the same bound buffers is the same op sequence: a backend may record it once and replay
   // it (CUDA graphs); a new generation of the regions, or the other input slot, means new buffers, hence a new id.
   const uint64_t seq = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&ex)) ^ (state_.generation() << 48) ^
@@ -101,7 +62,6 @@ StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalar
     ~SequenceScope() { d->end_sequence(); }
   } scope{dev};
   dev->begin_sequence(seq);
-  if (!uploaded) ex.load_batch(batch, slot);
   // Forward and losses first: a non-finite loss stops the step before any weight changes.
   size_t bwd = ex.first_node_of(Phase::backward);
   ex.run_range(0, bwd, s, slot);
@@ -117,7 +77,7 @@ StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalar
 }
 
 EvalResult SingleDeviceRunner::eval_batch(const Element& batch, bool use_ema) {
-  drain();  // evaluation reads input slot 0
+  input_.drain();  // evaluation reads input slot 0
   Executor& ex = executor(batch.batch, false, use_ema);
   ex.load_batch(batch);
   ex.run({});
@@ -136,7 +96,7 @@ void SingleDeviceRunner::load_state(const std::map<std::string, HostTensor>& st)
 }
 
 std::string SingleDeviceRunner::find_nonfinite_layer(const Element& batch, int64_t step) {
-  drain();
+  input_.drain();
   GraphOptions o;
   o.batch = batch.batch;
   o.training = true;

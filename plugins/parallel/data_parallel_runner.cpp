@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -83,11 +84,45 @@ class DataParallelRunner final : public Runner {
     comm_lane_ = n > 1 ? lanes_->size() - 1 : -1;
   }
 
+  ~DataParallelRunner() override { drain(); }  // uploads may still read prefetched_ parts
+
+  // Splits the coming batch now and starts copying each replica's rows into its second input slot.
+  void prefetch(const Element& next) override {
+    if (next.x.data.empty()) return;
+    auto rows = rows_for(next.batch, true);
+    Prefetched p{next.x.data.data(), {}};
+    std::vector<const Element*> parts;
+    if (rows.size() == 1) {
+      parts.push_back(&next);
+    } else {
+      int64_t at = 0;
+      p.parts.reserve(rows.size());
+      for (auto k : rows) p.parts.push_back(slice_rows(next, at, k)), at += k;
+      for (auto& e : p.parts) parts.push_back(&e);
+    }
+    for (size_t r = 0; r < reps_.size(); ++r) {
+      if (rows[r] == 0) continue;
+      Executor& ex = reps_[r]->executor(rows[r], true, false);
+      reps_[r]->input().prefetch(ex, *parts[r], p.key);
+    }
+    prefetched_.push_back(std::move(p));
+  }
+
   StepResult train_step(const Element& batch, const StepScalars& s) override {
     auto t_step = Clock::now();
     const int n = static_cast<int>(reps_.size());
     auto rows = rows_for(batch.batch, true);
-    auto parts = split(batch, rows);
+    const void* key = batch.x.data.data();
+    // This batch's rows as prefetch() split them (the front entry), or split now when it was not prefetched (the
+    // front entry, if any, is then a later batch: its uploads may still be reading it).
+    const bool was_prefetched = !prefetched_.empty() && prefetched_.front().key == key;
+    std::vector<const Element*> parts;
+    if (was_prefetched && !prefetched_.front().parts.empty()) {
+      for (auto& e : prefetched_.front().parts) parts.push_back(&e);
+    } else {
+      parts = split(batch, rows);
+    }
+    slot_.assign(reps_.size(), 0);
     std::vector<Executor*> ex(static_cast<size_t>(n));
     std::vector<const std::vector<Bucket>*> buckets(static_cast<size_t>(n));
     for (size_t r = 0; r < ex.size(); ++r) {
@@ -106,12 +141,13 @@ class DataParallelRunner final : public Runner {
       each_replica(lane, [&](size_t r) {
         if (rows[r] == 0) return;
         auto t0 = Clock::now();
-        ex[r]->load_batch(*parts[r]);
-        ex[r]->run_range(0, fwd_end, s);
+        slot_[r] = reps_[r]->input().acquire(*ex[r], *parts[r], key);  // prefetched, or copied now
+        ex[r]->run_range(0, fwd_end, s, slot_[r]);
         for (auto t : ex[r]->graph().losses) losses[r].push_back(ex[r]->read_scalar(t));
         stats_[r].compute += since(t0);
       });
     });
+    if (was_prefetched) prefetched_.pop_front();  // every replica waited on its upload: nothing reads the rows now
     StepResult res;
     res.losses.assign(ex[0]->graph().losses.size(), 0.f);
     for (size_t r = 0; r < ex.size(); ++r)
@@ -138,6 +174,7 @@ class DataParallelRunner final : public Runner {
   }
 
   EvalResult eval_batch(const Element& batch, bool use_ema) override {
+    drain();  // evaluation reads input slot 0
     auto rows = rows_for(batch.batch, false);
     auto parts = split(batch, rows);
     const size_t n = reps_.size();
@@ -206,6 +243,7 @@ class DataParallelRunner final : public Runner {
   }
 
   std::string find_nonfinite_layer(const Element& batch, int64_t step) override {
+    drain();
     auto rows = rows_for(batch.batch, false);
     auto parts = split(batch, rows);
     for (size_t r = 0; r < reps_.size(); ++r)
@@ -305,7 +343,7 @@ class DataParallelRunner final : public Runner {
     for (size_t k = 0; k < bk.size(); ++k) {
       const bool last = k + 1 == bk.size();
       if (rows > 0) {
-        ex.run_range(at, last ? end : bk[k].ready, s);  // the last bucket also takes backward's trailing nodes
+        ex.run_range(at, last ? end : bk[k].ready, s, slot_[r]);  // the last bucket also takes backward's trailing nodes
         at = last ? end : bk[k].ready;
         if (share != 1.f) rep.run_op(OpKind::Scale, share, range_of(grads, bk[k]));
       } else {
@@ -316,7 +354,7 @@ class DataParallelRunner final : public Runner {
       lanes_->signal([&] { ++ready_[k]; });
     }
     if (bk.empty()) {
-      if (rows > 0) ex.run_range(at, end, s);
+      if (rows > 0) ex.run_range(at, end, s, slot_[r]);
       rep.device().synchronize();
       finish_backward(r, t0);
     }
@@ -337,14 +375,14 @@ class DataParallelRunner final : public Runner {
       stats_[r].wait += lanes_->wait([&] { return reduced_ == ready_.size(); });
       auto t0 = Clock::now();
       if (o_.sharded) shards_[r]->update(ex, s);
-      ex.run_range(upd, ema_at, s);
+      ex.run_range(upd, ema_at, s, slot_[r]);
       reps_[r]->device().synchronize();
       stats_[r].compute += since(t0);
       lanes_->signal([&] { ++updated_; });
     } else if (ema_at < ex.size()) {
       stats_[r].wait += lanes_->wait([&] { return sent_; });
       auto t0 = Clock::now();
-      ex.run_range(ema_at, ex.size(), s);
+      ex.run_range(ema_at, ex.size(), s, slot_[r]);
       stats_[r].compute += since(t0);
     }
   }
@@ -406,6 +444,17 @@ class DataParallelRunner final : public Runner {
   std::vector<Send> sends_;  // weights broadcast after each update, with their source
   std::map<const Executor*, std::vector<Bucket>> buckets_;
   std::vector<Element> parts_;
+  // Batches handed to prefetch(), oldest first: their per-replica rows, which the uploads read until the step.
+  struct Prefetched {
+    const void* key = nullptr;  // the whole batch's feature storage
+    std::vector<Element> parts;  // empty with one replica (the batch itself is uploaded)
+  };
+  std::deque<Prefetched> prefetched_;
+  std::vector<int> slot_;  // the input slot each replica's executor reads in the current step
+  void drain() noexcept {
+    for (auto& rep : reps_) rep->input().drain();
+    prefetched_.clear();
+  }
   std::unique_ptr<Lanes> lanes_;
   int comm_lane_ = -1;  // -1: a single replica, nothing to communicate
   // One step's progress, guarded by the lanes' lock.

@@ -45,7 +45,9 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
     Device* d = ctx.devices.at(static_cast<size_t>(dev[static_cast<size_t>(r)])).device;
     Graph train = replica_graph(ctx, rows[static_cast<size_t>(r)], true, false, o.sharded);
     Graph eval = replica_graph(ctx, rows[static_cast<size_t>(r)], false, false, o.sharded);
-    MemoryPlan pt = plan_memory(train, d), pe = plan_memory(eval, d);
+    PlanOptions po;
+    po.input_slots = std::max(1, ctx.input_slots);  // double-buffered input ([train] device_prefetch)
+    MemoryPlan pt = plan_memory(train, d, po), pe = plan_memory(eval, d);
     auto buckets = make_buckets(train, pt, o.bucket_bytes);
     pt.arena = std::max(pt.arena, pe.arena);
     pt.workspace = std::max(pt.workspace, pe.workspace);

@@ -62,17 +62,26 @@ std::vector<Bucket> make_buckets(const Graph& g, const MemoryPlan& p, size_t buc
 }
 
 Replica::Replica(const RunnerContext& ctx, int device_index, int rank, bool sharded)
-    : ctx_(ctx), dctx_(ctx.devices.at(static_cast<size_t>(device_index))), rank_(rank), sharded_(sharded), state_(dctx_, ctx.seed) {}
+    : ctx_(ctx),
+      dctx_(ctx.devices.at(static_cast<size_t>(device_index))),
+      rank_(rank),
+      sharded_(sharded),
+      state_(dctx_, ctx.seed),
+      input_(state_, std::max(1, ctx.input_slots)) {}
 
 Executor& Replica::executor(int64_t batch, bool training, bool ema) {
   auto key = std::make_tuple(batch, training, ema);
   auto it = execs_.find(key);
   if (it != execs_.end()) return *it->second;
-  auto ex = std::make_unique<Executor>(replica_graph(ctx_, batch, training, ema, sharded_), state_);
+  input_.drain();  // a new executor may move the input region
+  PlanOptions po;
+  po.input_slots = training ? input_.slots() : 1;
+  auto ex = std::make_unique<Executor>(replica_graph(ctx_, batch, training, ema, sharded_), state_, po);
   return *execs_.emplace(key, std::move(ex)).first->second;
 }
 
 std::string Replica::find_nonfinite_layer(const Element& batch, int64_t step) {
+  input_.drain();
   return first_nonfinite_layer(replica_graph(ctx_, batch.batch, true, false, sharded_), state_, batch, step);
 }
 

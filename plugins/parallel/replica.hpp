@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/executor.hpp"
+#include "kiln/input_slots.hpp"
 #include "kiln/strategy.hpp"
 
 namespace kiln::parallel {
@@ -35,6 +36,8 @@ class Replica {
 
   Executor& executor(int64_t batch, bool training, bool ema);
   DeviceState& state() { return state_; }
+  // Double-buffered input of the training executors ([train] device_prefetch: ctx.input_slots).
+  InputSlots& input() { return input_; }
   Device& device() { return *dctx_.device; }
   std::string label() const { return dctx_.device->info().label(); }
   int rank() const { return rank_; }
@@ -50,6 +53,7 @@ class Replica {
   bool sharded_;
   DeviceState state_;
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<Executor>> execs_;
+  InputSlots input_;  // after state_ and execs_: destroyed first, it waits for uploads into them
 };
 
 }  // namespace kiln::parallel

@@ -1,12 +1,12 @@
 // The runner of the `single` strategy: one device, one DeviceState, executors cached per (batch, mode).
 // Other strategies reuse it per replica.
 #pragma once
-#include <deque>
 #include <map>
 #include <memory>
 #include <tuple>
 
 #include "kiln/executor.hpp"
+#include "kiln/input_slots.hpp"
 #include "kiln/strategy.hpp"
 
 namespace kiln {
@@ -40,18 +40,7 @@ class SingleDeviceRunner : public Runner {
   DeviceState state_;
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<Executor>> execs_;
 
-  // Batches whose upload into an input slot has started (Runner::prefetch), oldest first.
-  struct Pending {
-    const float* x = nullptr;  // identifies the Element (its storage survives a move)
-    Executor* ex = nullptr;
-    int slot = 0;
-    uint64_t generation = 0;  // DeviceState::generation() at upload
-    std::vector<uint64_t> tickets;
-  };
-  int free_slot() const;  // an input slot no pending upload holds, or -1
-  void drain() noexcept;  // waits for every pending upload
-  std::deque<Pending> pending_;
-  int last_slot_ = 1;     // the slot the last step read
+  InputSlots input_;  // after state_ and execs_: destroyed first, it waits for uploads into them
 };
 
 }  // namespace kiln
