@@ -119,7 +119,11 @@ std::vector<DevicePlan> SingleDeviceRunner::plan_for(const RunnerContext& ctx, i
   pt.arena = std::max(pt.arena, pe.arena);
   pt.workspace = std::max(pt.workspace, pe.workspace);
   pt.input = std::max(pt.input, pe.input);
-  return {pt.summary(dev ? dev->info().label() : "device 0")};
+  DevicePlan d = pt.summary(dev ? dev->info().label() : "device 0");
+  if (po.input_slots > 1)
+    d.notes.push_back("input buffers: " + std::to_string(po.input_slots) +
+                      " batches ([train] device_prefetch: the next batch is copied in while the step runs)");
+  return {d};
 }
 
 namespace {

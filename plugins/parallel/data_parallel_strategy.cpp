@@ -53,6 +53,9 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
     pt.workspace = std::max(pt.workspace, pe.workspace);
     pt.input = std::max(pt.input, pe.input);
     DevicePlan p = pt.summary(d->info().label());
+    if (po.input_slots > 1)
+      p.notes.push_back("input buffers: " + std::to_string(po.input_slots) +
+                        " batches ([train] device_prefetch: the next batch is copied in while the step runs)");
     p.notes.push_back("data_parallel replica " + std::to_string(r) + " of " + std::to_string(n) + ": batch " +
                       std::to_string(rows[static_cast<size_t>(r)]) + " of " + std::to_string(ctx.global_batch) +
                       " (gradient weight " + share_text(rows[static_cast<size_t>(r)], ctx.global_batch) + ")");
