@@ -215,9 +215,15 @@ uint64_t CudaDevice::upload_async(const void* src, const BufferView& dst) {
   KILN_CUDA_CHECK(cudaEventRecord(ops_mark_.get(), stream_.get()));
   KILN_CUDA_CHECK(cudaStreamWaitEvent(upload_stream_.get(), ops_mark_.get(), 0));
   if (dst.bytes) upload_staging_->to_device(src, address(dst), dst.bytes);
-  cudaEvent_t e = nullptr;
-  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  EventHandle done(e);
+  EventHandle done;
+  if (!spare_events_.empty()) {
+    done = std::move(spare_events_.back());
+    spare_events_.pop_back();
+  } else {
+    cudaEvent_t e = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    done.reset(e);
+  }
   KILN_CUDA_CHECK(cudaEventRecord(done.get(), upload_stream_.get()));
   const uint64_t ticket = next_ticket_++;
   uploads_.emplace_back(ticket, std::move(done));
@@ -231,6 +237,8 @@ void CudaDevice::wait_upload(uint64_t ticket) {
   for (auto it = uploads_.begin(); it != uploads_.end(); ++it)
     if (it->first == ticket) {
       KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), it->second.get(), 0));  // the op stream waits, not the host
+      // The wait took the event's current record; recording it again for a later upload does not change that.
+      spare_events_.push_back(std::move(it->second));
       uploads_.erase(it);
       return;
     }

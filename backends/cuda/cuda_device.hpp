@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <utility>
+#include <vector>
 #include <mutex>
 #include <string>
 
@@ -78,6 +79,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<PinnedStaging> upload_staging_;
   EventHandle ops_mark_;                         // recorded on the op stream before each upload
   std::deque<std::pair<uint64_t, EventHandle>> uploads_;  // tickets not yet waited on, with their events
+  std::vector<EventHandle> spare_events_;                  // waited-on events, reused (no create per step)
   uint64_t next_ticket_ = 1;
   std::unique_ptr<GraphRecorder> graphs_;
   std::mutex mu_;

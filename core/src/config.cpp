@@ -168,6 +168,15 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+// The key of `keys` closest to `key` within an edit distance of 2, or "".
+std::string nearest_key(const std::vector<std::string>& keys, const std::string& key) {
+  std::string hint;
+  size_t best = 3;
+  for (const auto& k : keys)
+    if (size_t d = edit_distance(k, key); d < best) best = d, hint = k;
+  return hint;
+}
+
 const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument& doc, const std::string& key,
                          bool required) {
   {
@@ -177,12 +186,9 @@ const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument&
   const toml::node* n = tbl(table).get(key);
   if (!n && required) {
     // A misspelled key is the usual cause: name the nearest key present.
-    std::string hint;
-    size_t best = 3;
-    for (const auto& [k, v] : tbl(table)) {
-      size_t d = edit_distance(std::string(k.str()), key);
-      if (d < best) best = d, hint = std::string(k.str());
-    }
+    std::vector<std::string> present;
+    for (const auto& [k, v] : tbl(table)) present.emplace_back(k.str());
+    const std::string hint = nearest_key(present, key);
     c.fail(key, "missing (required)" + (hint.empty() ? std::string() : "; the table has '" + hint + "': misspelled?"));
   }
   return n;
@@ -334,10 +340,7 @@ void ConfigNode::finish() const {
   std::string keys;
   for (const auto& k : unknown) keys += (keys.empty() ? "'" : ", '") + k + "'";
   // The nearest key the reader knows, when one is close: "epoch" -> "epochs".
-  std::string hint;
-  size_t best = 3;
-  for (const auto& k : known)
-    if (size_t d = edit_distance(k, unknown.front()); d < best) best = d, hint = k;
+  const std::string hint = nearest_key(known, unknown.front());
   fail(unknown.front(), "unknown key" + std::string(unknown.size() > 1 ? "s " : " ") + keys +
                             (path_.empty() ? "" : " in [" + path_ + "]") +
                             (hint.empty() ? " (misspelled? see docs/user_guide.md)" : " (did you mean '" + hint + "'?)"));

@@ -91,15 +91,7 @@ class DataParallelRunner final : public Runner {
     if (next.x.data.empty()) return;
     auto rows = rows_for(next.batch, true);
     Prefetched p{next.x.data.data(), {}};
-    std::vector<const Element*> parts;
-    if (rows.size() == 1) {
-      parts.push_back(&next);
-    } else {
-      int64_t at = 0;
-      p.parts.reserve(rows.size());
-      for (auto k : rows) p.parts.push_back(slice_rows(next, at, k)), at += k;
-      for (auto& e : p.parts) parts.push_back(&e);
-    }
+    auto parts = split(next, rows, p.parts);
     for (size_t r = 0; r < reps_.size(); ++r) {
       if (rows[r] == 0) continue;
       Executor& ex = reps_[r]->executor(rows[r], true, false);
@@ -309,20 +301,16 @@ class DataParallelRunner final : public Runner {
   }
 
   // Per replica: its rows of the batch (the batch itself with one replica).
-  std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows) {
-    std::vector<const Element*> out;
-    parts_.clear();
-    parts_.reserve(rows.size());
+  std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows) { return split(b, rows, parts_); }
+  // The same, keeping the sliced rows in `storage` (cleared first).
+  static std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows, std::vector<Element>& storage) {
+    storage.clear();
+    if (rows.size() == 1) return {&b};
+    storage.reserve(rows.size());
     int64_t at = 0;
-    for (auto n : rows) {
-      if (rows.size() == 1) {
-        out.push_back(&b);
-        break;
-      }
-      parts_.push_back(slice_rows(b, at, n));
-      at += n;
-    }
-    for (auto& p : parts_) out.push_back(&p);
+    for (auto n : rows) storage.push_back(slice_rows(b, at, n)), at += n;
+    std::vector<const Element*> out;
+    for (auto& p : storage) out.push_back(&p);
     return out;
   }
 
