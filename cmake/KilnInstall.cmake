@@ -4,9 +4,12 @@ install(TARGETS kiln_core EXPORT kilnTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/core/include/kiln DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# Plugins' Vulkan shaders (kiln/kernel_registry.hpp ShaderKernel) include Kiln's kernel conventions.
+install(FILES ${PROJECT_SOURCE_DIR}/kernels/vulkan/common.glsl DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln/vulkan)
 install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kilnConfig.cmake.in
-  ${CMAKE_BINARY_DIR}/kilnConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
+  ${CMAKE_BINARY_DIR}/kilnConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR)
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/kilnConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/kilnConfig.cmake ${CMAKE_BINARY_DIR}/kilnConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/KilnPlugin.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)

@@ -14,4 +14,18 @@ out=$("$work/prefix/bin/kiln" --plugin-dir "$work/plugin" train "$src/samples/th
 echo "$out" | tail -3
 echo "$out" | grep -q "test accuracy" || { echo "no evaluation line"; exit 1; }
 "$work/prefix/bin/kiln" --plugin-dir "$work/plugin" plugins | grep -q "layer residual_dense" || { echo "plugin not listed"; exit 1; }
+"$work/prefix/bin/kiln" --plugin-dir "$work/plugin" plugins | grep -q "op swish" || { echo "the plugin's op is not listed"; exit 1; }
+# The plugin's op passes conformance on every backend it has a kernel for, with its gradient rule checked.
+for backend in cpu vulkan; do
+  if [ "$backend" = vulkan ] && ! "$work/prefix/bin/kiln" devices 2>/dev/null | grep -q "^ *vulkan:0"; then
+    echo "sdk plugin test: no vulkan device, vulkan conformance of swish not run"; continue
+  fi
+  for op in swish swish_backward; do
+    conf=$("$work/prefix/bin/kiln" --plugin-dir "$work/plugin" conformance --backend "$backend" --op "$op" 2>&1) ||
+      { echo "$conf"; echo "conformance of $op on $backend failed"; exit 1; }
+    echo "$conf" | grep -q "^PASS $backend:0 $op/1000" || { echo "$conf"; echo "no $op case ran on $backend"; exit 1; }
+    echo "$conf" | tail -1
+  done
+done
+echo "$conf" | grep -q "PASS reference gradient/swish/grad.40" || true
 echo "sdk plugin test: ok"

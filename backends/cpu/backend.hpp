@@ -14,6 +14,8 @@
 
 namespace kiln::cpu {
 
+struct CpuKernels;
+
 // Host facts read from /proc (model name, MemTotal, MemAvailable).
 struct HostInfo {
   std::string cpu_model;
@@ -50,6 +52,7 @@ class CpuDevice final : public Device {
   int threads() const { return threads_; }
 
  private:
+  friend struct CpuKernels;  // op_table.cpp: the kernel table runs on this device's pool and scratch
   DeviceInfo info_;
   int threads_;
   ThreadPool pool_;  // threads_ threads, this device's caller included

@@ -7,6 +7,7 @@
 #include "check.hpp"
 #include "kernels.hpp"
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda {
 namespace {
@@ -27,54 +28,17 @@ void put_view(std::string& k, const BufferView& v) {
   put(k, v.bytes);
 }
 
-// Static attributes: everything except the per-step scalars pack_step_scalars() carries.
-void put_attrs(std::string& k, const OpAttrs& attrs) {
-  put(k, attrs.index());
-  std::visit(
-      [&](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, GemmAttrs>) {
-          put(k, a.m), put(k, a.n), put(k, a.k), put(k, a.trans_a), put(k, a.trans_b), put(k, a.alpha), put(k, a.beta);
-        } else if constexpr (std::is_same_v<A, BiasAttrs>) {
-          put(k, a.outer), put(k, a.channels), put(k, a.inner);
-        } else if constexpr (std::is_same_v<A, ConvAttrs>) {
-          for (int64_t v : {a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow})
-            put(k, v);
-        } else if constexpr (std::is_same_v<A, PoolAttrs>) {
-          for (int64_t v : {a.n, a.c, a.h, a.w, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow})
-            put(k, v);
-        } else if constexpr (std::is_same_v<A, ActivationAttrs>) {
-          put(k, a.act), put(k, a.count);
-        } else if constexpr (std::is_same_v<A, SoftmaxAttrs>) {
-          put(k, a.rows), put(k, a.cols);
-        } else if constexpr (std::is_same_v<A, LossAttrs>) {
-          put(k, a.rows), put(k, a.cols), put(k, a.scale), put(k, a.from_logits);
-        } else if constexpr (std::is_same_v<A, ElementwiseAttrs>) {
-          put(k, a.count), put(k, a.alpha), put(k, a.beta);
-        } else if constexpr (std::is_same_v<A, ReduceAttrs>) {
-          put(k, a.outer), put(k, a.reduce), put(k, a.inner);
-        } else if constexpr (std::is_same_v<A, ConcatAttrs>) {
-          put(k, a.outer), put(k, a.inner);
-          for (int64_t s : a.sizes) put(k, s);
-        } else {  // Dropout, Sgd, Adam, Rmsprop, Ema: every scalar but the count is per-step
-          put(k, a.count);
-        }
-      },
-      attrs);
-}
-
 }  // namespace
 
 std::string call_key(const OpCall& call) {
   std::string k;
   k.reserve(64 + 24 * (call.in.size() + call.out.size()));
-  put(k, call.kind);
   put(k, call.in.size());
   for (const auto& v : call.in) put_view(k, v);
   put(k, call.out.size());
   for (const auto& v : call.out) put_view(k, v);
   put_view(k, call.workspace);
-  put_attrs(k, call.attrs);
+  append_op_key(call.kind, call.attrs, k);  // the op table's key: static attributes, not the step scalars
   return k;
 }
 

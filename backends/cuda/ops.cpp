@@ -10,6 +10,8 @@
 #include "gemm.hpp"
 #include "kernels.hpp"
 #include "kiln/error.hpp"
+#include "kiln/kernel_registry.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda {
 namespace {
@@ -44,10 +46,7 @@ k::Loss loss_kind(OpKind kind, const LossAttrs& a) {
   return a.from_logits ? k::Loss::bce_logits : k::Loss::bce_probs;
 }
 
-bool is_loss(OpKind kind) {
-  return kind == OpKind::SoftmaxCrossEntropy || kind == OpKind::MeanSquaredError ||
-         kind == OpKind::BinaryCrossEntropy;
-}
+bool is_loss(OpKind kind) { return op_desc(kind).is_loss; }
 
 bool is_conv(OpKind kind) {
   return kind == OpKind::Conv2dForward || kind == OpKind::Conv2dBackwardData ||
@@ -69,6 +68,11 @@ bool pack_step_scalars(const OpCall& call, void* slot) {
 }
 
 Support CudaDevice::supports(OpKind kind, const OpAttrs& attrs) const {
+  if (static_cast<size_t>(kind) >= kBuiltinOpCount) {
+    if (!op_known(kind)) return {false, "unknown op kind " + std::to_string(static_cast<int>(kind))};
+    if (!find_kernel<StreamKernel>("cuda", kind)) return {false, missing_kernel_reason("cuda", kind)};
+    return {};
+  }
   OpArity ar;
   try {
     ar = op_arity(kind, attrs);  // checks the attribute type
@@ -95,39 +99,22 @@ Support CudaDevice::supports(OpKind kind, const OpAttrs& attrs) const {
 size_t CudaDevice::workspace_bytes(const OpCall& call) const {
   if (call.kind == OpKind::Gemm) return gemm_workspace_bytes(std::get<GemmAttrs>(call.attrs), cc_major_, workspace_limit_);
   if (is_conv(call.kind)) return conv_->workspace_bytes(call.kind, std::get<ConvAttrs>(call.attrs), workspace_limit_);
-  if (is_loss(call.kind)) {
+  if (static_cast<size_t>(call.kind) < kBuiltinOpCount && is_loss(call.kind)) {
     const auto& a = std::get<LossAttrs>(call.attrs);
     return k::loss_workspace_bytes(loss_kind(call.kind, a), a.rows, a.cols);
   }
   return 0;
 }
 
+// Buffer counts and sizes were checked when the call was bound (check_call); what remains is CUDA's own.
 void CudaDevice::validate(const OpCall& call) const {
-  const Support s = supports(call.kind, call.attrs);
   const std::string op = info_.label() + " op " + std::string(op_name(call.kind));
-  if (!s.yes) throw DeviceError(op + ": not supported: " + s.reason);
-  const OpArity ar = op_arity(call.kind, call.attrs);
-  if (call.in.size() != ar.in.size() || call.out.size() != ar.out.size())
-    throw DeviceError(op + ": expected " + std::to_string(ar.in.size()) + " inputs and " +
-                      std::to_string(ar.out.size()) + " outputs, found " + std::to_string(call.in.size()) + " and " +
-                      std::to_string(call.out.size()));
-  auto check = [&](const BufferView& v, int64_t elems, const char* what, size_t i) {
-    const size_t need = static_cast<size_t>(elems) * sizeof(float);
-    if (need == 0) return;
-    if (!v.block || v.bytes < need || v.offset % sizeof(float) != 0 || v.offset + v.bytes > v.block->bytes)
-      throw DeviceError(op + ": " + what + " " + std::to_string(i) + " must be a 4-byte aligned buffer of at least " +
-                        std::to_string(need) + " bytes inside its block; found " + std::to_string(v.bytes) +
-                        " bytes at offset " + std::to_string(v.offset) +
-                        (v.block ? " of a " + std::to_string(v.block->bytes) + "-byte block" : " with no block"));
-  };
-  for (size_t i = 0; i < ar.in.size(); ++i) check(call.in[i], ar.in[i], "input", i);
-  for (size_t i = 0; i < ar.out.size(); ++i) check(call.out[i], ar.out[i], "output", i);
   // cuBLAS refuses a workspace below 256-byte alignment; the core allocator aligns every allocation to 256.
   if (call.workspace.block && call.workspace.bytes > 0 &&
       reinterpret_cast<uintptr_t>(static_cast<char*>(call.workspace.block->ptr) + call.workspace.offset) % 256 != 0)
     throw DeviceError(op + ": the workspace must start at a 256-byte aligned address, found offset " +
                       std::to_string(call.workspace.offset) + " in its block");
-  if (is_loss(call.kind)) {
+  if (static_cast<size_t>(call.kind) < kBuiltinOpCount && is_loss(call.kind)) {
     const size_t need = workspace_bytes(call);
     if (!call.workspace.block || call.workspace.bytes < need)
       throw DeviceError(op + ": needs a workspace of " + std::to_string(need) + " bytes, was given " +
@@ -145,6 +132,14 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
     return c.out[i].block ? reinterpret_cast<float*>(static_cast<char*>(c.out[i].block->ptr) + c.out[i].offset)
                           : nullptr;
   };
+  if (static_cast<size_t>(c.kind) >= kBuiltinOpCount) {  // a plugin's op
+    const StreamKernel* kernel = find_kernel<StreamKernel>("cuda", c.kind);
+    if (!kernel) throw DeviceError(info_.label() + ": " + missing_kernel_reason("cuda", c.kind));
+    return kernel->run(c, s);
+  }
+  // Every built-in op has a case: a missing one fails to compile (-Wswitch as an error, no default).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
   switch (c.kind) {
     case OpKind::Gemm: return gemm_run(cublas_.get(), s, std::get<GemmAttrs>(c.attrs), c, tf32_);
     case OpKind::BiasAdd: {
@@ -265,6 +260,7 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
     }
     case OpKind::Count_: break;
   }
+#pragma GCC diagnostic pop
   throw DeviceError(info_.label() + ": unknown op kind " + std::to_string(static_cast<int>(c.kind)));
 }
 

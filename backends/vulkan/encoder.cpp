@@ -19,10 +19,20 @@ uint32_t Encoder::groups_for(int64_t n, uint32_t local) const {
   return static_cast<uint32_t>(std::min<int64_t>(want, std::min<uint32_t>(kMaxGridGroups, limits_.max_groups[0])));
 }
 
-void Encoder::dispatch_raw(const char* name, std::initializer_list<Bind> binds, const void* params, size_t bytes,
-                           uint32_t gx, uint32_t gy, uint32_t gz) {
+void Encoder::dispatch_shader(const ShaderKernel& k, std::span<const Bind> binds, const std::vector<uint32_t>& params,
+                              uint32_t gx, uint32_t gy, uint32_t gz) {
+  if (params.size() * 4 > kPushConstantBytes - 32)
+    throw DeviceError("vulkan: kernel " + k.name + " passes " + std::to_string(params.size()) +
+                      " parameter words, the push-constant block holds " + std::to_string((kPushConstantBytes - 32) / 4));
+  if (binds.size() > 8)
+    throw DeviceError("vulkan: kernel " + k.name + " binds " + std::to_string(binds.size()) + " buffers, at most 8");
+  dispatch_raw(k.name.c_str(), binds, params.data(), params.size() * 4, gx, gy, gz, &k.spirv);
+}
+
+void Encoder::dispatch_raw(const char* name, std::span<const Bind> binds, const void* params, size_t bytes,
+                           uint32_t gx, uint32_t gy, uint32_t gz, const std::vector<uint32_t>* spirv) {
   if (gx == 0 || gy == 0 || gz == 0) return;
-  const KernelPipeline& k = kernels_.get(name);
+  const KernelPipeline& k = kernels_.get(name, spirv);
   if (binds.size() != k.bindings)
     throw DeviceError(std::string("vulkan: kernel ") + name + " declares " + std::to_string(k.bindings) +
                       " buffers, the op bound " + std::to_string(binds.size()));
@@ -59,7 +69,7 @@ void Encoder::dispatch_raw(const char* name, std::initializer_list<Bind> binds, 
     if (b.access == Access::write || b.access == Access::read_write) writes.push_back(r);
     ++slot;
   }
-  std::memcpy(push + 8, params, bytes);
+  if (bytes) std::memcpy(push + 8, params, bytes);
 
   stream_.hazard(reads, writes);
   VkDescriptorSet set = stream_.allocate_set(k.set_layout.get());

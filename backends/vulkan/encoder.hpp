@@ -4,11 +4,14 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
+#include <vector>
 #include <string>
 
 #include "command_stream.hpp"
 #include "kernels.hpp"
 #include "kiln/device.hpp"
+#include "kiln/kernel_registry.hpp"
 
 namespace kiln::vulkan {
 
@@ -40,15 +43,18 @@ class Encoder {
   void dispatch(const char* name, std::initializer_list<Bind> binds, const Params& params, uint32_t gx,
                 uint32_t gy = 1, uint32_t gz = 1) {
     static_assert(sizeof(Params) <= kPushConstantBytes - 32, "kernel parameters exceed the push-constant block");
-    dispatch_raw(name, binds, &params, sizeof(Params), gx, gy, gz);
+    dispatch_raw(name, std::span<const Bind>(binds.begin(), binds.size()), &params, sizeof(Params), gx, gy, gz);
   }
+  // A plugin's kernel (kiln/kernel_registry.hpp): its module is created on first use.
+  void dispatch_shader(const ShaderKernel& k, std::span<const Bind> binds, const std::vector<uint32_t>& params,
+                       uint32_t gx, uint32_t gy, uint32_t gz);
   // Workgroups for a grid-stride loop over `n` items with `local` invocations each.
   uint32_t groups_for(int64_t n, uint32_t local = 256) const;
   const DeviceLimits& limits() const { return limits_; }
 
  private:
-  void dispatch_raw(const char* name, std::initializer_list<Bind> binds, const void* params, size_t bytes,
-                    uint32_t gx, uint32_t gy, uint32_t gz);
+  void dispatch_raw(const char* name, std::span<const Bind> binds, const void* params, size_t bytes, uint32_t gx,
+                    uint32_t gy, uint32_t gz, const std::vector<uint32_t>* spirv = nullptr);
   CommandStream& stream_;
   KernelCache& kernels_;
   const DeviceLimits& limits_;

@@ -33,12 +33,20 @@ KernelCache::KernelCache(VkDevice device) : device_(device) {
   cache_ = PipelineCache(device_, c);
 }
 
-const KernelPipeline& KernelCache::get(const std::string& name) {
+const KernelPipeline& KernelCache::get(const std::string& name, const std::vector<uint32_t>* spirv) {
   auto it = pipelines_.find(name);
   if (it != pipelines_.end()) return *it->second;
   const SpirvKernel* spv = nullptr;
   for (size_t i = 0; i < kSpirvKernelCount; ++i)
     if (name == kSpirvKernels[i].name) spv = &kSpirvKernels[i];
+  SpirvKernel external{name.c_str(), nullptr, 0};
+  if (!spv && spirv) {
+    if (spirv->size() < 5 || (*spirv)[0] != 0x07230203u)
+      throw DeviceError("vulkan: kernel '" + name + "' is not a SPIR-V module (no SPIR-V magic number)");
+    external.words = spirv->data();
+    external.word_count = spirv->size();
+    spv = &external;
+  }
   if (!spv) {
     std::string all;
     for (const auto& n : names()) all += (all.empty() ? "" : ", ") + n;

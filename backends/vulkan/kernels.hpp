@@ -38,7 +38,8 @@ class KernelCache {
  public:
   explicit KernelCache(VkDevice device);
   // The pipeline of kernel `name`; throws DeviceError naming the kernels built into this plugin if absent.
-  const KernelPipeline& get(const std::string& name);
+  // `spirv` supplies the module of a kernel that is not built in (a plugin's ShaderKernel).
+  const KernelPipeline& get(const std::string& name, const std::vector<uint32_t>* spirv = nullptr);
   size_t created() const { return pipelines_.size(); }
   static std::vector<std::string> names();
 

@@ -1,8 +1,11 @@
 // Dispatch from OpKind to the op families, and what this backend supports on a given device.
+#include <array>
 #include <string>
 #include <variant>
 
 #include "kiln/error.hpp"
+#include "kiln/kernel_registry.hpp"
+#include "kiln/op_table.hpp"
 #include "vulkan_ops.hpp"
 
 namespace kiln::vulkan {
@@ -35,6 +38,11 @@ Support window_fits(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t kh, 
 }  // namespace
 
 Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits) {
+  const bool builtin = static_cast<size_t>(kind) < kBuiltinOpCount;
+  if (!builtin) {
+    if (!op_known(kind)) return no("unknown op kind " + std::to_string(static_cast<int>(kind)));
+    if (!find_kernel<ShaderKernel>("vulkan", kind)) return no(missing_kernel_reason("vulkan", kind));
+  }
   OpArity ar;
   try {
     ar = op_arity(kind, attrs);
@@ -54,6 +62,10 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
     if (Support s = check(ar.out, "output"); !s.yes) return s;
   }
 
+  if (!builtin) {
+    if (ar.in.size() + ar.out.size() > 8) return no("a plugin's kernel binds at most 8 buffers");
+    return {};
+  }
   switch (kind) {
     case OpKind::Gemm: {
       const auto& a = std::get<GemmAttrs>(attrs);
@@ -108,7 +120,22 @@ size_t op_workspace_bytes(const OpCall& call) {
   return 0;
 }
 
+// A plugin's op: its shader binds the inputs, then the outputs.
+void run_shader(Encoder& e, const OpCall& c) {
+  const ShaderKernel* k = find_kernel<ShaderKernel>("vulkan", c.kind);
+  if (!k) throw DeviceError("vulkan: " + missing_kernel_reason("vulkan", c.kind));
+  std::vector<Bind> binds;
+  for (const auto& v : c.in) binds.push_back(rd(v));
+  for (const auto& v : c.out) binds.push_back(wr(v));
+  const std::array<uint32_t, 3> g = k->groups ? k->groups(c) : std::array<uint32_t, 3>{1, 1, 1};
+  e.dispatch_shader(*k, binds, k->params ? k->params(c) : std::vector<uint32_t>{}, g[0], g[1], g[2]);
+}
+
 void run_op(Encoder& e, const OpCall& c) {
+  if (static_cast<size_t>(c.kind) >= kBuiltinOpCount) return run_shader(e, c);
+  // Every built-in op has a case: a missing one fails to compile (-Wswitch as an error, no default).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
   switch (c.kind) {
     case OpKind::Gemm: return run_gemm(e, c);
     case OpKind::BiasAdd:
@@ -144,6 +171,7 @@ void run_op(Encoder& e, const OpCall& c) {
     case OpKind::EmaUpdate: return run_optimizer(e, c);
     case OpKind::Count_: break;
   }
+#pragma GCC diagnostic pop
   throw DeviceError("vulkan: unknown op kind " + std::to_string(static_cast<int>(c.kind)));
 }
 

@@ -4,6 +4,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/graph.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln {
 
@@ -23,14 +24,14 @@ class Differentiator {
       const Node& n = g_.nodes()[i];
       bool any = false;
       for (auto t : n.in) any = any || needs_grad(t);
-      if (is_loss(n.kind)) any = needs_grad(n.in[0]);
+      if (op_desc(n.kind).is_loss) any = needs_grad(n.in[0]);
       for (auto t : n.out) needs.resize(g_.tensors().size()), needs[static_cast<size_t>(t)] = any;
     }
     needs_ = &needs;
     for (size_t i = n_forward; i-- > 0;) {
       Node n = g_.nodes()[i];  // copy: emitting nodes may reallocate the vector
-      if (is_loss(n.kind)) {
-        if (needs_grad(n.in[0])) contribute(n.in[0], n.out[1], n);
+      if (op_desc(n.kind).is_loss) {  // where backward starts: the fused loss holds its own gradient
+        rule(n, {});
         continue;
       }
       std::vector<TensorId> dys;
@@ -41,7 +42,7 @@ class Differentiator {
         any = any || d != kNoTensor;
       }
       if (!any) continue;
-      rule(n, dys, needs_grad);
+      rule(n, dys);
     }
     // Parameter gradients, in parameter order.
     for (size_t t = 0; t < g_.tensors().size(); ++t) {
@@ -64,9 +65,6 @@ class Differentiator {
   }
 
  private:
-  static bool is_loss(OpKind k) {
-    return k == OpKind::SoftmaxCrossEntropy || k == OpKind::MeanSquaredError || k == OpKind::BinaryCrossEntropy;
-  }
 
   TensorId new_tensor(const Shape& s, const Node& like) {
     TensorInfo t;
@@ -116,142 +114,33 @@ class Differentiator {
     return d;
   }
 
-  template <class NeedsGrad>
-  void rule(const Node& n, const std::vector<TensorId>& dys, NeedsGrad needs_grad) {
-    const TensorId dy = dys[0];
-    auto shape = [&](TensorId t) { return g_.tensor(t).shape; };
-    switch (n.kind) {
-      case OpKind::Gemm: {
-        auto a = std::get<GemmAttrs>(n.attrs);
-        if (a.beta != 0.f) throw Error("layer '" + n.layer + "': gemm with beta != 0 has no gradient rule");
-        TensorId A = n.in[0], B = n.in[1];
-        if (needs_grad(A)) {
-          TensorId dA = new_tensor(shape(A), n);
-          GemmAttrs ga;
-          if (!a.trans_a) ga = {a.m, a.k, a.n, false, !a.trans_b, a.alpha, 0.f}, emit(OpKind::Gemm, ga, {dy, B}, {dA}, n);
-          else ga = {a.k, a.m, a.n, a.trans_b, true, a.alpha, 0.f}, emit(OpKind::Gemm, ga, {B, dy}, {dA}, n);
-          contribute(A, dA, n);
-        }
-        if (needs_grad(B)) {
-          TensorId dB = new_tensor(shape(B), n);
-          GemmAttrs gb;
-          if (!a.trans_b) gb = {a.k, a.n, a.m, !a.trans_a, false, a.alpha, 0.f}, emit(OpKind::Gemm, gb, {A, dy}, {dB}, n);
-          else gb = {a.n, a.k, a.m, true, a.trans_a, a.alpha, 0.f}, emit(OpKind::Gemm, gb, {dy, A}, {dB}, n);
-          contribute(B, dB, n);
-        }
-        break;
-      }
-      case OpKind::BiasAdd: {
-        if (needs_grad(n.in[0])) contribute(n.in[0], dy, n);
-        if (needs_grad(n.in[1])) {
-          TensorId db = new_tensor(shape(n.in[1]), n);
-          emit(OpKind::BiasGrad, n.attrs, {dy}, {db}, n);
-          contribute(n.in[1], db, n);
-        }
-        break;
-      }
-      case OpKind::Conv2dForward: {
-        if (needs_grad(n.in[0])) {
-          TensorId dx = new_tensor(shape(n.in[0]), n);
-          emit(OpKind::Conv2dBackwardData, n.attrs, {dy, n.in[1]}, {dx}, n);
-          contribute(n.in[0], dx, n);
-        }
-        if (needs_grad(n.in[1])) {
-          TensorId dw = new_tensor(shape(n.in[1]), n);
-          emit(OpKind::Conv2dBackwardFilter, n.attrs, {n.in[0], dy}, {dw}, n);
-          contribute(n.in[1], dw, n);
-        }
-        break;
-      }
-      case OpKind::MaxPoolForward:
-      case OpKind::AvgPoolForward: {
-        if (!needs_grad(n.in[0])) break;
-        TensorId dx = new_tensor(shape(n.in[0]), n);
-        if (n.kind == OpKind::MaxPoolForward) emit(OpKind::MaxPoolBackward, n.attrs, {n.in[0], n.out[0], dy}, {dx}, n);
-        else emit(OpKind::AvgPoolBackward, n.attrs, {dy}, {dx}, n);
-        contribute(n.in[0], dx, n);
-        break;
-      }
-      case OpKind::ActivationForward:
-      case OpKind::SoftmaxForward: {
-        if (!needs_grad(n.in[0])) break;
-        TensorId dx = new_tensor(shape(n.in[0]), n);
-        emit(n.kind == OpKind::ActivationForward ? OpKind::ActivationBackward : OpKind::SoftmaxBackward, n.attrs,
-             {n.out[0], dy}, {dx}, n);
-        contribute(n.in[0], dx, n);
-        break;
-      }
-      case OpKind::DropoutForward: {
-        if (!needs_grad(n.in[0])) break;
-        TensorId dx = new_tensor(shape(n.in[0]), n);
-        emit(OpKind::DropoutBackward, n.attrs, {dy}, {dx}, n);
-        contribute(n.in[0], dx, n);
-        break;
-      }
-      case OpKind::Add: {
-        auto a = std::get<ElementwiseAttrs>(n.attrs);
-        float coef[2] = {a.alpha, a.beta};
-        for (int i = 0; i < 2; ++i) {
-          if (!needs_grad(n.in[i])) continue;
-          if (coef[i] == 1.f) {
-            contribute(n.in[i], dy, n);
-          } else {
-            TensorId d = new_tensor(shape(n.in[i]), n);
-            emit(OpKind::Scale, ElementwiseAttrs{a.count, coef[i], 0.f}, {dy}, {d}, n);
-            contribute(n.in[i], d, n);
-          }
-        }
-        break;
-      }
-      case OpKind::Mul: {
-        for (int i = 0; i < 2; ++i) {
-          if (!needs_grad(n.in[i])) continue;
-          TensorId d = new_tensor(shape(n.in[i]), n);
-          emit(OpKind::Mul, n.attrs, {dy, n.in[1 - i]}, {d}, n);
-          contribute(n.in[i], d, n);
-        }
-        break;
-      }
-      case OpKind::Scale:
-      case OpKind::Copy: {
-        if (!needs_grad(n.in[0])) break;
-        auto a = std::get<ElementwiseAttrs>(n.attrs);
-        if (n.kind == OpKind::Copy || a.alpha == 1.f) {
-          contribute(n.in[0], dy, n);
-        } else {
-          TensorId d = new_tensor(shape(n.in[0]), n);
-          emit(OpKind::Scale, a, {dy}, {d}, n);
-          contribute(n.in[0], d, n);
-        }
-        break;
-      }
-      case OpKind::Concat: {
-        std::vector<TensorId> parts;
-        for (auto x : n.in) parts.push_back(new_tensor(shape(x), n));
-        emit(OpKind::Split, n.attrs, {dy}, parts, n);
-        for (size_t i = 0; i < n.in.size(); ++i)
-          if (needs_grad(n.in[i])) contribute(n.in[i], parts[i], n);
-        break;
-      }
-      case OpKind::Split: {
-        std::vector<TensorId> parts;
-        for (size_t i = 0; i < n.out.size(); ++i) {
-          TensorId d = dys[i];
-          if (d == kNoTensor) {
-            d = new_tensor(shape(n.out[i]), n);
-            emit(OpKind::Fill, ElementwiseAttrs{shape(n.out[i]).numel(), 0.f, 0.f}, {}, {d}, n);
-          }
-          parts.push_back(d);
-        }
-        TensorId dx = new_tensor(shape(n.in[0]), n);
-        emit(OpKind::Concat, n.attrs, parts, {dx}, n);
-        if (needs_grad(n.in[0])) contribute(n.in[0], dx, n);
-        break;
-      }
-      default:
-        throw Error("layer '" + n.layer + "': op '" + std::string(op_name(n.kind)) +
-                    "' has no gradient rule, so a model that trains through it cannot be differentiated");
+  // What the node's gradient rule (op_table.hpp) sees.
+  class Ctx final : public GradContext {
+   public:
+    Ctx(Differentiator& d, const Node& n, const std::vector<TensorId>& dys) : d_(d), n_(n), dys_(dys) {}
+    const Node& node() const override { return n_; }
+    TensorId dy(size_t i) const override { return i < dys_.size() ? dys_[i] : kNoTensor; }
+    bool needs_grad(TensorId x) const override { return (*d_.needs_)[static_cast<size_t>(d_.g_.root(x))]; }
+    Shape shape(TensorId t) const override { return d_.g_.tensor(t).shape; }
+    TensorId new_tensor(const Shape& s) override { return d_.new_tensor(s, n_); }
+    void emit(OpKind k, OpAttrs a, std::vector<TensorId> in, std::vector<TensorId> out) override {
+      d_.emit(k, std::move(a), std::move(in), std::move(out), n_);
     }
+    void contribute(TensorId x, TensorId d) override { d_.contribute(x, d, n_); }
+
+   private:
+    Differentiator& d_;
+    const Node& n_;
+    const std::vector<TensorId>& dys_;
+  };
+
+  void rule(const Node& n, const std::vector<TensorId>& dys) {
+    const OpDesc& d = op_desc(n.kind);
+    if (!d.grad)
+      throw Error("layer '" + n.layer + "': op '" + d.name +
+                  "' has no gradient rule, so a model that trains through it cannot be differentiated");
+    Ctx ctx(*this, n, dys);
+    d.grad(ctx);
   }
 
   Graph& g_;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "conformance_impl.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln {
@@ -22,13 +23,16 @@ int BackendResult::failures() const { return count(CaseStatus::fail) + (validati
 
 int ConformanceReport::failures() const {
   int n = 0;
+  for (const auto& g : gradients) n += g.status == CaseStatus::fail;
   for (const auto& b : backends) n += b.failures();
   return n;
 }
 
+std::vector<OpCase> conformance_cases() { return conformance::all_cases(); }
+
 std::vector<std::pair<std::string, OpKind>> conformance_case_ids() {
   std::vector<std::pair<std::string, OpKind>> v;
-  for (const auto& c : conformance::cases()) v.emplace_back(c.id, c.kind);
+  for (const auto& c : conformance::all_cases()) v.emplace_back(c.id, c.kind);
   return v;
 }
 
@@ -54,16 +58,17 @@ CaseResult result(std::string id, CaseStatus status, std::string detail) {
   return r;
 }
 
-const OpCase* find_case(const std::string& id) {
-  for (const auto& c : cases())
+const OpCase* find_case(const std::vector<OpCase>& all, const std::string& id) {
+  for (const auto& c : all)
     if (c.id == id) return &c;
   return nullptr;
 }
 
 class BackendRun {
  public:
-  BackendRun(Device& dev, BackendResult& r, const ConformanceOptions& o, std::ostream& out)
-      : dev_(dev), r_(r), opts_(o), out_(out) {}
+  BackendRun(Device& dev, BackendResult& r, const ConformanceOptions& o, std::ostream& out,
+             const std::vector<OpCase>& all)
+      : dev_(dev), r_(r), opts_(o), out_(out), all_(all) {}
 
   void record(CaseResult cr) {
     out_ << status_word(cr.status) << ' ' << r_.device.label() << ' ' << cr.id;
@@ -81,7 +86,7 @@ class BackendRun {
   void run_table(const ToleranceSet& tols) {
     std::set<size_t> printed;
     Allocator alloc(dev_, AllocatorOptions{});
-    for (const OpCase& c : cases()) {
+    for (const OpCase& c : all_) {
       if (!opts_.op.empty() && op_name(c.kind) != opts_.op) continue;
       if (!opts_.case_id.empty() && c.id != opts_.case_id) continue;
       if (c.large && !opts_.large && opts_.case_id.empty()) continue;
@@ -119,9 +124,9 @@ class BackendRun {
   // Every single block request of a case, failed in turn, must give kiln::OutOfMemory and leave the device
   // able to run the next case; a device asked for an impossible block must return nullptr, not throw.
   void fault_injection(const ToleranceSet& tols) {
-    const OpCase* health = find_case("add/257.int");
+    const OpCase* health = find_case(all_, "add/257.int");
     for (const char* probe_id : {"adam_update/257.step1", "conv2d_backward_filter/16x8x16x16.k16.r3.p1.float"}) {
-      const OpCase* probe = find_case(probe_id);
+      const OpCase* probe = find_case(all_, probe_id);
       std::vector<size_t> unused;
       const Tolerance tol = tolerance_for(*probe, tols, unused);
       AllocatorOptions ao;
@@ -192,28 +197,61 @@ class BackendRun {
   BackendResult& r_;
   const ConformanceOptions& opts_;
   std::ostream& out_;
+  const std::vector<OpCase>& all_;
 };
 
-void validate(const ConformanceOptions& o) {
+void validate(const ConformanceOptions& o, const std::vector<OpCase>& all) {
   if (!o.op.empty() && o.op != "oom") {
     bool known = false;
     std::string all;
-    for (int k = 0; k < static_cast<int>(OpKind::Count_); ++k) {
+    std::string names;
+    for (size_t k = 0; k < op_count(); ++k) {
       known |= op_name(static_cast<OpKind>(k)) == o.op;
-      all += (all.empty() ? "" : ", ") + std::string(op_name(static_cast<OpKind>(k)));
+      names += (names.empty() ? "" : ", ") + std::string(op_name(static_cast<OpKind>(k)));
     }
-    if (!known) throw ConfigError("conformance: unknown op \"" + o.op + "\"; ops: " + all + ", oom (fault injection)");
+    if (!known) throw ConfigError("conformance: unknown op \"" + o.op + "\"; ops: " + names + ", oom (fault injection)");
   }
-  if (!o.case_id.empty() && !find_case(o.case_id))
+  if (!o.case_id.empty() && !find_case(all, o.case_id))
     throw ConfigError("conformance: unknown case \"" + o.case_id +
                       "\"; case ids look like \"gemm/nn.17x33x65.int\" (every FAIL line prints its repro)");
   if (o.device < 0) throw ConfigError("conformance: device index must be >= 0, found " + std::to_string(o.device));
 }
 
+// Finite-difference checks of the gradient rules, on the reference: they do not depend on a backend.
+void gradient_checks(const std::vector<OpCase>& all, const ConformanceOptions& opts, ConformanceReport& report,
+                     std::ostream& out) {
+  for (const OpCase& c : all) {
+    if (!c.gradcheck) continue;
+    if (!opts.op.empty() && op_name(c.kind) != opts.op) continue;
+    if (!opts.case_id.empty() && c.id != opts.case_id) continue;
+    CaseResult cr;
+    cr.id = "gradient/" + c.id;
+    cr.op = std::string(op_name(c.kind));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      cr.detail = check_gradient(c);
+    } catch (const std::exception& e) {
+      cr.detail = std::string("error: ") + e.what();
+    }
+    cr.status = cr.detail.empty() ? CaseStatus::pass : CaseStatus::fail;
+    cr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out << status_word(cr.status) << " reference " << cr.id << (cr.detail.empty() ? "" : " -- " + cr.detail)
+        << " (" << static_cast<int>(cr.seconds * 1000) << " ms)\n";
+    report.gradients.push_back(std::move(cr));
+  }
+  if (!report.gradients.empty()) {
+    int failed = 0;
+    for (const auto& g : report.gradients) failed += g.status == CaseStatus::fail;
+    out << "== gradient rules (finite differences on the reference): " << report.gradients.size() - failed
+        << " passed, " << failed << " failed\n";
+  }
+}
+
 }  // namespace
 
 ConformanceReport run_conformance_suite(Registry& registry, const ConformanceOptions& opts, std::ostream& out) {
-  validate(opts);
+  const std::vector<OpCase> all = all_cases();
+  validate(opts, all);
   std::vector<std::string> names;
   if (opts.backend.empty() || opts.backend == "all") {
     names = registry.backend_names();
@@ -222,6 +260,7 @@ ConformanceReport run_conformance_suite(Registry& registry, const ConformanceOpt
     names.push_back(opts.backend);
   }
   ConformanceReport report;
+  if (opts.gradients) gradient_checks(all, opts, report, out);
   for (const auto& name : names) {
     BackendResult r;
     r.backend = name;
@@ -247,7 +286,7 @@ ConformanceReport run_conformance_suite(Registry& registry, const ConformanceOpt
         << (tols.path.empty() ? "no tolerance file; strict defaults, no relaxations"
                               : tols.path + " (" + std::to_string(tols.items.size()) + " relaxations)")
         << "\n";
-    BackendRun run(*dev, r, opts, out);
+    BackendRun run(*dev, r, opts, out, all);
     run.run_table(tols);
     if (opts.fault_injection && opts.case_id.empty() && (opts.op.empty() || opts.op == "oom")) run.fault_injection(tols);
     dev->synchronize();

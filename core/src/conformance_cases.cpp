@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "conformance_impl.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln::conformance {
 namespace {
@@ -84,6 +85,9 @@ void conv_cases(Table& t) {
       {"16x1x28x28.k32.r3.p1", 16, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, true, false},  // the CNN sample's layers
       {"16x32x14x14.k64.r3.p1", 16, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, true, false},
       {"16x16x28x28.k32.r3.p1", 16, 16, 28, 28, 32, 3, 3, 1, 1, 1, 1, true, true},
+      {"2x3x8x8.k4.r1.s2", 2, 3, 8, 8, 4, 1, 1, 2, 2, 0, 0, true, false},  // strided pointwise
+      {"1x4x9x7.k3.r2x4.s3x1.p0x3", 1, 4, 9, 7, 3, 2, 4, 3, 1, 0, 3, true, false},
+      {"7x3x3x3.k2.r3.valid", 7, 3, 3, 3, 2, 3, 3, 1, 1, 0, 0, true, false},  // one output pixel
   };
   const OpKind kinds[] = {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter};
   for (const C& c : cfgs) {
@@ -349,8 +353,49 @@ void optimizer_cases(Table& t) {
   }
 }
 
+// Small float cases on which every gradient rule is checked by finite differences (op_gradcheck.cpp); they also
+// run on every backend like any case. Inputs from spread() keep clear of relu's kink and max-pool ties.
+void gradient_cases(Table& t) {
+  auto g = [&](std::string variant, OpKind k, OpAttrs a, V in, V out, Check check) {
+    t.add("grad." + std::move(variant), k, std::move(a), std::move(in), std::move(out), check, false).gradcheck = true;
+  };
+  const Gen f = uni(-1.f, 1.f);
+  for (int tr = 0; tr < 4; ++tr) {
+    const bool ta = tr & 1, tb = tr & 2;
+    g(std::string(ta ? "t" : "n") + (tb ? "t" : "n") + ".5x4x3.alpha0.5", OpKind::Gemm,
+      GemmAttrs{5, 4, 3, ta, tb, 0.5f, 0.f}, {f, f}, {kOut}, Check::reduction);
+  }
+  g("3x4x5", OpKind::BiasAdd, BiasAttrs{3, 4, 5}, {f, f}, {kOut}, Check::elementwise);
+  g("2x3x6x5.k4.r3x2.s2x1.p1x0", OpKind::Conv2dForward, ConvAttrs{2, 3, 6, 5, 4, 3, 2, 2, 1, 1, 0, 3, 4}, {f, f},
+    {kOut}, Check::reduction);
+  g("2x2x5x5.k3.s2.p1", OpKind::MaxPoolForward, PoolAttrs{2, 2, 5, 5, 3, 3, 2, 2, 1, 1, 3, 3}, {spread(-1.f, 1.f)},
+    {kOut}, Check::elementwise);
+  g("2x2x5x5.k3.s2.p1", OpKind::AvgPoolForward, PoolAttrs{2, 2, 5, 5, 3, 3, 2, 2, 1, 1, 3, 3}, {f}, {kOut},
+    Check::elementwise);
+  for (Activation act : {Activation::relu, Activation::sigmoid, Activation::tanh})
+    g(std::string(activation_name(act)) + ".40", OpKind::ActivationForward, ActivationAttrs{act, 40},
+      {spread(-2.f, 2.f)}, {kOut}, Check::elementwise);
+  g("4x7", OpKind::SoftmaxForward, SoftmaxAttrs{4, 7}, {uni(-2.f, 2.f)}, {kOut}, Check::reduction);
+  g("4x7", OpKind::SoftmaxCrossEntropy, LossAttrs{4, 7, 0.25f, true}, {uni(-2.f, 2.f), {Gen::labels, 0, 7.f}},
+    {kOut, kOut}, Check::reduction);
+  g("4x7", OpKind::MeanSquaredError, LossAttrs{4, 7, 0.25f, true}, {f, f}, {kOut, kOut}, Check::reduction);
+  g("4x7.logits", OpKind::BinaryCrossEntropy, LossAttrs{4, 7, 0.25f, true}, {uni(-3.f, 3.f), uni(0.f, 1.f)},
+    {kOut, kOut}, Check::reduction);
+  g("4x7.probabilities", OpKind::BinaryCrossEntropy, LossAttrs{4, 7, 0.25f, false}, {uni(0.1f, 0.9f), uni(0.f, 1.f)},
+    {kOut, kOut}, Check::reduction);
+  g("30.alpha0.5.beta-2", OpKind::Add, ElementwiseAttrs{30, 0.5f, -2.f}, {f, f}, {kOut}, Check::elementwise);
+  g("30.alpha1.beta1", OpKind::Add, ElementwiseAttrs{30, 1.f, 1.f}, {f, f}, {kOut}, Check::elementwise);
+  g("30", OpKind::Mul, ElementwiseAttrs{30}, {f, f}, {kOut}, Check::elementwise);
+  g("30.alpha-1.5", OpKind::Scale, ElementwiseAttrs{30, -1.5f}, {f}, {kOut}, Check::elementwise);
+  g("30", OpKind::Copy, ElementwiseAttrs{30}, {f}, {kOut}, Check::elementwise);
+  g("2x(3,1,2)x2", OpKind::Concat, ConcatAttrs{2, 2, {3, 1, 2}}, {f, f, f}, {kOut}, Check::elementwise);
+  g("2x(3,1,2)x2", OpKind::Split, ConcatAttrs{2, 2, {3, 1, 2}}, {f}, {kOut, kOut, kOut}, Check::elementwise);
+  g("50.rate0.3", OpKind::DropoutForward, DropoutAttrs{50, 0.3f, 7, 3}, {f}, {kOut}, Check::elementwise);
+}
+
 std::vector<OpCase> build() {
   Table t;
+  gradient_cases(t);
   gemm_cases(t);
   bias_cases(t);
   conv_cases(t);
@@ -370,6 +415,20 @@ std::vector<OpCase> build() {
 
 const std::vector<OpCase>& cases() {
   static const std::vector<OpCase> all = build();
+  return all;
+}
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> all = cases();
+  for (size_t k = kBuiltinOpCount; k < op_count(); ++k) {
+    const OpDesc& d = op_desc(static_cast<OpKind>(k));
+    if (!d.cases) continue;
+    for (OpCase c : d.cases()) {
+      c.kind = static_cast<OpKind>(k);
+      if (c.id.rfind(d.name + "/", 0) != 0) c.id = d.name + "/" + c.id;
+      all.push_back(std::move(c));
+    }
+  }
   return all;
 }
 

@@ -7,43 +7,22 @@
 
 #include "kiln/allocator.hpp"
 #include "kiln/conformance.hpp"
+#include "kiln/op_case.hpp"
 #include "kiln/ops.hpp"
 
 namespace kiln::conformance {
 
-// How the data of one buffer is generated (deterministically from the case id).
-struct Gen {
-  enum Kind : uint8_t {
-    sentinel,    // a write-only output: filled with the "never written" NaN pattern
-    ints,        // integers in [lo, hi]: sums and products stay exact in f32
-    uniform,     // floats uniform in [lo, hi)
-    labels,      // class indices in [0, hi) stored as floats
-    labels_bad,  // like labels, but row 0 holds the out-of-range class hi
-    max_pool_y,  // max_pool_forward of input 0 (for max_pool_backward)
-  } kind = sentinel;
-  float lo = 0, hi = 0;
-};
-inline Gen ints(float lo, float hi) { return {Gen::ints, lo, hi}; }
-inline Gen uni(float lo, float hi) { return {Gen::uniform, lo, hi}; }
-inline const Gen kOut{};
+using kiln::Check;
+using kiln::Gen;
+using kiln::ints;
+using kiln::kOut;
+using kiln::OpCase;
+using kiln::uni;
 
-// How outputs are compared when they are not exact: elementwise rtol/atol, or (for reductions, GEMM and
-// convolutions) normalized squared error plus a cap on the largest error.
-enum class Check : uint8_t { elementwise, reduction };
-
-struct OpCase {
-  std::string id;  // "<op>/<variant>", stable: used in repro lines and tolerance files
-  OpKind kind{};
-  OpAttrs attrs;
-  std::vector<Gen> in, out;  // out: kOut for write-only outputs, data for read-write ones
-  Check check = Check::elementwise;
-  bool exact = false;  // inputs are small integers: every output must equal the reference bit for bit
-  std::vector<std::pair<int, int>> alias;  // (output, input) sharing one buffer: the op runs in place
-  bool large = false;
-};
-
-// The whole table, in a fixed order.
+// The built-in ops' table, in a fixed order.
 const std::vector<OpCase>& cases();
+// The built-in table followed by the cases of every op plugins registered (OpDesc::cases).
+std::vector<OpCase> all_cases();
 
 struct Tolerance {
   bool exact = false;

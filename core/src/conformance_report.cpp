@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "conformance_impl.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln {
@@ -107,8 +108,9 @@ void write_support_matrix(const ConformanceReport& report, const std::string& pa
   m << "\n|---|";
   for (size_t i = 0; i < report.backends.size(); ++i) m << "---|";
   m << "\n";
-  for (int k = 0; k <= static_cast<int>(OpKind::Count_); ++k) {
-    const std::string op = k == static_cast<int>(OpKind::Count_) ? "oom" : std::string(op_name(static_cast<OpKind>(k)));
+  const int ops = static_cast<int>(op_count());
+  for (int k = 0; k <= ops; ++k) {
+    const std::string op = k == ops ? "oom" : std::string(op_name(static_cast<OpKind>(k)));
     m << "| " << (op == "oom" ? "out-of-memory fault injection" : op) << " |";
     for (const auto& b : report.backends) {
       if (!b.available) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "conformance_impl.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/reference.hpp"
 
 namespace kiln::conformance {
@@ -14,7 +15,6 @@ namespace {
 
 constexpr size_t kGuardBytes = 256;            // before and after every buffer (keeps views 256-aligned)
 constexpr uint32_t kGuardBits = 0x7fbadbadu;   // a NaN payload nobody computes
-constexpr uint32_t kUnwrittenBits = 0x7fc0deadu;
 
 float from_bits(uint32_t b) {
   float f;
@@ -35,29 +35,7 @@ std::string num(double v) {
 }
 
 void generate(const Gen& g, std::vector<float>& v, std::mt19937& rng, int64_t rows) {
-  switch (g.kind) {
-    case Gen::sentinel:
-      std::fill(v.begin(), v.end(), from_bits(kUnwrittenBits));
-      return;
-    case Gen::ints: {
-      std::uniform_int_distribution<int> d(static_cast<int>(g.lo), static_cast<int>(g.hi));
-      for (auto& x : v) x = static_cast<float>(d(rng));
-      return;
-    }
-    case Gen::uniform: {
-      std::uniform_real_distribution<float> d(g.lo, g.hi);
-      for (auto& x : v) x = d(rng);
-      return;
-    }
-    case Gen::labels:
-    case Gen::labels_bad: {
-      std::uniform_int_distribution<int> d(0, static_cast<int>(g.hi) - 1);
-      for (auto& x : v) x = static_cast<float>(d(rng));
-      if (g.kind == Gen::labels_bad && rows > 0) v[0] = g.hi;
-      return;
-    }
-    case Gen::max_pool_y: return;  // filled from input 0 by the caller
-  }
+  generate_case_data(g, v, rng, rows);
 }
 
 // One device buffer with guard regions: [guard | data | guard].
@@ -162,6 +140,11 @@ Outcome run_case(Device& dev, Allocator& alloc, const OpCase& c, const Tolerance
   }
   for (auto& b : bufs) dev.copy_from_host(b.uploaded.data(), b.alloc.view());
 
+  try {
+    check_call(call, dev.info().label());  // the executor's check when it binds: devices trust checked calls
+  } catch (const std::exception& e) {
+    return {CaseStatus::fail, std::string("the case's call breaks the op's contract: ") + e.what()};
+  }
   try {
     dev.run(call);
     for (auto& b : bufs) {

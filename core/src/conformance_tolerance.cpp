@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "conformance_impl.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
 
@@ -27,8 +28,7 @@ std::string exe_dir() {
 }
 
 bool known_op(const std::string& name) {
-  for (int k = 0; k < static_cast<int>(OpKind::Count_); ++k)
-    if (op_name(static_cast<OpKind>(k)) == name) return true;
+  if (find_op(name)) return true;
   return false;
 }
 

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln {
 
@@ -169,6 +170,7 @@ void Executor::bind() {
                 std::to_string(slots) + " slots of " + std::to_string(plan_.input_slot) + " bytes");
   calls_.assign(slots, {});
   BufferView ws = state_.region(Region::workspace);
+  Device* dev = state_.context().device;
   for (size_t slot = 0; slot < calls_.size(); ++slot)
     for (size_t i : node_index_) {
       const Node& n = g_.nodes()[i];
@@ -178,8 +180,19 @@ void Executor::bind() {
       for (auto t : n.in) c.in.push_back(view(t, static_cast<int>(slot)));
       for (auto t : n.out) c.out.push_back(view(t, static_cast<int>(slot)));
       c.workspace = ws;
+      // Checked once here, so devices run bound calls without checking them again.
+      check_call(c, "layer '" + n.layer + "' on " + dev->info().label());
+      const size_t need = dev->workspace_bytes(c);
+      if (need > ws.bytes)
+        throw Error("layer '" + n.layer + "': op " + std::string(op_name(n.kind)) + " needs a workspace of " +
+                    std::to_string(need) + " bytes, the plan reserved " + std::to_string(ws.bytes));
       calls_[slot].push_back(std::move(c));
     }
+  patches_.clear();
+  for (size_t i = 0; i < node_index_.size(); ++i) {
+    const OpDesc& d = op_desc(g_.nodes()[node_index_[i]].kind);
+    if (d.patch) patches_.emplace_back(i, &d);
+  }
   bound_generation_ = state_.generation();
   patched_step_ = -1;
 }
@@ -187,21 +200,7 @@ void Executor::bind() {
 void Executor::patch(const StepScalars& s) {
   if (s.step == patched_step_ && s.lr == patched_lr_) return;
   for (auto& slot_calls : calls_)
-  for (auto& c : slot_calls) {
-    switch (c.kind) {
-      case OpKind::SgdUpdate: std::get<SgdAttrs>(c.attrs).lr = s.lr; break;
-      case OpKind::AdamUpdate: {
-        auto& a = std::get<AdamAttrs>(c.attrs);
-        a.lr = s.lr;
-        a.step = s.step + 1;
-        break;
-      }
-      case OpKind::RmspropUpdate: std::get<RmspropAttrs>(c.attrs).lr = s.lr; break;
-      case OpKind::DropoutForward:
-      case OpKind::DropoutBackward: std::get<DropoutAttrs>(c.attrs).counter = static_cast<uint32_t>(s.step); break;
-      default: break;
-    }
-  }
+    for (const auto& [i, desc] : patches_) desc->patch(slot_calls[i].attrs, s);
   patched_step_ = s.step;
   patched_lr_ = s.lr;
 }

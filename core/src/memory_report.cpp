@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/executor.hpp"
 #include "kiln/memory_savers.hpp"
 #include "kiln/session.hpp"
@@ -18,9 +19,7 @@ namespace kiln {
 
 namespace {
 
-bool is_loss(OpKind k) {
-  return k == OpKind::SoftmaxCrossEntropy || k == OpKind::MeanSquaredError || k == OpKind::BinaryCrossEntropy;
-}
+bool is_loss(OpKind k) { return op_desc(k).is_loss; }
 
 const char* optimizer_name(const OptimizerSpec& o) {
   switch (o.kind) {

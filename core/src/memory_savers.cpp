@@ -8,15 +8,14 @@
 #include <set>
 
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/executor.hpp"
 
 namespace kiln {
 
 namespace {
 
-bool is_loss(OpKind k) {
-  return k == OpKind::SoftmaxCrossEntropy || k == OpKind::MeanSquaredError || k == OpKind::BinaryCrossEntropy;
-}
+bool is_loss(OpKind k) { return op_desc(k).is_loss; }
 
 size_t first_backward(const Graph& g) {
   for (size_t i = 0; i < g.nodes().size(); ++i)

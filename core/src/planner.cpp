@@ -5,6 +5,7 @@
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
 #include "kiln/memory_savers.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln {
 
@@ -27,19 +28,12 @@ bool arena_role(const TensorInfo& t) {
          t.role != TensorRole::gradient;
 }
 
-// Which inputs output 0 of an op may share storage with (ops.hpp: "may alias").
+// Which inputs output 0 of an op may share storage with (the op table's may_alias).
 std::vector<size_t> aliasable_inputs(OpKind k) {
-  switch (k) {
-    case OpKind::BiasAdd:
-    case OpKind::ActivationForward:
-    case OpKind::DropoutForward:
-    case OpKind::DropoutBackward:
-    case OpKind::Scale: return {0};
-    case OpKind::ActivationBackward: return {1};
-    case OpKind::Add:
-    case OpKind::Mul: return {0, 1};
-    default: return {};
-  }
+  std::vector<size_t> r;
+  for (auto [o, i] : op_desc(k).may_alias)
+    if (o == 0) r.push_back(static_cast<size_t>(i));
+  return r;
 }
 
 }  // namespace

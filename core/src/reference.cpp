@@ -7,13 +7,10 @@
 #include <vector>
 
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 #include "reference_impl.hpp"
 
-namespace kiln {
-namespace {
-
-using ref::In;
-using ref::Out;
+namespace kiln::ref {
 
 void gemm(const GemmAttrs& a, In in, Out out) {
   const float* A = in[0];
@@ -176,70 +173,18 @@ void ema(const EmaAttrs& a, In in, Out out) {
   for (int64_t i = 0; i < a.count; ++i) out[0][i] = static_cast<float>(d * out[0][i] + (1.0 - d) * in[0][i]);
 }
 
-}  // namespace
+}  // namespace kiln::ref
+
+namespace kiln {
 
 void reference_op(OpKind kind, const OpAttrs& attrs, std::span<const float* const> in, std::span<float* const> out) {
-  const OpArity ar = op_arity(kind, attrs);  // also checks the attrs type
+  const OpDesc& d = op_desc(kind);
+  const OpArity ar = d.arity(attrs);  // also checks the attrs type
   if (in.size() != ar.in.size() || out.size() != ar.out.size())
-    throw Error("reference_op(" + std::string(op_name(kind)) + "): expected " + std::to_string(ar.in.size()) +
-                " inputs and " + std::to_string(ar.out.size()) + " outputs, found " + std::to_string(in.size()) +
-                " and " + std::to_string(out.size()));
-  const In i = in.data();
-  const Out o = out.data();
-  switch (kind) {
-    case OpKind::Gemm:
-      return gemm(std::get<GemmAttrs>(attrs), i, o);
-    case OpKind::BiasAdd:
-      return bias_add(std::get<BiasAttrs>(attrs), i, o);
-    case OpKind::BiasGrad:
-      return bias_grad(std::get<BiasAttrs>(attrs), i, o);
-    case OpKind::Conv2dForward:
-    case OpKind::Conv2dBackwardData:
-    case OpKind::Conv2dBackwardFilter:
-      return ref::conv2d(kind, std::get<ConvAttrs>(attrs), i, o);
-    case OpKind::MaxPoolForward:
-    case OpKind::MaxPoolBackward:
-    case OpKind::AvgPoolForward:
-    case OpKind::AvgPoolBackward:
-      return ref::pool(kind, std::get<PoolAttrs>(attrs), i, o);
-    case OpKind::ActivationForward:
-    case OpKind::ActivationBackward:
-      return ref::activation(kind, std::get<ActivationAttrs>(attrs), i, o);
-    case OpKind::SoftmaxForward:
-    case OpKind::SoftmaxBackward:
-      return ref::softmax(kind, std::get<SoftmaxAttrs>(attrs), i, o);
-    case OpKind::SoftmaxCrossEntropy:
-    case OpKind::MeanSquaredError:
-    case OpKind::BinaryCrossEntropy:
-      return ref::loss(kind, std::get<LossAttrs>(attrs), i, o);
-    case OpKind::Add:
-    case OpKind::Mul:
-    case OpKind::Axpby:
-    case OpKind::Scale:
-    case OpKind::Fill:
-    case OpKind::Copy:
-      return elementwise(kind, std::get<ElementwiseAttrs>(attrs), i, o);
-    case OpKind::ReduceSum:
-      return reduce_sum(std::get<ReduceAttrs>(attrs), i, o);
-    case OpKind::Concat:
-      return concat_split(true, std::get<ConcatAttrs>(attrs), i, o);
-    case OpKind::Split:
-      return concat_split(false, std::get<ConcatAttrs>(attrs), i, o);
-    case OpKind::DropoutForward:
-    case OpKind::DropoutBackward:
-      return dropout(std::get<DropoutAttrs>(attrs), i, o);
-    case OpKind::SgdUpdate:
-      return sgd(std::get<SgdAttrs>(attrs), i, o);
-    case OpKind::AdamUpdate:
-      return adam(std::get<AdamAttrs>(attrs), i, o);
-    case OpKind::RmspropUpdate:
-      return rmsprop(std::get<RmspropAttrs>(attrs), i, o);
-    case OpKind::EmaUpdate:
-      return ema(std::get<EmaAttrs>(attrs), i, o);
-    case OpKind::Count_:
-      break;
-  }
-  throw Error("reference_op: unknown op kind " + std::to_string(static_cast<int>(kind)));
+    throw Error("reference_op(" + d.name + "): expected " + std::to_string(ar.in.size()) + " inputs and " +
+                std::to_string(ar.out.size()) + " outputs, found " + std::to_string(in.size()) + " and " +
+                std::to_string(out.size()));
+  d.reference(attrs, in, out);
 }
 
 }  // namespace kiln

@@ -7,6 +7,19 @@ namespace kiln::ref {
 using In = const float* const*;
 using Out = float* const*;
 
+// reference.cpp: dense algebra, elementwise, reductions, dropout, optimizers.
+void gemm(const GemmAttrs& a, In in, Out out);
+void bias_add(const BiasAttrs& a, In in, Out out);
+void bias_grad(const BiasAttrs& a, In in, Out out);
+void elementwise(OpKind k, const ElementwiseAttrs& a, In in, Out out);
+void reduce_sum(const ReduceAttrs& a, In in, Out out);
+void concat_split(bool concat, const ConcatAttrs& a, In in, Out out);
+void dropout(const DropoutAttrs& a, In in, Out out);
+void sgd(const SgdAttrs& a, In in, Out out);
+void adam(const AdamAttrs& a, In in, Out out);
+void rmsprop(const RmspropAttrs& a, In in, Out out);
+void ema(const EmaAttrs& a, In in, Out out);
+
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);
 void pool(OpKind k, const PoolAttrs& a, In in, Out out);

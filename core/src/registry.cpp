@@ -47,6 +47,18 @@ void Registry::add_communicator(const std::string& name, CommunicatorFactory f) 
   note("communicator " + name);
 }
 
+OpKind Registry::add_op(OpDesc d) {
+  d.plugin = current_;
+  const std::string name = d.name;
+  OpKind k = register_op(std::move(d));
+  note("op " + name);
+  return k;
+}
+void Registry::add_kernel(const std::string& backend, OpKind op, Kernel k) {
+  register_kernel(backend, op, std::move(k));
+  note("kernel " + std::string(op_name(op)) + " for " + backend);
+}
+
 const std::function<std::unique_ptr<Backend>(const BackendOptions&)>& Registry::backend(const std::string& n) const {
   return find_or_throw(backends_, n, "backend");
 }

@@ -168,3 +168,16 @@ TEST_CASE("a relaxation in the tolerance file is printed and applied only to the
   CHECK(out.str().find("RELAX cpu softmax_forward (cases softmax_forward/7x*): nse 1e-06") != std::string::npos);
   for (const auto& c : r.cases) CHECK(c.relaxation.empty() == (c.id.rfind("softmax_forward/7x", 0) != 0));
 }
+
+TEST_CASE("cpu backend passes the conformance table on 1 and 3 threads", "[conformance][cpu]") {
+  // The kernels split work by thread count: tails and partial sums differ between team sizes.
+  for (int threads : {1, 3}) {
+    kiln::ConformanceOptions o = options_for("cpu");
+    o.backend_options.threads = threads;
+    o.large = false;
+    o.fault_injection = false;
+    o.gradients = false;
+    INFO("threads " << threads);
+    if (auto r = run_backend("cpu", o)) require_clean(*r);
+  }
+}

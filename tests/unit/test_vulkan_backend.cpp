@@ -11,6 +11,7 @@
 #include "kiln/allocator.hpp"
 #include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/reference.hpp"
 #include "test_support.hpp"
 
@@ -159,9 +160,10 @@ TEST_CASE("vulkan rejects foreign buffers, wrong buffer counts and short views w
   CHECK_THROWS_AS(v.device->run(fill(BufferView{&foreign, 0, 4096}, 1024, 1.f)), DeviceError);
   CHECK_THROWS_WITH(v.device->run(fill(BufferView{&foreign, 0, 4096}, 1024, 1.f)),
                     Catch::Contains("is not memory of vulkan:0"));
-  CHECK_THROWS_WITH(v.device->run(OpCall{OpKind::Add, ElementwiseAttrs{4}, {a.view()}, {a.view()}, {}}),
-                    Catch::Contains("op add takes 2 inputs"));
-  CHECK_THROWS_WITH(v.device->run(fill(a.view(), 2048, 1.f)), Catch::Contains("needs 8192 bytes"));
+  // Counts and sizes are the op contract, checked once when a call is bound (check_call), not by the device.
+  CHECK_THROWS_WITH(check_call(OpCall{OpKind::Add, ElementwiseAttrs{4}, {a.view()}, {a.view()}, {}}, "vulkan:0"),
+                    Catch::Contains("op add: expected 2 inputs"));
+  CHECK_THROWS_WITH(check_call(fill(a.view(), 2048, 1.f), "vulkan:0"), Catch::Contains("expected 8192 bytes"));
   CHECK_THROWS_WITH(v.device->copy_on_device(BufferView{a.view().block, a.view().offset, 64},
                                              BufferView{a.view().block, a.view().offset + 32, 64}),
                     Catch::Contains("overlap"));
@@ -174,11 +176,10 @@ TEST_CASE("vulkan explains what it cannot run instead of running it wrong", "[vu
   CHECK_FALSE(ce.yes);
   CHECK_THAT(ce.reason, Catch::Contains("cols = 100000") && Catch::Contains("65535"));
   CHECK(v.device->supports(OpKind::SoftmaxCrossEntropy, LossAttrs{2, 1000, 1.f, true}).yes);
-  Allocation a = v.alloc->allocate(4096, {});
-  CHECK_THROWS_WITH(
-      v.device->run(OpCall{OpKind::ActivationForward, ActivationAttrs{static_cast<Activation>(7), 4}, {a.view()},
-                           {a.view()}, {}}),
-      Catch::Contains("not supported") && Catch::Contains("unknown activation 7"));
+  // The executor asks supports() before it binds a call; devices run only calls it accepted.
+  const Support act = v.device->supports(OpKind::ActivationForward, ActivationAttrs{static_cast<Activation>(7), 4});
+  CHECK_FALSE(act.yes);
+  CHECK_THAT(act.reason, Catch::Contains("unknown activation 7"));
 }
 
 TEST_CASE("vulkan conv2d_backward_filter gives the reference result with and without its split-K workspace",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/device.hpp"
+#include "kiln/op_case.hpp"
 #include "kiln/plugin.hpp"
 
 namespace kiln {
@@ -31,6 +32,7 @@ struct ConformanceOptions {
   BackendOptions backend_options;  // e.g. validation = true for Vulkan
   bool fault_injection = true;     // also run the out-of-memory fault-injection checks
   bool large = true;               // include the large-tensor cases
+  bool gradients = true;           // also check every gradient rule by finite differences (cases marked gradcheck)
   std::string repro_command = "kiln conformance";  // how repro lines spell the command
 };
 
@@ -63,6 +65,7 @@ struct BackendResult {
 
 struct ConformanceReport {
   std::vector<BackendResult> backends;
+  std::vector<CaseResult> gradients;  // "gradient/<case id>": finite-difference checks on the reference
   int failures() const;
 };
 
@@ -80,6 +83,9 @@ void write_support_matrix(const ConformanceReport& report, const std::string& pa
 // run passed, 1 on any failure (including an op a device claims but cannot run, validation messages, or a
 // named backend with no device), 2 on bad options (printed to `out`).
 int run_conformance(Registry& registry, const ConformanceOptions& opts, std::ostream& out);
+
+// Every case of the table, plugins' ops included (OpDesc::cases).
+std::vector<OpCase> conformance_cases();
 
 // Every case id of the table, with its op (for listings and tests).
 std::vector<std::pair<std::string, OpKind>> conformance_case_ids();

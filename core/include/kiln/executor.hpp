@@ -14,6 +14,8 @@
 
 namespace kiln {
 
+struct OpDesc;
+
 // Where a tensor's storage lives. Persistent tensors have their own allocations; the rest share regions.
 enum class Region : uint8_t { none, persistent, gradients, arena, input, workspace };
 
@@ -113,6 +115,7 @@ class Executor {
   std::vector<std::vector<OpCall>> calls_;  // per input slot
   size_t input_stride_ = 0;                 // bytes between input slots (set by bind())
   std::vector<size_t> node_index_;  // calls_[i] runs g_.nodes()[node_index_[i]]
+  std::vector<std::pair<size_t, const OpDesc*>> patches_;  // calls whose op reads per-step scalars
   uint64_t bound_generation_ = ~0ull;
   int64_t patched_step_ = -1;
   float patched_lr_ = -1.f;

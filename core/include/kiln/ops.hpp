@@ -99,7 +99,7 @@ enum class OpKind : uint16_t {
   RmspropUpdate,
   // shadow = decay*shadow + (1-decay)*w. in: w; out: shadow (read-write).
   EmaUpdate,
-  Count_
+  Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
 enum class Activation : uint8_t { relu, sigmoid, tanh };
@@ -175,12 +175,18 @@ struct EmaAttrs {
   int64_t count = 0;
   float decay = 0.999f;
 };
+// Attributes of an op registered by a plugin (op_table.hpp): its own integers and floats, in its own order.
+struct CustomAttrs {
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+};
 
 using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
                              ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
-                             RmspropAttrs, EmaAttrs>;
+                             RmspropAttrs, EmaAttrs, CustomAttrs>;
 
-// Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML.
+// Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
+// (op_table.hpp holds every op's descriptor; these are lookups into it).
 std::string_view op_name(OpKind k);
 std::string_view activation_name(Activation a);
 

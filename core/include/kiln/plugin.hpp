@@ -8,13 +8,15 @@
 
 #include "kiln/data.hpp"
 #include "kiln/device.hpp"
+#include "kiln/kernel_registry.hpp"
 #include "kiln/layer.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/strategy.hpp"
 
 namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
-inline constexpr int kApiVersion = 1;
+inline constexpr int kApiVersion = 2;  // 2: the op table (custom ops and kernels, CustomAttrs)
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif
@@ -45,6 +47,11 @@ class Registry {
   void add_strategy(const std::string& type, StrategyFactory f);
   void add_stage(const std::string& type, StageFactory f);
   void add_communicator(const std::string& name, CommunicatorFactory f);
+  // A plugin's own op (op_table.hpp): returns its kind for layers and gradient rules to emit. The descriptor's
+  // `plugin` is set to the registering plugin. Throws Error for a name taken by another plugin or a built-in.
+  OpKind add_op(OpDesc d);
+  // A kernel for an op on one backend ("cpu": HostKernel, "vulkan": ShaderKernel, "cuda": StreamKernel).
+  void add_kernel(const std::string& backend, OpKind op, Kernel k);
 
   // Lookups throw ConfigError listing what is registered when `name` is unknown.
   const std::function<std::unique_ptr<Backend>(const BackendOptions&)>& backend(const std::string& name) const;
