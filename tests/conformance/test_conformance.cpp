@@ -181,3 +181,7 @@ TEST_CASE("cpu backend passes the conformance table on 1 and 3 threads", "[confo
     if (auto r = run_backend("cpu", o)) require_clean(*r);
   }
 }
+
+TEST_CASE("cuda backend passes the whole conformance table (skipped without a CUDA device)", "[conformance][cuda]") {
+  if (auto r = run_backend("cuda", options_for("cuda"))) require_clean(*r);
+}
