@@ -34,7 +34,8 @@ void generate_case_data(const Gen& g, std::vector<float>& v, std::mt19937& rng, 
     case Gen::labels_bad: {
       std::uniform_int_distribution<int> d(0, static_cast<int>(g.hi) - 1);
       for (auto& x : v) x = static_cast<float>(d(rng));
-      if (g.kind == Gen::labels_bad && rows > 0) v[0] = g.hi;
+      if (g.kind == Gen::labels_bad && !v.empty()) v[0] = g.hi;
+      (void)rows;
       return;
     }
     case Gen::spread: {
@@ -163,8 +164,8 @@ std::string check_gradient(const OpCase& c, double eps, double rtol, double atol
   std::vector<TensorId> dys;
   for (size_t o = 0; o < no; ++o) dys.push_back(static_cast<TensorId>(ni + no + o));
   std::vector<bool> needs(ni, true);
-  if (d.is_loss)  // only the prediction: labels and targets are data
-    for (size_t i = 1; i < ni; ++i) needs[i] = false;
+  for (int i : d.data_inputs)  // labels, targets and ids are data
+    if (i >= 0 && static_cast<size_t>(i) < ni) needs[static_cast<size_t>(i)] = false;
   HostGrad ctx(n, bufs, d.is_loss ? std::vector<TensorId>{} : dys, needs);
   d.grad(ctx);
   ctx.run();

@@ -405,6 +405,7 @@ std::vector<OpDesc> build_builtins() {
         },
         ref_of<LossAttrs, ref::loss>(k));
     d.is_loss = true;
+    d.data_inputs = {1};
     d.grad = loss_grad;
     set(k, std::move(d));
   }

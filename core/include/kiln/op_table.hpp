@@ -58,6 +58,8 @@ struct OpDesc {
   std::function<int(const OpAttrs&)> unused_output;
   // A fused loss: in[0] is the prediction, out[0] the scalar loss, out[1] the gradient w.r.t. in[0].
   bool is_loss = false;
+  // Inputs that carry data and are never differentiated (class labels, token ids).
+  std::vector<int> data_inputs;
   uint8_t step_scalars = kStepNone;
   std::function<void(OpAttrs&, const StepScalars&)> patch;  // writes the step scalars into the attributes
   std::function<void(GradContext&)> grad;                   // empty: not differentiable
