@@ -95,6 +95,12 @@ struct CpuKernels {
     rmsprop_update(a, in(c, 0), out(c, 0), out(c, 1), a.momentum > 0.f ? out(c, 2) : nullptr, d.pool_);
   }
   static void ema(CpuDevice& d, const OpCall& c) { ema_update(at<EmaAttrs>(c), in(c, 0), out(c, 0), d.pool_); }
+  static void embed_fwd(CpuDevice& d, const OpCall& c) {
+    embedding_forward(at<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool_);
+  }
+  static void embed_bwd(CpuDevice& d, const OpCall& c) {
+    embedding_backward(at<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool_);
+  }
 
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
@@ -130,6 +136,8 @@ struct CpuKernels {
       {OpKind::AdamUpdate, adam},
       {OpKind::RmspropUpdate, rmsprop},
       {OpKind::EmaUpdate, ema},
+      {OpKind::EmbeddingForward, embed_fwd},
+      {OpKind::EmbeddingBackward, embed_bwd},
   };
 };
 

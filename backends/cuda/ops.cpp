@@ -258,6 +258,12 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
       const auto& a = std::get<EmaAttrs>(c.attrs);
       return k::ema(s, in(0), out(0), a.count, ema_params(a), static_cast<const k::EmaParams*>(scalars));
     }
+    case OpKind::EmbeddingForward:
+    case OpKind::EmbeddingBackward: {
+      const auto& a = std::get<EmbeddingAttrs>(c.attrs);
+      if (c.kind == OpKind::EmbeddingForward) return k::embedding_forward(s, in(0), in(1), out(0), a.rows, a.vocab, a.dim);
+      return k::embedding_backward(s, in(0), in(1), out(0), a.rows, a.vocab, a.dim);
+    }
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

@@ -111,6 +111,13 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
       if (Support s = loop_fits(a.cols, 1, "cols"); !s.yes) return s;  // the loss walks each row serially
       return loop_fits(a.rows, 64, "rows");
     }
+    case OpKind::EmbeddingForward:
+    case OpKind::EmbeddingBackward: {
+      const auto& a = std::get<EmbeddingAttrs>(attrs);
+      if (a.vocab >= (int64_t(1) << 24))  // ids are compared as floats, exact only below 2^24
+        return no("vocab = " + std::to_string(a.vocab) + " exceeds 2^24, the largest id a float holds exactly");
+      return {};
+    }
     default: return {};
   }
 }
@@ -169,6 +176,8 @@ void run_op(Encoder& e, const OpCall& c) {
     case OpKind::AdamUpdate:
     case OpKind::RmspropUpdate:
     case OpKind::EmaUpdate: return run_optimizer(e, c);
+    case OpKind::EmbeddingForward:
+    case OpKind::EmbeddingBackward: return run_embedding(e, c);
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

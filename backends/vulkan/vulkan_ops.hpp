@@ -28,6 +28,7 @@ void run_reduce(Encoder& e, const OpCall& c);
 void run_concat(Encoder& e, const OpCall& c);
 void run_dropout(Encoder& e, const OpCall& c);
 void run_optimizer(Encoder& e, const OpCall& c);
+void run_embedding(Encoder& e, const OpCall& c);
 
 // The most iterations any one shader loop may run: llvmpipe (lavapipe) silently ends loops after 65535
 // iterations, so long reductions are split over several dispatches and longer inner loops are refused.

@@ -393,6 +393,31 @@ void gradient_cases(Table& t) {
   g("50.rate0.3", OpKind::DropoutForward, DropoutAttrs{50, 0.3f, 7, 3}, {f}, {kOut}, Check::elementwise);
 }
 
+void embedding_cases(Table& t) {
+  struct E {
+    int64_t rows, vocab, dim;
+    bool large;
+  };
+  // Character-model sizes (65 x 128, 12 x 64 tokens), a vocabulary of 1, rows of 1, tails around 256, long rows.
+  for (const E e : {E{1, 1, 1, false}, E{7, 5, 3, false}, E{768, 65, 128, false}, E{257, 300, 17, false},
+                    E{70000, 3, 2, true}, E{64, 50257, 8, true}}) {
+    const EmbeddingAttrs a{e.rows, e.vocab, e.dim};
+    const std::string v = n(e.rows) + "x" + n(e.vocab) + "x" + n(e.dim);
+    const Gen ids{Gen::labels, 0, float(e.vocab)};
+    t.add(v + ".int", OpKind::EmbeddingForward, a, {ids, kI}, {kOut}, Check::elementwise, true).large = e.large;
+    t.add(v + ".int", OpKind::EmbeddingBackward, a, {ids, kI}, {kOut}, Check::reduction, true).large = e.large;
+    if (!e.large) t.add(v + ".float", OpKind::EmbeddingBackward, a, {ids, kF}, {kOut}, Check::reduction, false);
+  }
+  // An id out of range gives a row of NaN forward and is skipped backward.
+  t.add("4x10x3.bad_id", OpKind::EmbeddingForward, EmbeddingAttrs{4, 10, 3}, {{Gen::labels_bad, 0, 10.f}, kI}, {kOut},
+        Check::elementwise, true);
+  t.add("4x10x3.bad_id", OpKind::EmbeddingBackward, EmbeddingAttrs{4, 10, 3}, {{Gen::labels_bad, 0, 10.f}, kI},
+        {kOut}, Check::reduction, true);
+  t.add("grad.12x9x5", OpKind::EmbeddingForward, EmbeddingAttrs{12, 9, 5}, {{Gen::labels, 0, 9.f}, kF}, {kOut},
+        Check::elementwise, false)
+      .gradcheck = true;
+}
+
 std::vector<OpCase> build() {
   Table t;
   gradient_cases(t);
@@ -408,6 +433,7 @@ std::vector<OpCase> build() {
   concat_cases(t);
   dropout_cases(t);
   optimizer_cases(t);
+  embedding_cases(t);
   return std::move(t.cases);
 }
 

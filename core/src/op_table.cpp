@@ -19,7 +19,8 @@ namespace {
 constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAttrs",    "PoolAttrs",
                                       "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",    "ElementwiseAttrs",
                                       "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs", "SgdAttrs",
-                                      "AdamAttrs",       "RmspropAttrs", "EmaAttrs",     "CustomAttrs"};
+                                      "AdamAttrs",       "RmspropAttrs", "EmaAttrs",     "EmbeddingAttrs",
+                                      "CustomAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 template <class T, size_t... I>
@@ -228,6 +229,19 @@ void split_grad(GradContext& g) {
   g.emit_grad(n.in[0], OpKind::Concat, n.attrs, parts);
 }
 
+void embedding_grad(GradContext& g) {
+  const Node& n = g.node();
+  if (g.needs_grad(n.in[1])) g.emit_grad(n.in[1], OpKind::EmbeddingBackward, n.attrs, {n.in[0], g.dy()});
+}
+
+OpArity embedding_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
+  const auto& a = attrs_as<EmbeddingAttrs>(op, attrs);
+  check_dims(op, {{"rows", a.rows}, {"vocab", a.vocab}, {"dim", a.dim}});
+  const int64_t table = product(op, {a.vocab, a.dim}), rows = product(op, {a.rows, a.dim});
+  if (k == OpKind::EmbeddingForward) return {{a.rows, table}, {rows}};
+  return {{a.rows, rows}, {table}};
+}
+
 // A fused loss already computed its gradient w.r.t. the prediction (out[1]).
 void loss_grad(GradContext& g) {
   const Node& n = g.node();
@@ -281,6 +295,8 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
           put(k, a.count), put(k, a.rho), put(k, a.eps), put(k, a.momentum);
         } else if constexpr (std::is_same_v<A, EmaAttrs>) {
           put(k, a.count), put(k, a.decay);
+        } else if constexpr (std::is_same_v<A, EmbeddingAttrs>) {
+          put(k, a.rows), put(k, a.vocab), put(k, a.dim);
         } else {
           static_assert(std::is_same_v<A, CustomAttrs>, "every OpAttrs alternative has a key");
           put(k, a.ints.size()), put(k, a.floats.size());
@@ -530,6 +546,15 @@ std::vector<OpDesc> build_builtins() {
                                      return {{n}, {n}};
                                    },
                                    ref_of<EmaAttrs, ref::ema>()));
+
+  for (auto [k, name] : {std::pair{K::EmbeddingForward, "embedding_forward"},
+                         std::pair{K::EmbeddingBackward, "embedding_backward"}}) {
+    OpDesc d = desc<EmbeddingAttrs>(name, [k = k, name = name](const OpAttrs& a) { return embedding_arity(k, name, a); },
+                                    ref_of<EmbeddingAttrs, ref::embedding>(k));
+    d.data_inputs = {0};
+    if (k == K::EmbeddingForward) d.grad = embedding_grad;
+    set(k, std::move(d));
+  }
 
   for (size_t i = 0; i < t.size(); ++i)
     if (t[i].name.empty() || !t[i].arity || !t[i].reference)

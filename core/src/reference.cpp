@@ -173,6 +173,30 @@ void ema(const EmaAttrs& a, In in, Out out) {
   for (int64_t i = 0; i < a.count; ++i) out[0][i] = static_cast<float>(d * out[0][i] + (1.0 - d) * in[0][i]);
 }
 
+// An id names a row when it is an integer in [0, vocab); -1 otherwise.
+int64_t embedding_row(float id, int64_t vocab) {
+  if (!(id >= 0.f) || id != std::floor(id) || id >= static_cast<float>(vocab)) return -1;
+  return static_cast<int64_t>(id);
+}
+
+void embedding(OpKind k, const EmbeddingAttrs& a, In in, Out out) {
+  const float* ids = in[0];
+  if (k == OpKind::EmbeddingForward) {
+    for (int64_t r = 0; r < a.rows; ++r) {
+      const int64_t v = embedding_row(ids[r], a.vocab);
+      for (int64_t j = 0; j < a.dim; ++j) out[0][r * a.dim + j] = v < 0 ? NAN : in[1][v * a.dim + j];
+    }
+    return;
+  }
+  std::vector<double> acc(static_cast<size_t>(a.vocab * a.dim), 0.0);
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t v = embedding_row(ids[r], a.vocab);
+    if (v < 0) continue;
+    for (int64_t j = 0; j < a.dim; ++j) acc[static_cast<size_t>(v * a.dim + j)] += in[1][r * a.dim + j];
+  }
+  for (size_t i = 0; i < acc.size(); ++i) out[0][i] = static_cast<float>(acc[i]);
+}
+
 }  // namespace kiln::ref
 
 namespace kiln {

@@ -19,6 +19,7 @@ void sgd(const SgdAttrs& a, In in, Out out);
 void adam(const AdamAttrs& a, In in, Out out);
 void rmsprop(const RmspropAttrs& a, In in, Out out);
 void ema(const EmaAttrs& a, In in, Out out);
+void embedding(OpKind k, const EmbeddingAttrs& a, In in, Out out);
 
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);

@@ -74,4 +74,8 @@ void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* 
 void rmsprop_update(const RmspropAttrs& a, const float* g, float* w, float* sq, float* buf, ThreadPool& pool);
 void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& pool);
 
+// embedding.cpp
+void embedding_forward(const EmbeddingAttrs& a, const float* ids, const float* table, float* y, ThreadPool& pool);
+void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* dy, float* dtable, ThreadPool& pool);
+
 }  // namespace kiln::cpu

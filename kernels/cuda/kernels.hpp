@@ -51,6 +51,12 @@ void dropout(cudaStream_t s, const float* x, float* y, int64_t n, const DropoutP
 void shift_copy(cudaStream_t s, const float* in, float* out, int64_t planes, int64_t ih, int64_t iw, int64_t oh,
                 int64_t ow, int64_t dy, int64_t dx);
 
+// ---- embedding.cu: gather rows; the gradient sums rows per table element in order (deterministic)
+void embedding_forward(cudaStream_t s, const float* ids, const float* table, float* y, int64_t rows, int64_t vocab,
+                       int64_t dim);
+void embedding_backward(cudaStream_t s, const float* ids, const float* dy, float* dtable, int64_t rows, int64_t vocab,
+                        int64_t dim);
+
 // ---- reduce.cu
 void bias_grad(cudaStream_t s, const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner);
 void reduce_sum(cudaStream_t s, const float* x, float* y, int64_t outer, int64_t reduce, int64_t inner);

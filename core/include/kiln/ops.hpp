@@ -99,6 +99,12 @@ enum class OpKind : uint16_t {
   RmspropUpdate,
   // shadow = decay*shadow + (1-decay)*w. in: w; out: shadow (read-write).
   EmaUpdate,
+  // Gathers rows of a table: y(r, :) = table(ids[r], :). in: ids(rows) holding integer ids in [0, vocab) as floats,
+  // table(vocab, dim); out: y(rows, dim). An id out of range or not an integer gives a row of NaN.
+  EmbeddingForward,
+  // The table's gradient: dtable = 0, then dtable(ids[r], :) += dy(r, :) for r in order (ids out of range or not
+  // integers are skipped). in: ids(rows), dy(rows, dim); out: dtable(vocab, dim).
+  EmbeddingBackward,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
@@ -175,6 +181,9 @@ struct EmaAttrs {
   int64_t count = 0;
   float decay = 0.999f;
 };
+struct EmbeddingAttrs {
+  int64_t rows = 0, vocab = 0, dim = 0;
+};
 // Attributes of an op registered by a plugin (op_table.hpp): its own integers and floats, in its own order.
 struct CustomAttrs {
   std::vector<int64_t> ints;
@@ -183,7 +192,7 @@ struct CustomAttrs {
 
 using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
                              ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
-                             RmspropAttrs, EmaAttrs, CustomAttrs>;
+                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, CustomAttrs>;
 
 // Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
 // (op_table.hpp holds every op's descriptor; these are lookups into it).
