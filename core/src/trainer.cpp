@@ -33,7 +33,8 @@ std::string json_num(double v) {
   return os.str();
 }
 
-// Names where a pipeline's data comes from: "[data.test] (idx source, labels = '/data/t10k-labels.gz')".
+// Names where a pipeline's data comes from:
+// "[data.test] (idx source, images = '/data/t10k-images.gz', labels = '/data/t10k-labels.gz')".
 std::string describe_source(const Config& cfg, const std::string& split) {
   std::string out = "[data." + split + "]";
   try {
@@ -42,12 +43,16 @@ std::string describe_source(const Config& cfg, const std::string& split) {
     auto stages = p ? p->table_array("stages") : std::vector<ConfigNode>{};
     if (stages.empty()) return out;
     out += " (" + stages[0].get_string("type", "?") + " source";
-    for (const char* key : {"labels", "path", "dir", "images"}) {
+    for (const char* key : {"images", "labels", "path", "dir"}) {
       if (!stages[0].has(key)) continue;
       std::filesystem::path f = stages[0].get_string(key);
       if (f.is_relative() && !cfg.base_dir().empty()) f = std::filesystem::path(cfg.base_dir()) / f;
       out += std::string(", ") + key + " = '" + f.string() + "'";
-      break;
+    }
+    if (stages[0].has("files")) {
+      std::string files;
+      for (const auto& f : stages[0].get_string_list("files", {})) files += (files.empty() ? "'" : ", '") + f + "'";
+      out += ", files = [" + files + "]";
     }
     out += ")";
   } catch (const ConfigError&) {  // a key of another type: the section name alone still says where

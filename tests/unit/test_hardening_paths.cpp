@@ -55,7 +55,7 @@ TEST_CASE("--set keys with malformed paths are config errors naming the --set", 
       {"[0].units=3", "must follow a key name"},
       {"train.ep ochs=2", "unexpected character ' '"},
       {"model.layers[7].units=3", "has no element [7]"},
-      {"train.epochs[0]=3", "'epochs' is not an array"},
+      {"train.epochs[0].x=3", "'epochs' is not an array"},
   };
   for (const auto& c : cases) {
     INFO(c.set);

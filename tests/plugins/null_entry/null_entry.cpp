@@ -3,7 +3,9 @@
 
 #if defined(KILN_TEST_NULL_entry)
 // The exported entry symbol exists, but the pointer it holds is null.
-extern "C" __attribute__((visibility("default"))) const void* kiln_plugin = nullptr;
+extern "C" {
+__attribute__((visibility("default"))) const void* kiln_plugin = nullptr;
+}
 #else
 namespace {
 [[maybe_unused]] const kiln::PluginDescriptor* descriptor() {
