@@ -345,7 +345,8 @@ TrainReport Trainer::run() {
   const std::string ckpt_path = ts.output_dir + "/checkpoint.kiln";
   const std::string metrics_path = ts.output_dir + "/metrics.jsonl";
   int64_t start_epoch = 0, step = 0;
-  if (ts.resume && std::filesystem::exists(ckpt_path)) {
+  std::error_code exists_ec;
+  if (ts.resume && std::filesystem::exists(ckpt_path, exists_ec)) {
     Checkpoint c = load_checkpoint(ckpt_path);
     runner->load_state(c.tensors);
     start_epoch = c.epoch;
