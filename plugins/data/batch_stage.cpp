@@ -83,11 +83,13 @@ std::unique_ptr<Stage> make_batch(const ConfigNode& cfg, StageContext ctx) {
                          (ctx.global_batch == 0 ? " (no [train] batch_size to default to)" : ""));
   // One batch is one tensor: refused here, naming the size, rather than failing to allocate it mid-epoch.
   const Shape xs = ctx.upstream->example_shape().with_batch(size), ys = ctx.upstream->label_shape().with_batch(size);
-  if (!xs.fits() || !ys.fits())
-    cfg.fail("size",
-             "a batch of " + std::to_string(size) + " examples of shape " + ctx.upstream->example_shape().str() +
-                 " is more than the largest tensor Kiln holds (2^48 bytes = 256 TiB); lower " +
-                 (cfg.has("size") ? "size" : "[train] batch_size (which size defaults to)"));
+  if (!xs.fits() || !ys.fits()) {
+    const std::string msg = "a batch of " + std::to_string(size) + " examples of shape " +
+                            ctx.upstream->example_shape().str() +
+                            " is more than the largest tensor Kiln holds (2^48 bytes = 256 TiB)";
+    if (cfg.has("size")) cfg.fail("size", msg + "; lower size");
+    throw ConfigError("[train] batch_size = " + std::to_string(size) + ": " + msg + "; lower [train] batch_size");
+  }
   bool drop = cfg.get_bool("drop_remainder", false);
   cfg.finish();
   return std::make_unique<BatchStage>(std::move(ctx.upstream), size, drop);

@@ -11,6 +11,7 @@
 #include "kiln/error.hpp"
 #include "kiln/graph.hpp"
 #include "kiln/model.hpp"
+#include "test_data_support.hpp"
 #include "test_support.hpp"
 
 using kiln::ConfigError;
@@ -126,4 +127,18 @@ TEST_CASE("kiln plan names [device] memory_limit = \"1e30GiB\" and huge units in
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("model.layers[0].units") && Catch::Contains("256 TiB"));
   CHECK_THAT(r.output, !Catch::Contains("FITS"));
+}
+
+TEST_CASE("a batch larger than the largest tensor is refused when the pipeline is built, naming batch_size",
+          "[hardening][sizes]") {
+  const std::string source = R"({type = "synthetic", shape = [4], examples = 8})";
+  kiln::test::data::PipelineOptions o;
+  o.global_batch = kHuge;
+  std::string m = error_of([&] { kiln::test::data::build("stages = [" + source + R"(, {type = "batch"}])", o); });
+  CHECK_THAT(m, Catch::Contains("[train] batch_size = " + std::to_string(kHuge)) && Catch::Contains("256 TiB"));
+  m = error_of([&] { kiln::test::data::build("stages = [" + source + ", {type = \"batch\", size = " + std::to_string(kHuge) + "}]"); });
+  CHECK_THAT(m, Catch::Contains("stages[1].size") && Catch::Contains("256 TiB"));
+  // A large but possible batch is accepted (nothing is allocated until it is pulled).
+  o.global_batch = int64_t{1} << 20;
+  CHECK_NOTHROW(kiln::test::data::build("stages = [" + source + R"(, {type = "batch"}])", o));
 }
