@@ -142,3 +142,16 @@ TEST_CASE("a batch larger than the largest tensor is refused when the pipeline i
   o.global_batch = int64_t{1} << 20;
   CHECK_NOTHROW(kiln::test::data::build("stages = [" + source + R"(, {type = "batch"}])", o));
 }
+
+TEST_CASE("a graph refuses any tensor above the largest size, whichever layer (a plugin's too) makes it",
+          "[hardening][sizes]") {
+  kiln::Graph g;
+  kiln::TensorInfo t;
+  t.name = "huge";
+  t.layer = "plugin_layer";
+  t.shape = Shape{int64_t{1} << 47};
+  CHECK_THROWS_WITH(g.add_tensor(t), Catch::Contains("tensor 'huge' of layer 'plugin_layer'") &&
+                                         Catch::Contains("(140737488355328,)") && Catch::Contains("256 TiB"));
+  t.shape = Shape{int64_t{1} << 20};
+  CHECK(g.add_tensor(t) == 0);
+}
