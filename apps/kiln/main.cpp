@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   } catch (const kiln::PluginError& e) {
     std::cerr << "kiln: plugin error: " << e.what() << "\n";
     return 2;
+  } catch (const kiln::DataError& e) {  // bad input data is the user's to fix, like a bad config
+    std::cerr << "kiln: data error: " << e.what() << "\n";
+    return 2;
   } catch (const kiln::OutOfMemory& e) {
     std::cerr << "kiln: " << e.what() << "\n";
     return 1;

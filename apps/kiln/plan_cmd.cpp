@@ -42,7 +42,11 @@ int cmd_plan(const Options& o) {
   std::vector<int64_t> batches = s.memory_settings().sweep_batches;
   if (batches.empty()) batches = default_sweep_batches(largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size));
   fs::path dir = o.sweep_out.empty() ? fs::path(s.train().output_dir) : fs::path(o.sweep_out);
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw Error(std::string(o.sweep_out.empty() ? "[train] output_dir" : "--sweep-out") +
+                ": cannot create the sweep's directory '" + dir.string() + "': " + ec.message());
   std::cout << "\nsweep: one real training step per batch size that fits (allocator peak in use):\n";
   auto points = memory_sweep(s, batches, /*measure=*/true, &std::cout);
   write_file(dir / "memory_sweep.csv", sweep_csv(points));

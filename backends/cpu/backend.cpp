@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "kernels.hpp"
@@ -58,8 +59,15 @@ CpuBackend::CpuBackend(const BackendOptions& opts) : devices_(opts.virtual_devic
   if (devices_ < 1) throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
   if (threads_ < 0)
     throw ConfigError("cpu backend: threads must be >= 0 (0 = all cores), found " + std::to_string(threads_));
+  // More threads than 4 per usable core only slows the kernels down, and a typo like 100000 would try to start
+  // that many threads: refused, not clamped, so the run uses what the config says.
+  const int cores = usable_cores(), max_threads = std::min(1024, 4 * cores);
+  if (threads_ > max_threads)
+    throw ConfigError("[device] threads = " + std::to_string(threads_) + " is more than this host can use: at most " +
+                      std::to_string(max_threads) + " (4 per usable core, " + std::to_string(cores) +
+                      " cores here, and never above 1024); use threads = 0 for one thread per core");
   // 0: the devices share the cores this process may run on, since data-parallel runs them concurrently.
-  if (threads_ == 0) threads_ = std::max(1, usable_cores() / devices_);
+  if (threads_ == 0) threads_ = std::max(1, cores / devices_);
 }
 
 std::vector<DeviceInfo> CpuBackend::enumerate() {
@@ -89,7 +97,13 @@ std::unique_ptr<Device> CpuBackend::open(int index) {
                       " (raise [device] virtual_devices for more logical CPU devices)");
   }
   blas_init();
-  return std::make_unique<CpuDevice>(std::move(devices[static_cast<size_t>(index)]), threads_);
+  try {
+    return std::make_unique<CpuDevice>(std::move(devices[static_cast<size_t>(index)]), threads_);
+  } catch (const std::system_error& e) {  // the kernels' thread pool could not start its threads
+    throw DeviceError("cpu backend: opening cpu:" + std::to_string(index) + " with [device] threads = " +
+                      std::to_string(threads_) + " failed: " + e.what() +
+                      "; lower [device] threads or raise the process's thread/memory limits");
+  }
 }
 
 }  // namespace kiln::cpu

@@ -65,6 +65,8 @@ size_t parse_memory_size(const std::string& text, size_t device_total) {
   else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
   else return bad("unknown unit '" + unit + "'");
   if (num * mult < 1) return bad("must be at least one byte");
+  // 2^64 and above does not convert to size_t (it came out as 0, i.e. "the whole device"): refuse it.
+  if (num * mult >= 18446744073709551616.0) return bad("is more than 16 EiB, beyond any 64-bit size");
   return static_cast<size_t>(num * mult);
 }
 

@@ -66,7 +66,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   }
   w.put<uint64_t>(fnv(w.buf.data(), w.buf.size()));
   auto dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(path + ": cannot create the checkpoint's directory '" + dir.string() + "': " + ec.message());
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -75,7 +77,12 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
     f.flush();
     if (!f) throw Error(tmp + ": write failed (disk full?)");
   }
-  std::filesystem::rename(tmp, path);
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    std::filesystem::remove(tmp, ec);
+    throw Error(path + ": cannot put the checkpoint in place (renaming " + tmp + "): " + why);
+  }
 }
 
 Checkpoint load_checkpoint(const std::string& path) {

@@ -2,6 +2,7 @@
 #include "kiln/config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -58,27 +59,48 @@ std::string show(const toml::node& n) {
   return os.str();
 }
 
-// Splits "model.layers[2].units" into ("model", "layers", "[2]", "units").
-std::vector<std::string> split_path(const std::string& path) {
+// Splits "model.layers[2].units" into ("model", "layers", "[2]", "units"). Keys are TOML bare keys (letters,
+// digits, '_', '-'), indices are decimal; anything else (an empty key as in "train..epochs", "[abc]", a missing
+// '.' or ']') is a ConfigError naming the --set and the position, never a guess.
+std::vector<std::string> split_path(const std::string& path, const std::string& assignment) {
+  auto bad = [&](size_t at, const std::string& why) -> std::vector<std::string> {
+    throw ConfigError("--set '" + assignment + "': the key '" + path + "' is malformed at character " +
+                      std::to_string(at + 1) + ": " + why +
+                      " (expected dotted keys with [index] for array elements, e.g. model.layers[2].units)");
+  };
+  auto bare = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; };
   std::vector<std::string> parts;
-  std::string cur;
-  for (size_t i = 0; i < path.size(); ++i) {
-    char c = path[i];
-    if (c == '.') {
-      if (!cur.empty()) parts.push_back(cur);
-      cur.clear();
+  if (path.empty()) return bad(0, "the key is empty");
+  size_t i = 0;
+  bool need_key = true;  // at the start and after '.', a key must follow
+  while (i < path.size()) {
+    const char c = path[i];
+    if (bare(c)) {
+      if (!need_key) return bad(i, "expected '.' or '[' after '" + parts.back() + "'");
+      size_t j = i;
+      while (j < path.size() && bare(path[j])) ++j;
+      parts.push_back(path.substr(i, j - i));
+      i = j;
+      need_key = false;
+    } else if (c == '.') {
+      if (need_key) return bad(i, parts.empty() ? "the key starts with '.'" : "an empty key between dots");
+      need_key = true;
+      ++i;
     } else if (c == '[') {
-      if (!cur.empty()) parts.push_back(cur);
-      cur = "[";
-    } else if (c == ']') {
-      cur += ']';
-      parts.push_back(cur);
-      cur.clear();
+      if (need_key) return bad(i, "an [index] must follow a key name");
+      const size_t close = path.find(']', i);
+      if (close == std::string::npos) return bad(i, "'[' is never closed");
+      const std::string digits = path.substr(i + 1, close - i - 1);
+      if (digits.empty() || digits.size() > 9 ||
+          !std::all_of(digits.begin(), digits.end(), [](char d) { return d >= '0' && d <= '9'; }))
+        return bad(i + 1, "the index '" + digits + "' is not a non-negative integer");
+      parts.push_back("[" + digits + "]");
+      i = close + 1;
     } else {
-      cur += c;
+      return bad(i, std::string("unexpected character '") + c + "'");
     }
   }
-  if (!cur.empty()) parts.push_back(cur);
+  if (need_key) return bad(path.size() - 1, "the key ends with '.'");
   return parts;
 }
 
@@ -90,6 +112,8 @@ std::string apply_override(toml::table& root, const std::string& file, const std
   std::string key = assignment.substr(0, eq);
   std::string value = assignment.substr(eq + 1);
   while (!key.empty() && key.back() == ' ') key.pop_back();
+  while (!key.empty() && key.front() == ' ') key.erase(key.begin());
+  auto parts = split_path(key, assignment);
   // The value is TOML (1, 0.5, true, "x", [1, 2]); a bare word is taken as a string.
   toml::table parsed;
   try {
@@ -97,15 +121,16 @@ std::string apply_override(toml::table& root, const std::string& file, const std
   } catch (const toml::parse_error&) {
     parsed = toml::table{{"v", value}};
   }
-  auto parts = split_path(key);
   toml::node* cur = &root;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     const auto& p = parts[i];
     if (p.front() == '[') {
       auto* arr = cur->as_array();
-      size_t idx = std::stoul(p.substr(1, p.size() - 2));
-      if (!arr || idx >= arr->size())
-        throw ConfigError("--set " + key + ": " + file + " has no element " + p + " there");
+      const size_t idx = std::stoul(p.substr(1, p.size() - 2));  // at most 9 digits: split_path checked
+      if (!arr) throw ConfigError("--set " + key + ": '" + parts[i - 1] + "' is not an array in " + file);
+      if (idx >= arr->size())
+        throw ConfigError("--set " + key + ": " + file + " has no element " + p + " there (the array has " +
+                          std::to_string(arr->size()) + ")");
       cur = arr->get(idx);
     } else {
       auto* t = cur->as_table();

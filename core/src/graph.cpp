@@ -24,6 +24,13 @@ bool role_persistent(TensorRole r) {
 }
 
 TensorId Graph::add_tensor(TensorInfo t) {
+  // Every tensor, from any layer (plugins included), stays below kMaxTensorBytes: the planner's sums of sizes
+  // then cannot overflow. Built-in layers refuse earlier, naming their config key.
+  if (!t.shape.fits())
+    throw ConfigError("tensor '" + t.name + "'" + (t.layer.empty() ? "" : " of layer '" + t.layer + "'") +
+                      " would have shape " + t.shape.str() +
+                      ", more than the largest tensor Kiln plans (2^48 bytes = 256 TiB); a size in the config is "
+                      "far too large");
   tensors_.push_back(std::move(t));
   return static_cast<TensorId>(tensors_.size() - 1);
 }

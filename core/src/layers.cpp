@@ -1,5 +1,6 @@
 // The core's built-in layers. Each reads its TOML keys, then emits forward ops; shapes carry the batch dim.
 #include <algorithm>
+#include <cstdint>
 
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
@@ -12,6 +13,18 @@ namespace {
 
 [[noreturn]] void shape_error(const GraphBuilder& g, const std::string& what) {
   throw ConfigError("layer '" + g.layer() + "': " + what);
+}
+
+// Checked before a layer creates a tensor of shape `s`: a shape beyond kMaxTensorBytes (or whose element count
+// overflows) is a ConfigError naming the layer, the shape and the config key (`key_where`) that made it so large.
+void check_size(const GraphBuilder& g, const Shape& s, const std::string& what, const std::string& key_where) {
+  if (s.fits()) return;
+  std::string dims;
+  for (size_t i = 0; i < s.rank(); ++i) dims += (i ? " x " : "") + std::to_string(s[i]);
+  throw ConfigError("layer '" + g.layer() + "': its " + what + " would be " + dims +
+                    " float32 values, more than the largest tensor Kiln plans (2^48 bytes = 256 TiB); " + key_where +
+                    (what.rfind("output", 0) == 0 ? " (or [train] batch_size, the first dim)" : "") +
+                    " is far too large");
 }
 
 // "linear" means none.
@@ -34,8 +47,11 @@ TensorId apply_activation(GraphBuilder& g, TensorId x, const std::string& act) {
 class DenseLayer : public Layer {
  public:
   explicit DenseLayer(const ConfigNode& c)
-      : units_(c.get_int("units")), use_bias_(c.get_bool("use_bias", true)), act_(read_activation(c, "activation", "linear")) {
+      : units_(c.get_int("units")), use_bias_(c.get_bool("use_bias", true)), act_(read_activation(c, "activation", "linear")),
+        where_(c.where("units")) {
     if (units_ <= 0) c.fail("units", "expected a positive integer, found " + std::to_string(units_));
+    if (!Shape{units_}.fits())
+      c.fail("units", "is " + std::to_string(units_) + ", more than one tensor can hold (2^46 float32 values)");
     c.finish();
   }
   std::string type() const override { return "dense"; }
@@ -44,6 +60,8 @@ class DenseLayer : public Layer {
     const Shape& s = g.shape(in[0]);
     if (s.rank() != 2) shape_error(g, "dense expects input (batch, features), got " + s.str() + "; add a flatten layer before it");
     int64_t n = s[0], f = s[1];
+    check_size(g, {f, units_}, "kernel (features, units)", where_);
+    check_size(g, {n, units_}, "output (batch, units)", where_);
     TensorId w = g.param("kernel", {f, units_}, Init{InitKind::glorot_uniform, f, units_});
     TensorId y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, {n, units_});
     if (use_bias_) {
@@ -57,14 +75,16 @@ class DenseLayer : public Layer {
   int64_t units_;
   bool use_bias_;
   std::optional<std::string> act_;
+  std::string where_;  // "run.toml:12: key 'model.layers[1].units'", for size errors at build time
 };
 
 // Output size and top/left padding for "same" (TensorFlow's rule: extra padding goes bottom/right) or "valid".
+// Computed in 128 bits: kernel and stride come straight from the config and may be absurdly large.
 void window_geometry(bool same, int64_t in, int64_t k, int64_t stride, int64_t& out, int64_t& pad) {
   if (same) {
-    out = (in + stride - 1) / stride;
-    int64_t total = std::max<int64_t>((out - 1) * stride + k - in, 0);
-    pad = total / 2;
+    out = in / stride + (in % stride != 0);
+    const __int128 total = std::max<__int128>(__int128{out - 1} * stride + k - in, 0);
+    pad = total / 2 > INT64_MAX / 2 ? -1 : static_cast<int64_t>(total / 2);  // -1: refused by the caller
   } else {
     out = in >= k ? (in - k) / stride + 1 : 0;
     pad = 0;
@@ -79,8 +99,11 @@ class Conv2dLayer : public Layer {
         strides_(c.get_pair("strides", {1, 1})),
         same_(c.get_choice("padding", {"same", "valid"}, "valid") == "same"),
         use_bias_(c.get_bool("use_bias", true)),
-        act_(read_activation(c, "activation", "linear")) {
+        act_(read_activation(c, "activation", "linear")),
+        where_(c.where("filters")) {
     if (filters_ <= 0) c.fail("filters", "expected a positive integer");
+    if (!Shape{filters_}.fits())
+      c.fail("filters", "is " + std::to_string(filters_) + ", more than one tensor can hold (2^46 float32 values)");
     if (kernel_.first <= 0 || kernel_.second <= 0) c.fail("kernel", "expected positive sizes");
     if (strides_.first <= 0 || strides_.second <= 0) c.fail("strides", "expected positive strides");
     c.finish();
@@ -94,10 +117,13 @@ class Conv2dLayer : public Layer {
     a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
     a.k = filters_, a.r = kernel_.first, a.s = kernel_.second;
     a.stride_h = strides_.first, a.stride_w = strides_.second;
+    check_size(g, {a.k, a.c, a.r, a.s}, "kernel (filters, channels, kernel height, kernel width)", where_ + " or 'kernel'");
     window_geometry(same_, a.h, a.r, a.stride_h, a.oh, a.pad_h);
     window_geometry(same_, a.w, a.s, a.stride_w, a.ow, a.pad_w);
-    if (a.oh <= 0 || a.ow <= 0)
-      shape_error(g, "kernel " + std::to_string(a.r) + "x" + std::to_string(a.s) + " with padding \"valid\" does not fit input " + s.str());
+    if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0)
+      shape_error(g, "kernel " + std::to_string(a.r) + "x" + std::to_string(a.s) + " with padding \"" +
+                         (same_ ? "same" : "valid") + "\" does not fit input " + s.str());
+    check_size(g, {a.n, a.k, a.oh, a.ow}, "output (batch, filters, height, width)", where_);
     int64_t fan_in = a.c * a.r * a.s, fan_out = a.k * a.r * a.s;
     TensorId w = g.param("kernel", {a.k, a.c, a.r, a.s}, Init{InitKind::glorot_uniform, fan_in, fan_out});
     Shape ys{a.n, a.k, a.oh, a.ow};
@@ -114,6 +140,7 @@ class Conv2dLayer : public Layer {
   std::pair<int64_t, int64_t> kernel_, strides_;
   bool same_, use_bias_;
   std::optional<std::string> act_;
+  std::string where_;  // the `filters` key, for size errors at build time
 };
 
 class Pool2dLayer : public Layer {
@@ -137,7 +164,7 @@ class Pool2dLayer : public Layer {
     a.kh = pool_.first, a.kw = pool_.second, a.stride_h = strides_.first, a.stride_w = strides_.second;
     window_geometry(same_, a.h, a.kh, a.stride_h, a.oh, a.pad_h);
     window_geometry(same_, a.w, a.kw, a.stride_w, a.ow, a.pad_w);
-    if (a.oh <= 0 || a.ow <= 0) shape_error(g, "pool window does not fit input " + s.str());
+    if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0) shape_error(g, "pool window does not fit input " + s.str());
     return g.op1(max_ ? OpKind::MaxPoolForward : OpKind::AvgPoolForward, a, {in[0]}, {a.n, a.c, a.oh, a.ow});
   }
 
@@ -232,6 +259,7 @@ class ConcatLayer : public Layer {
     for (size_t i = d + 1; i < s0.rank(); ++i) a.inner *= s0[i];
     Shape out = s0;
     out[d] = total;
+    check_size(g, out, "output", "the sizes of its inputs");
     return g.op1(OpKind::Concat, a, std::vector<TensorId>(in.begin(), in.end()), out);
   }
 

@@ -30,6 +30,8 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   for (auto d : in)
     if (d <= 0) model.fail("input_shape", "every dimension must be positive");
   m.input_shape = Shape(in);
+  if (!m.input_shape.fits())
+    model.fail("input_shape", "is " + m.input_shape.str() + ", more values per example than one tensor can hold (2^46)");
   auto layers = model.table_array("layers");
   if (layers.empty()) model.fail("layers", "the model has no layers; add [[model.layers]] tables");
   std::set<std::string> names{"input"};
@@ -222,6 +224,10 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
   g.batch = o.batch;
   TensorInfo in;
   in.shape = m.input_shape.with_batch(o.batch);
+  if (!in.shape.fits())
+    throw ConfigError("the input batch " + in.shape.str() + " ([train] batch_size = " + std::to_string(o.batch) +
+                      " examples of [model] input_shape " + m.input_shape.str() +
+                      ") is more than the largest tensor Kiln plans (2^48 bytes = 256 TiB); lower [train] batch_size");
   in.role = TensorRole::input;
   in.name = "input";
   g.input = g.add_tensor(in);

@@ -41,10 +41,21 @@ const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
   }
   if (!lib.has("kiln_plugin"))
     throw PluginError(path + ": not a Kiln plugin (no exported 'kiln_plugin' entry; define it with KILN_PLUGIN)");
-  const PluginEntry& entry = lib.get_alias<const PluginEntry>("kiln_plugin");
-  if (!entry.descriptor || !entry.register_all) throw PluginError(path + ": plugin entry has null functions");
+  // The exported symbol is a pointer to the entry (Boost.DLL alias); a null one must not be dereferenced.
+  const void* entry_ptr = lib.get<const void*>("kiln_plugin");
+  if (!entry_ptr)
+    throw PluginError(path + ": the exported 'kiln_plugin' entry is a null pointer, expected the address of a "
+                             "PluginEntry; define it with KILN_PLUGIN(descriptor, register_all)");
+  const PluginEntry& entry = *static_cast<const PluginEntry*>(entry_ptr);
+  if (!entry.descriptor || !entry.register_all)
+    throw PluginError(path + ": the plugin entry's " +
+                      (!entry.descriptor ? std::string("descriptor()") : std::string("register_all()")) +
+                      " function is null; KILN_PLUGIN(descriptor, register_all) needs both functions");
   const PluginDescriptor* d = entry.descriptor();
-  if (!d) throw PluginError(path + ": plugin descriptor is null");
+  if (!d) throw PluginError(path + ": the plugin's descriptor() returned null, expected its PluginDescriptor");
+  if (!d->name || !*d->name || !d->version)
+    throw PluginError(path + ": the plugin's descriptor has no " + (!d->version ? "version" : "name") +
+                      " (a null or empty string); every plugin needs a name and a version");
   if (d->api_version != kApiVersion)
     throw PluginError(path + ": plugin '" + (d->name ? d->name : "?") + "' was built for Kiln plugin API version " +
                       std::to_string(d->api_version) + ", but this Kiln (" + KILN_VERSION_STRING +

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,7 +15,9 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/graph.hpp"
 #include "kiln/memory_report.hpp"
+#include "kiln/model.hpp"
 
 namespace kiln {
 
@@ -28,6 +31,191 @@ std::string json_num(double v) {
   std::ostringstream os;
   os << std::setprecision(8) << v;
   return os.str();
+}
+
+// Names where a pipeline's data comes from:
+// "[data.test] (idx source, images = '/data/t10k-images.gz', labels = '/data/t10k-labels.gz')".
+std::string describe_source(const Config& cfg, const std::string& split) {
+  std::string out = "[data." + split + "]";
+  try {
+    auto d = cfg.root().table("data");
+    auto p = d ? d->table(split) : std::nullopt;
+    auto stages = p ? p->table_array("stages") : std::vector<ConfigNode>{};
+    if (stages.empty()) return out;
+    out += " (" + stages[0].get_string("type", "?") + " source";
+    for (const char* key : {"images", "labels", "path", "dir"}) {
+      if (!stages[0].has(key)) continue;
+      std::filesystem::path f = stages[0].get_string(key);
+      if (f.is_relative() && !cfg.base_dir().empty()) f = std::filesystem::path(cfg.base_dir()) / f;
+      out += std::string(", ") + key + " = '" + f.string() + "'";
+    }
+    if (stages[0].has("files")) {
+      std::string files;
+      for (const auto& f : stages[0].get_string_list("files", {})) files += (files.empty() ? "'" : ", '") + f + "'";
+      out += ", files = [" + files + "]";
+    }
+    out += ")";
+  } catch (const ConfigError&) {  // a key of another type: the section name alone still says where
+  }
+  return out;
+}
+
+// What the model's losses accept as labels, checked on every batch before it reaches a device: a bad label
+// would otherwise become a NaN loss (training) or a meaningless accuracy (evaluation) far from its cause.
+struct LabelRules {
+  int64_t classes = 0;  // softmax_cross_entropy: integer class index in [0, classes)
+  std::string ce_output;
+  bool unit = false;    // binary_cross_entropy: target in [0, 1]
+  std::string bce_output;
+};
+
+LabelRules label_rules(const ModelSpec& m) {
+  LabelRules r;
+  bool any = false;
+  for (const auto& o : m.outputs) any = any || o.loss != LossKind::mse;
+  if (!any) return r;
+  GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  Graph g = build_graph(m, go);  // only to learn each head's width; nothing is allocated
+  for (size_t i = 0; i < m.outputs.size() && i < g.outputs.size(); ++i) {
+    const int64_t cols = g.tensor(g.outputs[i]).shape.numel();
+    if (m.outputs[i].loss == LossKind::softmax_cross_entropy && (r.classes == 0 || cols < r.classes)) {
+      r.classes = cols;
+      r.ce_output = m.outputs[i].layer;
+    }
+    if (m.outputs[i].loss == LossKind::binary_cross_entropy && !r.unit) {
+      r.unit = true;
+      r.bce_output = m.outputs[i].layer;
+    }
+  }
+  return r;
+}
+
+// Passes a pipeline's batches through unchanged after checking their inputs and labels; a bad value is a
+// DataError naming the source, the example (its position in the epoch as delivered) and the value.
+class CheckedStage final : public Stage {
+ public:
+  CheckedStage(std::unique_ptr<Stage> up, LabelRules rules, std::string source)
+      : up_(std::move(up)), rules_(std::move(rules)), source_(std::move(source)) {}
+
+  std::string name() const override { return up_->name(); }
+  Shape example_shape() const override { return up_->example_shape(); }
+  Shape label_shape() const override { return up_->label_shape(); }
+  int64_t size_hint() const override { return up_->size_hint(); }
+  StageState save() const override { return up_->save(); }
+  void restore(const StageState& s) override {
+    up_->restore(s);
+    seen_known_ = false;
+  }
+  void collect_stats(std::vector<StageStats>& out) const override { up_->collect_stats(out); }
+  void reset(uint64_t epoch) override {
+    up_->reset(epoch);
+    epoch_ = epoch;
+    seen_ = 0;
+    seen_known_ = true;
+  }
+
+  std::optional<Element> next() override {
+    auto b = up_->next();
+    if (b) check(*b);
+    return b;
+  }
+
+ private:
+  void check(const Element& b) {
+    const int64_t n = std::max<int64_t>(b.batch, 1);
+    const int64_t xn = b.x.shape.numel() / n, yn = b.y.shape.numel() / n;
+    for (int64_t k = 0; k < n; ++k) {
+      for (int64_t j = 0; j < xn; ++j) {
+        const float v = b.x.data[static_cast<size_t>(k * xn + j)];
+        if (!std::isfinite(v))
+          fail(k, "has input value " + num(v) + " at feature " + std::to_string(j) + "; inputs must be finite numbers");
+      }
+      for (int64_t j = 0; j < yn; ++j) {
+        const float v = b.y.data[static_cast<size_t>(k * yn + j)];
+        if (!std::isfinite(v)) fail(k, "has label " + num(v) + "; labels must be finite numbers");
+        if (rules_.classes > 0 && (v < 0 || v >= static_cast<float>(rules_.classes) || v != std::floor(v)))
+          fail(k, "has label " + num(v) + ", but output '" + rules_.ce_output + "' (softmax_cross_entropy) has " +
+                      std::to_string(rules_.classes) + " classes: expected an integer class index in [0, " +
+                      std::to_string(rules_.classes) + ")");
+        if (rules_.unit && (v < 0 || v > 1))
+          fail(k, "has label " + num(v) + ", but output '" + rules_.bce_output +
+                      "' (binary_cross_entropy) expects targets in [0, 1]");
+      }
+    }
+    seen_ += n;
+  }
+
+  static std::string num(float v) {
+    std::ostringstream os;
+    os << std::setprecision(9) << v;
+    return os.str();
+  }
+
+  [[noreturn]] void fail(int64_t row, const std::string& what) const {
+    std::ostringstream os;
+    os << source_ << ": example ";
+    if (seen_known_)
+      os << seen_ + row << " of epoch " << epoch_ + 1 << " (in the order the pipeline delivers it, after any shuffle)";
+    else
+      os << "at row " << row << " of a batch after a restored position";
+    os << " " << what << ". Fix the data, or the model's output layer and loss.";
+    throw DataError(os.str());
+  }
+
+  std::unique_ptr<Stage> up_;
+  LabelRules rules_;
+  std::string source_;
+  uint64_t epoch_ = 0;
+  int64_t seen_ = 0;
+  bool seen_known_ = true;
+};
+
+// Where the run writes, validated before anything else happens: a run name is one path component (it becomes
+// runs/<name>), an output directory is a directory. Returns the config key responsible for the directory, for
+// later filesystem errors.
+std::string check_output_dir(const Session& s) {
+  namespace fs = std::filesystem;
+  ConfigNode root = s.config().root();
+  auto run = root.table("run");
+  auto train = root.table("train");
+  const bool explicit_dir = train && train->has("output_dir");
+  std::string key;
+  if (explicit_dir) {
+    key = train->where("output_dir");
+    if (s.train().output_dir.empty() || train->get_string("output_dir").empty())
+      train->fail("output_dir", "is empty; leave it out to write to runs/<run name>");
+  } else {
+    const bool named = run && run->has("name");
+    const std::string name = named ? run->get_string("name") : s.run_name();  // "" given explicitly counts
+    key = named ? run->where("name") : s.config().file() + ": [run] name (from the file name)";
+    std::string why;
+    if (name.empty()) why = "is empty (leave [run] name out to use the config file's name)";
+    else if (name == "." || name == "..") why = "is '" + name + "', which is not a run name";
+    else if (name.find_first_of("/\\") != std::string::npos) why = "contains a path separator";
+    else if (std::any_of(name.begin(), name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+      why = "contains a control character";
+    if (!why.empty()) {
+      const std::string msg = "\"" + name + "\" " + why +
+                              "; the run writes to runs/<name>, so the name must be one directory name (no '/', "
+                              "not '.' or '..'). Set [train] output_dir to write elsewhere";
+      if (named) run->fail("name", msg);
+      throw ConfigError(key + ": " + msg);
+    }
+  }
+  std::error_code ec;
+  const fs::path dir = s.train().output_dir;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw ConfigError(key + ": the output directory '" + dir.string() +
+                      "' exists and is not a directory; choose another [train] output_dir or [run] name");
+  return key;
+}
+
+void create_output_dir(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(key + ": cannot create the output directory '" + dir + "': " + ec.message());
 }
 
 class Progress {
@@ -74,8 +262,23 @@ Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema
   bool classify = false;
   for (const auto& o : m.outputs) classify = classify || o.loss != LossKind::mse;
   double loss_sum = 0;
+  int64_t batches = 0;
   while (auto b = pipeline.next()) {
     EvalResult res = r.eval_batch(*b, use_ema);
+    ++batches;
+    for (size_t i = 0; i < res.losses.size(); ++i) {
+      if (std::isfinite(res.losses[i])) continue;
+      // A NaN loss must not end as an accuracy next to "test_loss: null": stop like training does.
+      std::string layer = r.find_nonfinite_layer(*b, 0);
+      std::ostringstream os;
+      os << "evaluation stopped: the loss of output '" << (i < m.outputs.size() ? m.outputs[i].layer : "?") << "' is "
+         << res.losses[i] << " on evaluation batch " << batches << " (examples " << e.examples << " to "
+         << e.examples + b->batch - 1 << "); "
+         << (layer.empty() ? "every layer output is finite, so the loss itself overflowed"
+                           : "the first layer whose output is non-finite is '" + layer + "'")
+         << ". No accuracy is reported for data that gives a non-finite loss.";
+      throw NumericError(os.str());
+    }
     for (float l : res.losses) loss_sum += l;
     e.examples += b->batch;
     // Accuracy of the first classification head.
@@ -112,11 +315,17 @@ Trainer::Trainer(Session& s, std::ostream& out) : s_(s), out_(out) {}
 
 TrainReport Trainer::run() {
   const auto& ts = s_.train();
-  auto train_data = s_.make_pipeline("train");
+  const std::string dir_key = check_output_dir(s_);
+  std::unique_ptr<Stage> train_data = s_.make_pipeline("train");
   if (!train_data) throw ConfigError(s_.config().file() + ": missing [data.train] (stages = [...]) to train on");
-  auto test_data = ts.evaluate ? s_.make_pipeline("test") : nullptr;
+  std::unique_ptr<Stage> test_data = ts.evaluate ? s_.make_pipeline("test") : nullptr;
   // Labels as the data shapes them tell the model what its heads are trained against.
   s_.model().label_shape = train_data->label_shape();
+  // Every batch, train and test, is checked against what the losses accept before it reaches a device.
+  const LabelRules rules = label_rules(s_.model());
+  train_data = std::make_unique<CheckedStage>(std::move(train_data), rules, describe_source(s_.config(), "train"));
+  if (test_data)
+    test_data = std::make_unique<CheckedStage>(std::move(test_data), rules, describe_source(s_.config(), "test"));
   int64_t per_epoch = train_data->size_hint() > 0 ? (train_data->size_hint() + ts.batch_size - 1) / ts.batch_size : -1;
   if (ts.steps_per_epoch > 0) per_epoch = per_epoch > 0 ? std::min(per_epoch, ts.steps_per_epoch) : ts.steps_per_epoch;
   auto& sched = s_.optimizer().schedule;
@@ -132,11 +341,12 @@ TrainReport Trainer::run() {
   auto runner = s_.strategy().create(rctx);
   if (!runner->report().empty()) out_ << runner->report();
 
-  std::filesystem::create_directories(ts.output_dir);
+  create_output_dir(ts.output_dir, dir_key);
   const std::string ckpt_path = ts.output_dir + "/checkpoint.kiln";
   const std::string metrics_path = ts.output_dir + "/metrics.jsonl";
   int64_t start_epoch = 0, step = 0;
-  if (ts.resume && std::filesystem::exists(ckpt_path)) {
+  std::error_code exists_ec;
+  if (ts.resume && std::filesystem::exists(ckpt_path, exists_ec)) {
     Checkpoint c = load_checkpoint(ckpt_path);
     runner->load_state(c.tensors);
     start_epoch = c.epoch;
@@ -144,7 +354,9 @@ TrainReport Trainer::run() {
     out_ << "resumed from " << ckpt_path << " at epoch " << start_epoch << ", step " << step << "\n";
   }
   std::ofstream metrics(metrics_path, start_epoch > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw Error(metrics_path + ": cannot open the metrics file for writing");
+  if (!metrics)
+    throw Error(metrics_path + ": cannot open the metrics file for writing (the output directory comes from " + dir_key +
+                ")");
 
   TrainReport report;
   auto t_run = Clock::now();
@@ -229,7 +441,11 @@ TrainReport Trainer::run() {
       c.epoch = epoch + 1;
       c.step = step;
       c.tensors = runner->save_state();
-      save_checkpoint(ckpt_path, c);
+      try {
+        save_checkpoint(ckpt_path, c);
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + " (the output directory comes from " + dir_key + ")");
+      }
     }
   }
   report.seconds = secs(t_run, Clock::now());

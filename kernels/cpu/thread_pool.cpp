@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <system_error>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,10 +27,22 @@ constexpr uint64_t pack(uint64_t gen, uint64_t chunks, uint64_t next) { return (
 ThreadPool::ThreadPool(int threads) {
   // Each worker starts from the epoch of construction: one that starts late must still see a later bump.
   const uint32_t epoch = epoch_.load();
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, epoch] { worker(i, epoch); });
+  try {
+    workers_.reserve(static_cast<size_t>(std::max(threads - 1, 0)));
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, epoch] { worker(i, epoch); });
+  } catch (const std::system_error& e) {
+    // The destructor does not run for a constructor that throws: stop the workers already started, or the
+    // joinable std::threads left behind call std::terminate.
+    const size_t started = workers_.size();
+    shutdown();
+    throw std::system_error(e.code(), "could not start worker thread " + std::to_string(started + 1) + " of " +
+                                          std::to_string(threads - 1) + " (" + e.what() + ")");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { shutdown(); }
+
+void ThreadPool::shutdown() {
   stop_.store(true);
   epoch_.fetch_add(1);
   {

@@ -16,7 +16,8 @@ namespace kiln::cpu {
 
 class ThreadPool {
  public:
-  // `threads` >= 1 threads in all, the caller included (threads - 1 workers).
+  // `threads` >= 1 threads in all, the caller included (threads - 1 workers). If the system cannot start one,
+  // the workers already started are stopped and std::system_error says which thread failed.
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -42,6 +43,7 @@ class ThreadPool {
   void claim_all(int slot);
   void worker(int slot, uint32_t seen);
   void wake_sleepers();
+  void shutdown();  // stops and joins every started worker
 
   // (generation << 32) | (chunks << 16) | next chunk: one word, so a claim can never mix two calls.
   std::atomic<uint64_t> next_{0};

@@ -1,6 +1,7 @@
 // Batch stage: stacks `size` consecutive examples into one element, x (N, ...), y (N) or (N, k). The last
 // batch of an epoch may be smaller unless drop_remainder. It makes global batches only: splitting a batch
 // over replicas is the data-parallel strategy's job.
+#include <algorithm>
 #include <optional>
 
 #include "common.hpp"
@@ -26,7 +27,7 @@ class BatchStage final : public Stage {
 
   std::optional<Element> next() override {
     std::vector<Element> ex;
-    ex.reserve(static_cast<size_t>(size_));
+    ex.reserve(static_cast<size_t>(std::min<int64_t>(size_, 4096)));
     {
       ScopedTimer t(stats_.wait_seconds);
       while (static_cast<int64_t>(ex.size()) < size_) {
@@ -80,6 +81,15 @@ std::unique_ptr<Stage> make_batch(const ConfigNode& cfg, StageContext ctx) {
   if (size < 1)
     cfg.fail("size", "must be >= 1, got " + std::to_string(size) +
                          (ctx.global_batch == 0 ? " (no [train] batch_size to default to)" : ""));
+  // One batch is one tensor: refused here, naming the size, rather than failing to allocate it mid-epoch.
+  const Shape xs = ctx.upstream->example_shape().with_batch(size), ys = ctx.upstream->label_shape().with_batch(size);
+  if (!xs.fits() || !ys.fits()) {
+    const std::string msg = "a batch of " + std::to_string(size) + " examples of shape " +
+                            ctx.upstream->example_shape().str() +
+                            " is more than the largest tensor Kiln holds (2^48 bytes = 256 TiB)";
+    if (cfg.has("size")) cfg.fail("size", msg + "; lower size");
+    throw ConfigError("[train] batch_size = " + std::to_string(size) + ": " + msg + "; lower [train] batch_size");
+  }
   bool drop = cfg.get_bool("drop_remainder", false);
   cfg.finish();
   return std::make_unique<BatchStage>(std::move(ctx.upstream), size, drop);

@@ -1,8 +1,11 @@
 #include "cache_file.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -53,14 +56,51 @@ uint64_t record_floats(int64_t batch, const Shape& x, const Shape& y) {
 
 }  // namespace
 
+std::string cache_target_problem(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return "";
+    return std::string("cannot be inspected: ") + std::strerror(errno);
+  }
+  const bool link = S_ISLNK(st.st_mode);
+  if (link && ::stat(path.c_str(), &st) != 0)
+    return std::string("is a symbolic link whose target cannot be inspected: ") + std::strerror(errno);
+  const std::string what = link ? "is a symbolic link to " : "is ";
+  if (S_ISDIR(st.st_mode)) return what + "a directory";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return what + "a device node";
+  if (S_ISFIFO(st.st_mode)) return what + "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return what + "a socket";
+  if (!S_ISREG(st.st_mode)) return what + "not a regular file";
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return std::string("exists but cannot be read: ") + std::strerror(errno);
+  char head[8] = {};
+  const size_t n = std::fread(head, 1, sizeof head, f);
+  std::fclose(f);
+  // Any version of the format counts as Kiln's: an old-format cache is stale and may be rebuilt.
+  if (n < 7 || std::memcmp(head, kMagic, 7) != 0)
+    return "exists and is not a Kiln cache file (it does not start with \"KILNCAC\"; " + std::to_string(st.st_size) +
+           " bytes)";
+  return "";
+}
+
 CacheWriter::CacheWriter(std::string path, Shape x, Shape y)
     : path_(std::move(path)), x_(std::move(x)), y_(std::move(y)) {
   std::error_code ec;
   auto parent = std::filesystem::path(path_).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  tmp_ = path_ + ".tmp." + std::to_string(::getpid());
-  f_ = std::fopen(tmp_.c_str(), "wb");
-  if (!f_) throw DataError("cache: cannot create " + tmp_ + ": " + std::strerror(errno));
+  // A name no other writer (this process or another) uses; O_EXCL never opens an existing file.
+  static std::atomic<uint64_t> counter{0};
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 100; ++attempt) {
+    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0 || !(f_ = ::fdopen(fd, "wb"))) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw DataError("cache: cannot create the temporary file " + tmp_ + ": " + std::strerror(err));
+  }
   std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
   auto h = header(x_, y_, 0, 0, 0, 0);  // placeholder with the final length
   write(h.data(), h.size());
@@ -104,6 +144,14 @@ void CacheWriter::commit() {
   int err = errno;
   ok = std::fclose(f_) == 0 && ok;
   f_ = nullptr;
+  // Checked again just before the rename: something may have appeared at <path> while the cache was filled.
+  if (ok) {
+    if (std::string problem = cache_target_problem(path_); !problem.empty()) {
+      std::remove(tmp_.c_str());
+      throw DataError("cache: " + path_ + " " + problem + "; it was left untouched and the cache was not written. " +
+                      "Delete it if it is no longer needed, or choose another cache `path`");
+    }
+  }
   if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     if (ok) err = errno;
     std::remove(tmp_.c_str());
@@ -119,6 +167,10 @@ std::unique_ptr<CacheReader> CacheReader::open(const std::string& path, const Sh
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     why = "no such file";
+    return nullptr;
+  }
+  if (!std::filesystem::is_regular_file(path, ec)) {  // never open a FIFO or device: reading it may block
+    why = "not a regular file";
     return nullptr;
   }
   try {

@@ -1,8 +1,9 @@
 // On-disk format of the file cache. A header (magic "KILNCAC1", version, element shapes, element and example
 // counts, payload length, CRC-32 of the payload, CRC-32 of the header) followed by one record per element:
 // int64 batch (0 = single example), then x and y as float32, native byte order.
-// The writer writes to "<path>.tmp.<pid>" and renames to <path> only after the header is final and the data is
-// synced, so a crash never leaves a file that looks complete; the reader validates everything before use.
+// The writer writes to a fresh "<path>.tmp.<pid>.<n>" and renames it to <path> only after the header is final and the
+// data is synced, so a crash never leaves a file that looks complete; the reader validates everything before use.
+// Only a Kiln cache (a regular file starting with the magic) or nothing is ever replaced: see cache_target_problem.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,11 @@
 
 namespace kiln::data {
 
+// What makes `path` unfit to be (re)written as a cache, or "" when nothing is there or a Kiln cache file is (which
+// may be rebuilt). Directories, device nodes, FIFOs, sockets, dangling links and any file that does not start with
+// the cache magic (a user's text file, the training data itself) are never replaced.
+std::string cache_target_problem(const std::string& path);
+
 class CacheWriter {
  public:
   CacheWriter(std::string path, Shape x, Shape y);  // throws DataError if the temp file cannot be created
@@ -23,7 +29,7 @@ class CacheWriter {
   CacheWriter& operator=(const CacheWriter&) = delete;
 
   void append(const Element& e);  // DataError if the shapes differ from the declared ones or a write fails
-  void commit();                  // final header, fsync, rename over <path>
+  void commit();  // final header, fsync, rename over <path>; DataError if <path> became something not to replace
 
  private:
   void write(const void* p, size_t n);

@@ -164,6 +164,11 @@ std::unique_ptr<Stage> make_cache(const ConfigNode& cfg, StageContext ctx) {
   if (kind == "file") {
     if (!cfg.has("path")) cfg.fail("path", "is required for kind = \"file\" (where the cache file is written)");
     path = resolve_path(ctx.base_dir, cfg.get_string("path"));
+    // The cache replaces what is at `path` when it is rebuilt: only ever a Kiln cache, never a user's file.
+    if (std::string problem = cache_target_problem(path); !problem.empty())
+      cfg.fail("path", "'" + path + "' " + problem +
+                           "; a file cache only ever replaces a Kiln cache file. Delete it if it is no longer needed, "
+                           "or choose another path");
   } else if (cfg.has("path")) {
     cfg.fail("path", "is only used with kind = \"file\"; a memory cache has no path");
   }

@@ -53,9 +53,12 @@ TEST_CASE("load_dir records failures instead of throwing", "[plugins]") {
   kiln::PluginLoader loader;
   kiln::Registry reg;
   loader.load_dir(KILN_TEST_PLUGIN_DIR, reg);
-  int failed = 0;
+  int failed = 0, libs = 0;
   for (const auto& p : loader.plugins()) failed += !p.error.empty();
-  CHECK(failed == 2);
+  for (const auto& e : std::filesystem::directory_iterator(KILN_TEST_PLUGIN_DIR))
+    libs += e.path().filename().string().rfind("libkiln_", 0) == 0 && e.path().extension() == ".so";
+  CHECK(failed == libs);  // every test plugin is broken on purpose (bad_api, no_entry, null_*)
+  CHECK(failed >= 7);
 }
 
 TEST_CASE("registry lookups of unknown names list what is registered", "[plugins]") {

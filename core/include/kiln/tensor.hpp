@@ -12,6 +12,10 @@ enum class DType : uint8_t { f32 };
 
 inline constexpr size_t dtype_size(DType) { return 4; }
 
+// The largest tensor Kiln plans or allocates: 2^48 bytes (256 TiB). Beyond any device, and small enough that the
+// planner's sums of tensor sizes cannot overflow 64 bits. Larger shapes are config errors (a size far too large).
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
+
 // A row-major shape; dims are >= 0. A scalar has no dims.
 class Shape {
  public:
@@ -23,11 +27,10 @@ class Shape {
   int64_t operator[](size_t i) const { return dims_[i]; }
   int64_t& operator[](size_t i) { return dims_[i]; }
   const std::vector<int64_t>& dims() const { return dims_; }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (auto d : dims_) n *= d;
-    return n;
-  }
+  // Product of the dims. Throws ConfigError (naming the shape) when it does not fit in int64_t.
+  int64_t numel() const;
+  // Whether a float32 tensor of this shape is at most kMaxTensorBytes (no overflow on the way, no negative dim).
+  bool fits() const;
   // The shape without its first (batch) dim.
   Shape tail() const { return Shape(std::vector<int64_t>(dims_.begin() + (dims_.empty() ? 0 : 1), dims_.end())); }
   // The shape with `n` prepended as batch dim.

@@ -1,0 +1,183 @@
+// Hardening (issue 15): labels a loss cannot use, and non-finite inputs, are data errors (exit code 2) naming the
+// source file, the example and the value, in training and in evaluation; a non-finite evaluation loss stops the
+// run naming the layer instead of reporting an accuracy.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "kiln/strategy.hpp"
+#include "kiln/trainer.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// 48 rows of 4 features and a label in [0, 3); row `bad_row` gets `bad_label` (or `bad_feature` as feature 2).
+std::string write_csv(const fs::path& p, int bad_row = -1, const std::string& bad_label = "",
+                      const std::string& bad_feature = "") {
+  std::ofstream f(p);
+  for (int r = 0; r < 48; ++r) {
+    const int cls = r % 3;
+    f << 0.1 * cls << "," << -0.2 * cls << "," << (r == bad_row && !bad_feature.empty() ? bad_feature : "0.5") << ","
+      << 0.01 * r << "," << (r == bad_row && !bad_label.empty() ? bad_label : std::to_string(cls)) << "\n";
+  }
+  return p.string();
+}
+
+std::string config(const fs::path& dir, const std::string& train_csv, const std::string& test_csv,
+                   const std::string& loss = "softmax_cross_entropy", int units = 3, const std::string& stage = "") {
+  std::ostringstream os;
+  os << "[run]\nname = \"labels\"\nseed = 1\n[device]\nbackend = \"cpu\"\nmemory_limit = \"256MiB\"\n"
+     << "[model]\ninput_shape = [4]\nloss = \"" << loss << "\"\n"
+     << "[[model.layers]]\ntype = \"dense\"\nunits = 8\nactivation = \"relu\"\n"
+     << "[[model.layers]]\ntype = \"dense\"\nunits = " << units << "\n"
+     << "[optimizer]\ntype = \"sgd\"\nlearning_rate = 0.01\n"
+     << "[train]\nepochs = 1\nbatch_size = 16\nprogress = \"none\"\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+     << "[data.train]\nstages = [{type = \"csv\", path = \"" << train_csv << "\"}" << stage << "]\n"
+     << "[data.test]\nstages = [{type = \"csv\", path = \"" << test_csv << "\"}" << stage << "]\n";
+  const fs::path cfg = dir / "run.toml";
+  std::ofstream(cfg) << os.str();
+  return cfg.string();
+}
+
+kiln::test::AppResult train(const std::string& cfg) { return kiln::test::run_app("train " + cfg); }
+
+}  // namespace
+
+TEST_CASE("a class label out of range in the training data is a data error naming the file, example and value",
+          "[hardening][labels]") {
+  auto dir = kiln::test::temp_dir("hard-labels-train");
+  const std::string good = write_csv(dir / "good.csv");
+  const std::string bad = write_csv(dir / "bad.csv", 21, "7");
+  auto r = train(config(dir, bad, good));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("data error") && Catch::Contains("[data.train]") && Catch::Contains(bad) &&
+                           Catch::Contains("example 21") && Catch::Contains("label 7") &&
+                           Catch::Contains("3 classes") && Catch::Contains("[0, 3)"));
+  CHECK_THAT(r.output, !Catch::Contains("loss is nan"));
+
+  // A negative and a fractional class index are refused the same way.
+  for (const char* v : {"-1", "1.5"}) {
+    auto r2 = train(config(dir, write_csv(dir / "frac.csv", 5, v), good));
+    INFO(v << "\n" << r2.output);
+    CHECK(r2.exit_code == 2);
+    CHECK_THAT(r2.output, Catch::Contains("example 5") && Catch::Contains(std::string("label ") + v));
+  }
+}
+
+TEST_CASE("a class label out of range in the test data fails instead of reporting an accuracy", "[hardening][labels]") {
+  auto dir = kiln::test::temp_dir("hard-labels-test");
+  const std::string good = write_csv(dir / "good.csv");
+  const std::string bad = write_csv(dir / "bad_test.csv", 40, "12");
+  auto r = train(config(dir, good, bad));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("[data.test]") && Catch::Contains(bad) && Catch::Contains("example 40") &&
+                           Catch::Contains("label 12"));
+  CHECK_THAT(r.output, !Catch::Contains("test accuracy"));
+}
+
+TEST_CASE("a non-finite input in the test data is a data error naming the file, example and feature",
+          "[hardening][labels]") {
+  auto dir = kiln::test::temp_dir("hard-labels-nan");
+  const std::string good = write_csv(dir / "good.csv");
+  // The CSV reader refuses "nan" itself; a finite 3e38 scaled by 10 becomes inf inside the pipeline.
+  const std::string bad = write_csv(dir / "big_test.csv", 9, "", "3e38");
+  const std::string scale = ", {type = \"scale\", factor = 10}";
+  auto r = train(config(dir, good, bad, "softmax_cross_entropy", 3, scale));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("[data.test]") && Catch::Contains(bad) && Catch::Contains("example 9") &&
+                           Catch::Contains("input value inf at feature 2"));
+  CHECK_THAT(r.output, !Catch::Contains("test accuracy"));
+  // The same in training data.
+  auto t = train(config(dir, bad, good, "softmax_cross_entropy", 3, scale));
+  INFO(t.output);
+  CHECK(t.exit_code == 2);
+  CHECK_THAT(t.output, Catch::Contains("[data.train]") && Catch::Contains("example 9"));
+}
+
+TEST_CASE("binary_cross_entropy targets outside [0, 1] are a data error", "[hardening][labels]") {
+  auto dir = kiln::test::temp_dir("hard-labels-bce");
+  const std::string good = write_csv(dir / "good.csv");  // labels 0, 1, 2: the 2s are not binary targets
+  auto r = train(config(dir, good, good, "binary_cross_entropy", 1));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("example 2") && Catch::Contains("label 2") && Catch::Contains("[0, 1]"));
+}
+
+namespace {
+
+// A runner whose evaluation loss is NaN on its second batch, as weights or activations gone non-finite give.
+class NanEvalRunner final : public kiln::Runner {
+ public:
+  kiln::StepResult train_step(const kiln::Element&, const kiln::StepScalars&) override { return {}; }
+  kiln::EvalResult eval_batch(const kiln::Element& b, bool) override {
+    kiln::EvalResult r;
+    r.losses = {++calls_ == 2 ? std::nanf("") : 0.5f};
+    r.outputs.emplace_back(kiln::Shape{b.batch, 3});  // zeros: every prediction is class 0
+    return r;
+  }
+  std::map<std::string, kiln::HostTensor> save_state() override { return {}; }
+  void load_state(const std::map<std::string, kiln::HostTensor>&) override {}
+  std::string find_nonfinite_layer(const kiln::Element&, int64_t) override { return "dense_2"; }
+  std::vector<kiln::DevicePlan> plan() const override { return {}; }
+
+ private:
+  int calls_ = 0;
+};
+
+class ZeroLabels final : public kiln::Stage {
+ public:
+  std::string name() const override { return "zeros"; }
+  std::optional<kiln::Element> next() override {
+    if (n_ == 3) return std::nullopt;
+    ++n_;
+    kiln::Element e;
+    e.batch = 4;
+    e.x = kiln::HostTensor(kiln::Shape{4, 2});
+    e.y = kiln::HostTensor(kiln::Shape{4});
+    return e;
+  }
+  void reset(uint64_t) override { n_ = 0; }
+  kiln::Shape example_shape() const override { return kiln::Shape{2}; }
+  kiln::Shape label_shape() const override { return kiln::Shape{}; }
+  kiln::StageState save() const override { return {}; }
+  void restore(const kiln::StageState&) override {}
+
+ private:
+  int n_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a non-finite loss in evaluation is an error naming the batch and layer, not an accuracy",
+          "[hardening][labels]") {
+  kiln::ModelSpec m;
+  m.outputs.push_back({"dense_2", kiln::LossKind::softmax_cross_entropy, 1.f, true});
+  NanEvalRunner runner;
+  ZeroLabels data;
+  try {
+    kiln::Evaluation e = kiln::evaluate(runner, data, m, false);
+    FAIL("evaluation reported loss " << e.loss << " and accuracy " << e.accuracy << " over a NaN loss");
+  } catch (const kiln::NumericError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK_THAT(msg, Catch::Contains("evaluation stopped") && Catch::Contains("output 'dense_2'") &&
+                        Catch::Contains("nan") && Catch::Contains("evaluation batch 2") &&
+                        Catch::Contains("examples 4 to 7") &&
+                        Catch::Contains("first layer whose output is non-finite is 'dense_2'"));
+  }
+}
+
+TEST_CASE("valid CSV data trains and evaluates with exit code 0 and an accuracy", "[hardening][labels]") {
+  auto dir = kiln::test::temp_dir("hard-labels-ok");
+  const std::string good = write_csv(dir / "good.csv");
+  auto ok = train(config(dir, good, good));
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK_THAT(ok.output, Catch::Contains("test accuracy"));
+}
