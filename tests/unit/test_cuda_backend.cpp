@@ -13,8 +13,7 @@ namespace kc = kiln::test::cuda;
 
 TEST_CASE("cuda plugin loads and registers the cuda backend and the nccl communicator", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend (nvcc or the CUDA toolkit was not found)");
-    return;
+    KILN_SKIP("this build has no CUDA backend (nvcc or the CUDA toolkit was not found)");
   }
   test::registry();  // loads every plugin of the build
   const LoadedPlugin* cuda = nullptr;
@@ -89,8 +88,7 @@ std::string format(FormatFn f, const char* lib, int code, const char* call) {
 
 TEST_CASE("cuda error messages name the call, the library's error name and its text", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   void* lib = dlopen(kc::impl_path().c_str(), RTLD_NOW | RTLD_LOCAL);
   INFO("dlopen: " << (lib ? "" : dlerror()));
@@ -126,8 +124,7 @@ TEST_CASE("cuda error messages name the call, the library's error name and its t
 
 TEST_CASE("nccl communicator refuses devices that are not CUDA devices", "[cuda]") {
   if (!test::registry().has_communicator("nccl")) {
-    WARN("skipped: this build has no NCCL communicator");
-    return;
+    KILN_SKIP("this build has no NCCL communicator");
   }
   const auto& make = test::registry().communicator("nccl");
   CHECK_THROWS_WITH(make({}), Catch::Contains("no devices"));
@@ -161,8 +158,7 @@ std::string needed_libraries(const std::filesystem::path& lib) {  // the DT_NEED
 
 TEST_CASE("the cuda plugin itself links no CUDA library; its runtime part does, and is loaded on first use", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   const std::string plugin = needed_libraries(kc::plugin_path()), impl = needed_libraries(kc::impl_path());
   INFO("plugin needs:\n" << plugin << "runtime part needs:\n" << impl);
@@ -174,8 +170,7 @@ TEST_CASE("the cuda plugin itself links no CUDA library; its runtime part does, 
 
 TEST_CASE("without its runtime part the cuda plugin still loads, lists no device and says why", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   auto dir = test::temp_dir("cuda-no-impl");  // the plugin alone, without cuda/libkiln_cuda_impl.so beside it
   std::filesystem::copy_file(kc::plugin_path(), dir / "libkiln_cuda.so");
