@@ -15,7 +15,7 @@ namespace {
 kiln::ConformanceOptions options_for(const std::string& backend) {
   kiln::ConformanceOptions o;
   o.backend = backend;
-  o.tolerance_dir = KILN_SOURCE_DIR "/tests/conformance/tolerances";
+  o.tolerance_dir = KILN_SOURCE_DIR "/data/conformance/tolerances";
   o.backend_options.validation = backend == "vulkan";
   o.repro_command = KILN_APP " conformance";
   return o;

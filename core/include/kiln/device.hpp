@@ -133,6 +133,4 @@ class Backend {
   virtual std::unique_ptr<Device> open(int index) = 0;
 };
 
-using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions&);
-
 }  // namespace kiln
