@@ -1,4 +1,4 @@
-// Max and average pooling: the (n, c) planes split into ranges over the device's thread pool (planes never share output).
+// Max and average pooling: (n, c) planes in ranges over the device's thread pool (planes never share output).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
