@@ -323,9 +323,7 @@ int main(int argc, char** argv) {
       loader.load_dir(dir, reg);
     else
       for (auto& d : PluginLoader::default_dirs()) loader.load_dir(d, reg);
-    BackendOptions o;
-    o.threads = threads;
-    auto backend = reg.backend("cpu")(o);
+    auto backend = reg.backend("cpu")(BackendOptions::parse("threads = " + std::to_string(threads)));
     auto dev = backend->open(0);
     std::printf("device: %s\n", dev->info().name.c_str());
     bench_call_overhead(*dev);

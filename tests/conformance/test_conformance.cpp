@@ -16,7 +16,7 @@ kiln::ConformanceOptions options_for(const std::string& backend) {
   kiln::ConformanceOptions o;
   o.backend = backend;
   o.tolerance_dir = KILN_SOURCE_DIR "/data/conformance/tolerances";
-  o.backend_options.validation = backend == "vulkan";
+  if (backend == "vulkan") o.backend_options = kiln::BackendOptions::parse("validation = true");
   o.repro_command = KILN_APP " conformance";
   return o;
 }

@@ -40,6 +40,8 @@ TEST_CASE("cuda backend without a device lists none and gives the driver's reaso
     for (const auto& d : devices) {
       INFO(d.label() << " " << d.name << " " << d.hardware_id);
       CHECK(d.backend == "cuda");
+      CHECK((d.type == DeviceType::gpu || d.type == DeviceType::integrated_gpu));
+      CHECK_FALSE(d.host_addressable);
       CHECK(d.name.find("(sm_") != std::string::npos);
       CHECK(d.name.find("GPU-") != std::string::npos);  // the UUID
       CHECK(std::regex_match(d.hardware_id, std::regex("[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.0")));
