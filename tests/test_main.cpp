@@ -30,17 +30,20 @@ class SkipListener : public Catch::TestEventListenerBase {
  public:
   using TestEventListenerBase::TestEventListenerBase;
 
-  void testCaseStarting(const Catch::TestCaseInfo&) override {
+  void testCaseStarting(const Catch::TestCaseInfo& info) override {
+    TestEventListenerBase::testCaseStarting(info);
     state().current = false;
     state().reason.clear();
   }
   void testCaseEnded(const Catch::TestCaseStats& stats) override {
+    TestEventListenerBase::testCaseEnded(stats);
     ++state().ran;
     // A test case that failed before it skipped is a failure, not a skip.
     if (state().current && stats.totals.assertions.failed == 0)
       state().skipped.emplace_back(stats.testInfo.name, state().reason);
   }
-  void testRunEnded(const Catch::TestRunStats&) override {
+  void testRunEnded(const Catch::TestRunStats& stats) override {
+    TestEventListenerBase::testRunEnded(stats);
     if (state().skipped.empty()) return;
     std::cout << state().skipped.size() << " of " << state().ran << " test case(s) skipped (not passed):\n";
     for (const auto& [name, why] : state().skipped) std::cout << "  " << name << ": " << why << "\n";
