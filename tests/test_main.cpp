@@ -5,6 +5,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -39,8 +40,12 @@ class SkipListener : public Catch::TestEventListenerBase {
     TestEventListenerBase::testCaseEnded(stats);
     ++state().ran;
     // A test case that failed before it skipped is a failure, not a skip.
-    if (state().current && stats.totals.assertions.failed == 0)
-      state().skipped.emplace_back(stats.testInfo.name, state().reason);
+    const bool failed = stats.totals.assertions.failed > 0;
+    if (state().current && !failed) state().skipped.emplace_back(stats.testInfo.name, state().reason);
+    // One line per test case for the count printed after a ctest run (tests/ctest_summary.cmake); ctest clears
+    // the file before the run.
+    std::ofstream(KILN_BINARY_DIR "/Testing/Temporary/KilnTestCases.log", std::ios::app)
+        << (failed ? "failed" : state().current ? "skipped" : "passed") << '\t' << stats.testInfo.name << '\n';
   }
   void testRunEnded(const Catch::TestRunStats& stats) override {
     TestEventListenerBase::testRunEnded(stats);
@@ -52,6 +57,8 @@ class SkipListener : public Catch::TestEventListenerBase {
 
 }  // namespace
 
+CATCH_REGISTER_LISTENER(SkipListener)
+
 void skip(const std::string& reason) {
   state().current = true;
   state().reason = reason;
@@ -59,8 +66,6 @@ void skip(const std::string& reason) {
 }
 
 }  // namespace kiln::test
-
-CATCH_REGISTER_LISTENER(kiln::test::SkipListener)
 
 int main(int argc, char* argv[]) {
   using kiln::test::kSkipReturnCode;
