@@ -158,7 +158,7 @@ std::string needed_libraries(const std::filesystem::path& lib) {  // the DT_NEED
 }
 }  // namespace
 
-TEST_CASE("the cuda plugin itself links no CUDA library; its runtime part does, and is loaded on first use", "[cuda]") {
+TEST_CASE("the cuda plugin itself links no CUDA library, its runtime part does, and is loaded on first use", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
     KILN_SKIP("this build has no CUDA backend");
   }

@@ -198,7 +198,7 @@ class DisguisedBackend final : public Backend {
 
 }  // namespace
 
-TEST_CASE("backend auto takes the highest-priority backend with a usable device; a CPU behind a GPU API is not one",
+TEST_CASE("backend auto takes the highest-priority backend with a usable device, a CPU behind a GPU API is not one",
           "[memory]") {
   EnvVar off("KILN_RESERVATION_DIR", "off");
   EnvVar hide("CUDA_VISIBLE_DEVICES", "-1");  // a GPU of this host must not win the test
