@@ -4,7 +4,6 @@
 // maps that code to "Skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt), so a skipped test never shows as passed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -18,8 +17,8 @@ namespace {
 struct SkipState {
   bool current = false;  // the running test case called skip()
   std::string reason;
-  int ran = 0;                                                  // test cases that ended
-  std::vector<std::pair<std::string, std::string>> skipped;    // name, reason
+  int ran = 0;                                               // test cases that ended
+  std::vector<std::pair<std::string, std::string>> skipped;  // name, reason
 };
 
 SkipState& state() {
@@ -45,7 +44,10 @@ class SkipListener : public Catch::TestEventListenerBase {
     // One line per test case for the count printed after a ctest run (tests/ctest_summary.cmake); ctest clears
     // the file before the run.
     std::ofstream(KILN_BINARY_DIR "/Testing/Temporary/KilnTestCases.log", std::ios::app)
-        << (failed ? "failed" : state().current ? "skipped" : "passed") << '\t' << stats.testInfo.name << '\n';
+        << (failed            ? "failed"
+            : state().current ? "skipped"
+                              : "passed")
+        << '\t' << stats.testInfo.name << '\n';
   }
   void testRunEnded(const Catch::TestRunStats& stats) override {
     TestEventListenerBase::testRunEnded(stats);

@@ -40,10 +40,10 @@ void skip(const std::string& reason);
 }  // namespace kiln::test
 
 // Ends the current test case as skipped, saying why: KILN_SKIP("no CUDA device: " << reason).
-#define KILN_SKIP(why)                          \
-  do {                                          \
-    std::ostringstream kiln_skip_why_;          \
-    kiln_skip_why_ << why;                      \
-    ::kiln::test::skip(kiln_skip_why_.str());   \
-    return;                                     \
+#define KILN_SKIP(why)                        \
+  do {                                        \
+    std::ostringstream kiln_skip_why_;        \
+    kiln_skip_why_ << why;                    \
+    ::kiln::test::skip(kiln_skip_why_.str()); \
+    return;                                   \
   } while (0)

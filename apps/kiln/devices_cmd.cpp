@@ -22,8 +22,8 @@ int cmd_devices(const Options& o) {
     std::cout << "\n";
     for (const auto& d : list) {
       std::cout << "  " << d.label() << "  " << d.name << "\n"
-                << "      " << device_type_name(d.type) << (d.host_addressable ? " (host memory)" : "") << ", hardware id "
-                << d.hardware_id << ", memory " << format_bytes(d.free_memory) << " free of "
+                << "      " << device_type_name(d.type) << (d.host_addressable ? " (host memory)" : "")
+                << ", hardware id " << d.hardware_id << ", memory " << format_bytes(d.free_memory) << " free of "
                 << format_bytes(d.total_memory) << "\n";
       for (const auto& p : d.processes) std::cout << "      used by " << p << "\n";
       auto holders = live_reservations(d.hardware_id, root);

@@ -47,15 +47,17 @@ std::vector<DeviceInfo> CudaBackend::enumerate() {
   if (auto v = visible_devices_env()) {
     const auto entries = parse_visible_devices(*v);
     if (entries.size() > static_cast<size_t>(count))
-      throw ConfigError("CUDA_VISIBLE_DEVICES=\"" + *v + "\" names " + std::to_string(entries.size()) + " devices but CUDA sees " +
-                        std::to_string(count) + ": entry \"" + entries[static_cast<size_t>(count)] +
-                        "\" does not exist on this host (CUDA ignores it and every entry after it). See `kiln devices`.");
+      throw ConfigError(
+          "CUDA_VISIBLE_DEVICES=\"" + *v + "\" names " + std::to_string(entries.size()) + " devices but CUDA sees " +
+          std::to_string(count) + ": entry \"" + entries[static_cast<size_t>(count)] +
+          "\" does not exist on this host (CUDA ignores it and every entry after it). See `kiln devices`.");
   }
   std::vector<DeviceInfo> out;
   for (int i = 0; i < count; ++i) {
     DeviceInfo d = describe_device(i);
     int integrated = 0;
-    if (cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, i) != cudaSuccess) cudaGetLastError();  // Jetson-class
+    if (cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, i) != cudaSuccess)
+      cudaGetLastError();  // Jetson-class
     d.type = integrated ? DeviceType::integrated_gpu : DeviceType::gpu;
     d.host_addressable = false;  // blocks are device addresses
     out.push_back(std::move(d));

@@ -29,9 +29,10 @@ inline bool hides_every_device(const std::string& value) { return value == "-1";
 // "0,-1,1"; Kiln refuses with a ConfigError naming the entry. Returns the entries ({} for "-1").
 inline std::vector<std::string> parse_visible_devices(const std::string& value) {
   auto bad = [&](const std::string& entry, const std::string& why) -> std::vector<std::string> {
-    throw ConfigError("CUDA_VISIBLE_DEVICES=\"" + value + "\": entry \"" + entry + "\" " + why +
-                      ". Expected comma-separated device indices or UUIDs, e.g. CUDA_VISIBLE_DEVICES=0,2 (CUDA would silently "
-                      "ignore this entry and every one after it; Kiln refuses instead)");
+    throw ConfigError(
+        "CUDA_VISIBLE_DEVICES=\"" + value + "\": entry \"" + entry + "\" " + why +
+        ". Expected comma-separated device indices or UUIDs, e.g. CUDA_VISIBLE_DEVICES=0,2 (CUDA would silently "
+        "ignore this entry and every one after it; Kiln refuses instead)");
   };
   std::vector<std::string> out;
   std::set<std::string> seen;
@@ -47,13 +48,17 @@ inline std::vector<std::string> parse_visible_devices(const std::string& value) 
     bool prefixed = false;
     for (const char* p : {"MIG-", "GPU-"})
       if (id.rfind(p, 0) == 0) id = id.substr(4), prefixed = true;
-    bool uuid = prefixed && !id.empty() &&
-                std::all_of(id.begin(), id.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/'; });
-    if (e == "-1") bad(e, "is not a device (CUDA treats it as the end of the list and hides every later device; "
-                          "CUDA_VISIBLE_DEVICES=-1 alone hides every GPU)");
+    bool uuid = prefixed && !id.empty() && std::all_of(id.begin(), id.end(), [](char c) {
+                  return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/';
+                });
+    if (e == "-1")
+      bad(e,
+          "is not a device (CUDA treats it as the end of the list and hides every later device; "
+          "CUDA_VISIBLE_DEVICES=-1 alone hides every GPU)");
     if (!digits && !uuid) bad(e, "is neither a device index nor a GPU-/MIG- UUID");
     std::string key = e;
-    if (digits) key = std::to_string(std::stoll(e.size() > 18 ? e.substr(e.size() - 18) : e));  // "01" and "1" are one device
+    if (digits)
+      key = std::to_string(std::stoll(e.size() > 18 ? e.substr(e.size() - 18) : e));  // "01" and "1" are one device
     if (!seen.insert(key).second) bad(e, "is listed twice");
     out.push_back(e);
     if (comma == std::string::npos) break;

@@ -199,11 +199,21 @@ void VulkanInstance::enumerate() {
     info.index = static_cast<int>(devices_.size());
     info.name = pd.props.deviceName;
     switch (pd.props.deviceType) {
-      case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: info.type = DeviceType::gpu; break;
-      case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: info.type = DeviceType::integrated_gpu; break;
-      case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: info.type = DeviceType::virtual_gpu; break;
-      case VK_PHYSICAL_DEVICE_TYPE_CPU: info.type = DeviceType::cpu; break;  // lavapipe
-      default: info.type = DeviceType::other; break;
+      case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+        info.type = DeviceType::gpu;
+        break;
+      case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+        info.type = DeviceType::integrated_gpu;
+        break;
+      case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+        info.type = DeviceType::virtual_gpu;
+        break;
+      case VK_PHYSICAL_DEVICE_TYPE_CPU:  // lavapipe
+        info.type = DeviceType::cpu;
+        break;
+      default:
+        info.type = DeviceType::other;
+        break;
     }
     info.host_addressable = false;  // blocks are VkBuffers; the host reaches them through staging copies
     if (pd.pci_bus_info) {  // the Linux sysfs form, as CUDA's and nvidia-smi's bus ids normalise to

@@ -5,11 +5,16 @@ namespace kiln {
 
 std::string_view device_type_name(DeviceType t) {
   switch (t) {
-    case DeviceType::cpu: return "cpu";
-    case DeviceType::gpu: return "gpu";
-    case DeviceType::integrated_gpu: return "integrated_gpu";
-    case DeviceType::virtual_gpu: return "virtual_gpu";
-    case DeviceType::other: break;
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::gpu:
+      return "gpu";
+    case DeviceType::integrated_gpu:
+      return "integrated_gpu";
+    case DeviceType::virtual_gpu:
+      return "virtual_gpu";
+    case DeviceType::other:
+      break;
   }
   return "other";
 }

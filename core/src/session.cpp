@@ -104,7 +104,8 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     // Every loaded backend is made now and reads its keys (auto and the fallback may pick any of them), so a key
     // that no backend reads is an unknown key. Making a backend touches no driver; enumerate() does.
     for (const auto& name : reg_.backend_names()) backends_.push_back(reg_.backend(name)(BackendOptions(*d)));
-    std::stable_sort(backends_.begin(), backends_.end(), [](const auto& a, const auto& b) { return a->priority() > b->priority(); });
+    std::stable_sort(backends_.begin(), backends_.end(),
+                     [](const auto& a, const auto& b) { return a->priority() > b->priority(); });
     // The backends this run may use check their configuration (e.g. CUDA_VISIBLE_DEVICES) before any device opens.
     for (const auto& b : backends_)
       if (device_.backend == "auto" || b->name() == device_.backend) b->check_config();
@@ -259,7 +260,8 @@ void Session::open_devices(bool reserve) {
       warnings_.push_back("WARNING: backend \"" + bname + "\" has no usable device (" + why +
                           "); FALLING BACK TO THE CPU because [device] fallback = \"cpu\"");
       std::cerr << "\n*** " << warnings_.back() << " ***\n\n";
-      if (!pick(host_cpu)) throw DeviceError("CPU fallback requested but no loaded backend has a host CPU device:" + none_why);
+      if (!pick(host_cpu))
+        throw DeviceError("CPU fallback requested but no loaded backend has a host CPU device:" + none_why);
     } else {
       backend_ = b;
     }

@@ -22,7 +22,8 @@ kiln::ConformanceOptions options_for(const std::string& backend) {
 }
 
 // Runs the suite on `backend`, printing its lines; nullopt with `why` set when it is absent or has no device.
-std::optional<kiln::BackendResult> run_backend(const std::string& backend, kiln::ConformanceOptions o, std::string& why) {
+std::optional<kiln::BackendResult> run_backend(const std::string& backend, kiln::ConformanceOptions o,
+                                               std::string& why) {
   auto& reg = kiln::test::registry();
   if (!reg.has_backend(backend)) {
     why = "backend " + backend + " is not built into this tree";

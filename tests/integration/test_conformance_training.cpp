@@ -70,7 +70,7 @@ TEST_CASE("the MLP sample trains 300 steps on vulkan and cuda with the CPU backe
     if (!has_device(backend)) continue;
     INFO("backend " << backend);
     require_same_curve(cpu, train("fashion_mnist_mlp.toml", backend, settings), 6, 1e-3);
-   ++compared;
+    ++compared;
   }
   if (compared == 0) KILN_SKIP("neither a vulkan nor a cuda device to compare with the CPU backend");
 }
@@ -88,7 +88,7 @@ TEST_CASE("the CNN sample trains on vulkan and cuda with the CPU backend's loss 
     // sums (a different summation order than the CPU's im2col + sgemm) into full-size updates. Measured on
     // lavapipe: Adam curves differ by up to 2.2e-3 after 40 steps; the same run with SGD agrees to 1.5e-5.
     require_same_curve(cpu, train("fashion_mnist_cnn.toml", backend, settings), 4, 1e-2);
-   ++compared;
+    ++compared;
   }
   if (compared == 0) KILN_SKIP("neither a vulkan nor a cuda device to compare with the CPU backend");
 }

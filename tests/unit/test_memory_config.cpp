@@ -128,10 +128,12 @@ TEST_CASE("CUDA_VISIBLE_DEVICES entries are validated instead of silently trunca
     std::string value, names;
   };
   const std::vector<Case> bad = {
-      {"0,-1,1", "entry \"-1\""},     {"0,1,0", "entry \"0\" is listed twice"}, {"01,1", "listed twice"},
-      {"0,,1", "is empty"},           {"0,", "is empty"},                       {"", "hides every GPU"},
-      {"gpu0", "entry \"gpu0\""},     {"1.5", "entry \"1.5\""},                 {" 1", "entry \" 1\""},
-      {"GPU-", "entry \"GPU-\""},     {"-1,0", "entry \"-1\""},
+      {"0,-1,1", "entry \"-1\""}, {"0,1,0", "entry \"0\" is listed twice"},
+      {"01,1", "listed twice"},   {"0,,1", "is empty"},
+      {"0,", "is empty"},         {"", "hides every GPU"},
+      {"gpu0", "entry \"gpu0\""}, {"1.5", "entry \"1.5\""},
+      {" 1", "entry \" 1\""},     {"GPU-", "entry \"GPU-\""},
+      {"-1,0", "entry \"-1\""},
   };
   for (const auto& c : bad) {
     EnvVar env("CUDA_VISIBLE_DEVICES", c.value.c_str());
@@ -158,7 +160,8 @@ TEST_CASE("CUDA_VISIBLE_DEVICES=-1 hides every CUDA device: auto goes on to the 
   Session c(Config::load_string(kBase + "[device]\nbackend = \"cuda\"\n", "mem.toml"), test::registry());
   CHECK_THROWS_WITH(c.open_devices(false), Catch::Contains("CUDA_VISIBLE_DEVICES=\"-1\" hides every CUDA device") &&
                                                Catch::Contains("fallback"));
-  Session f(Config::load_string(kBase + "[device]\nbackend = \"cuda\"\nfallback = \"cpu\"\n", "mem.toml"), test::registry());
+  Session f(Config::load_string(kBase + "[device]\nbackend = \"cuda\"\nfallback = \"cpu\"\n", "mem.toml"),
+            test::registry());
   f.open_devices(false);
   REQUIRE(f.devices().size() == 1);
   CHECK(f.devices()[0].device->info().type == DeviceType::cpu);
@@ -173,7 +176,11 @@ class DisguisedBackend final : public Backend {
  public:
   DisguisedBackend(std::string name, int priority, DeviceType type, bool host, std::shared_ptr<std::string> opened,
                    const BackendOptions& o)
-      : name_(std::move(name)), priority_(priority), type_(type), host_(host), opened_(std::move(opened)),
+      : name_(std::move(name)),
+        priority_(priority),
+        type_(type),
+        host_(host),
+        opened_(std::move(opened)),
         cpu_(test::registry().backend("cpu")(o)) {}
   std::string name() const override { return name_; }
   int priority() const override { return priority_; }
@@ -205,7 +212,9 @@ TEST_CASE("backend auto takes the highest-priority backend with a usable device,
   Registry reg = test::registry();
   auto opened = std::make_shared<std::string>();
   auto add = [&](const std::string& name, int prio, DeviceType type, bool host) {
-    reg.add_backend(name, [=](const BackendOptions& o) { return std::make_unique<DisguisedBackend>(name, prio, type, host, opened, o); });
+    reg.add_backend(name, [=](const BackendOptions& o) {
+      return std::make_unique<DisguisedBackend>(name, prio, type, host, opened, o);
+    });
   };
   auto chosen = [&](const std::string& device) {
     opened->clear();
@@ -229,5 +238,6 @@ TEST_CASE("backend auto takes the highest-priority backend with a usable device,
   // Each backend reads its own [device] keys (the CPU backend: threads); a key no backend reads is rejected with
   // the nearest known one.
   CHECK(config_error("[device]\nthreads = 1\n") == "<ok>");
-  CHECK_THAT(config_error("[device]\nthread = 1\n"), Catch::Contains("device.thread") && Catch::Contains("did you mean 'threads'"));
+  CHECK_THAT(config_error("[device]\nthread = 1\n"),
+             Catch::Contains("device.thread") && Catch::Contains("did you mean 'threads'"));
 }

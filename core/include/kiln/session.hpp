@@ -96,7 +96,7 @@ class Session {
   OptimizerSpec optimizer_;
   std::unique_ptr<Strategy> strategy_;
   std::vector<std::unique_ptr<Backend>> backends_;  // every loaded backend, highest priority first
-  Backend* backend_ = nullptr;                       // the one open_devices chose
+  Backend* backend_ = nullptr;                      // the one open_devices chose
   std::vector<std::unique_ptr<Device>> opened_;
   std::vector<std::unique_ptr<Allocator>> allocators_;
   std::vector<DeviceContext> device_ctx_;
