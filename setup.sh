@@ -33,7 +33,10 @@ install_missing() {
 
 build() {
   echo "== configuring ($BUILD_DIR)"
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD_DIR.configure.log" 2>&1 ||
+  # KILN_ARCH=native: the CPU kernels use every instruction of this machine (AVX2/FMA where present); the binaries
+  # are for this machine. Set KILN_ARCH="" for binaries that run on any x86-64 CPU.
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_ARCH="${KILN_ARCH-native}" \
+    >"$BUILD_DIR.configure.log" 2>&1 ||
     { cat "$BUILD_DIR.configure.log"; exit 1; }
   grep -E "Kiln:" "$BUILD_DIR.configure.log" || true
   echo "== building with $JOBS jobs"

@@ -3,9 +3,9 @@
 // Also measures the two design choices of the plugin's threading:
 //  - on an MLP-shaped op sequence, (A) the plugin's way, OpenBLAS single-threaded inside the plugin's
 //    threads, against (B) OpenBLAS's own pthreads for the GEMMs next to the plugin's other kernels;
-//  - handing 2 chunks of busy work to 2 threads: the plugin's ThreadPool against an OpenMP parallel for.
+//  - handing 2 chunks of busy work to 2 threads: the plugin's ThreadPool against an OpenMP parallel for (when
+//    built with OpenMP, KILN_BENCH_OPENMP; otherwise the pool alone).
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -286,6 +286,7 @@ void bench_handoff(int calls) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) pool.run(2, [&](int64_t, int) { busy(us); });
     const double tp = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+#ifdef KILN_BENCH_OPENMP
     settle();
     t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) {
@@ -294,6 +295,9 @@ void bench_handoff(int calls) {
     }
     const double om = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
     std::printf("%-10.0f %12.1f %12.1f\n", us, tp, om);
+#else
+    std::printf("%-10.0f %12.1f %12s\n", us, tp, "(no OpenMP)");
+#endif
   }
 }
 
@@ -319,9 +323,7 @@ int main(int argc, char** argv) {
       loader.load_dir(dir, reg);
     else
       for (auto& d : PluginLoader::default_dirs()) loader.load_dir(d, reg);
-    BackendOptions o;
-    o.threads = threads;
-    auto backend = reg.backend("cpu")(o);
+    auto backend = reg.backend("cpu")(BackendOptions::parse("threads = " + std::to_string(threads)));
     auto dev = backend->open(0);
     std::printf("device: %s\n", dev->info().name.c_str());
     bench_call_overhead(*dev);

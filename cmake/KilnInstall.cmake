@@ -1,6 +1,7 @@
-# Installs the SDK so third-party plugins build with find_package(kiln).
+# Installs the SDK so third-party plugins build with find_package(kiln): kiln::core, kiln::warnings and
+# kiln_add_plugin().
 include(CMakePackageConfigHelpers)
-install(TARGETS kiln_core EXPORT kilnTargets
+install(TARGETS kiln_core kiln_warnings EXPORT kilnTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/core/include/kiln DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

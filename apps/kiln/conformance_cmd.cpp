@@ -17,7 +17,7 @@ int cmd_conformance(const Options& o) {
   c.case_id = o.case_id;
   c.report_path = o.report;
   c.matrix_path = o.matrix;
-  c.backend_options.validation = o.validation;
+  if (o.validation) c.backend_options = BackendOptions::parse("validation = true");
   c.tolerance_dir = o.tolerance_dir;
   return run_conformance(reg, c, std::cout);
 }

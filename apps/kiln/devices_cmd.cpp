@@ -17,12 +17,13 @@ int cmd_devices(const Options& o) {
     if (!o.backend.empty() && name != o.backend) continue;
     auto b = reg.backend(name)(BackendOptions{});
     auto list = b->enumerate();
-    std::cout << "backend " << name << ": " << list.size() << " device(s)";
+    std::cout << "backend " << name << " (auto priority " << b->priority() << "): " << list.size() << " device(s)";
     if (list.empty()) std::cout << " (" << b->unavailable_reason() << ")";
     std::cout << "\n";
     for (const auto& d : list) {
       std::cout << "  " << d.label() << "  " << d.name << "\n"
-                << "      hardware id " << d.hardware_id << ", memory " << format_bytes(d.free_memory) << " free of "
+                << "      " << device_type_name(d.type) << (d.host_addressable ? " (host memory)" : "")
+                << ", hardware id " << d.hardware_id << ", memory " << format_bytes(d.free_memory) << " free of "
                 << format_bytes(d.total_memory) << "\n";
       for (const auto& p : d.processes) std::cout << "      used by " << p << "\n";
       auto holders = live_reservations(d.hardware_id, root);

@@ -55,17 +55,21 @@ size_t read_available_memory() { return meminfo_bytes("MemAvailable"); }
 
 HostInfo read_host_info() { return {cpu_model(), meminfo_bytes("MemTotal"), read_available_memory()}; }
 
-CpuBackend::CpuBackend(const BackendOptions& opts) : devices_(opts.virtual_devices), threads_(opts.threads) {
-  if (devices_ < 1) throw ConfigError("cpu backend: virtual_devices must be >= 1, found " + std::to_string(devices_));
-  if (threads_ < 0)
-    throw ConfigError("cpu backend: threads must be >= 0 (0 = all cores), found " + std::to_string(threads_));
+CpuBackend::CpuBackend(const BackendOptions& opts) {
+  const ConfigNode& d = opts.device;  // [device] virtual_devices, threads
+  const int64_t devices = d.get_int("virtual_devices", 1);
+  if (devices < 1 || devices > 64) d.fail("virtual_devices", "expected 1..64, found " + std::to_string(devices));
+  const int64_t threads = d.get_int("threads", 0);
+  if (threads < 0) d.fail("threads", "expected 0 (all cores) or a positive count, found " + std::to_string(threads));
   // More threads than 4 per usable core only slows the kernels down, and a typo like 100000 would try to start
   // that many threads: refused, not clamped, so the run uses what the config says.
   const int cores = usable_cores(), max_threads = std::min(1024, 4 * cores);
-  if (threads_ > max_threads)
-    throw ConfigError("[device] threads = " + std::to_string(threads_) + " is more than this host can use: at most " +
-                      std::to_string(max_threads) + " (4 per usable core, " + std::to_string(cores) +
-                      " cores here, and never above 1024); use threads = 0 for one thread per core");
+  if (threads > max_threads)
+    d.fail("threads", "[device] threads = " + std::to_string(threads) + " is more than this host can use: at most " +
+                          std::to_string(max_threads) + " (4 per usable core, " + std::to_string(cores) +
+                          " cores here, and never above 1024); use threads = 0 for one thread per core");
+  devices_ = static_cast<int>(devices);
+  threads_ = static_cast<int>(threads);
   // 0: the devices share the cores this process may run on, since data-parallel runs them concurrently.
   if (threads_ == 0) threads_ = std::max(1, cores / devices_);
 }
@@ -77,6 +81,8 @@ std::vector<DeviceInfo> CpuBackend::enumerate() {
     DeviceInfo d;
     d.backend = "cpu";
     d.index = i;
+    d.type = DeviceType::cpu;
+    d.host_addressable = true;  // blocks are host memory
     d.name = "CPU (" + host.cpu_model;
     if (devices_ > 1) d.name += ", logical " + std::to_string(i) + " of " + std::to_string(devices_);
     d.name += ", " + std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");

@@ -79,6 +79,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opts);
   std::string name() const override { return "cpu"; }
+  int priority() const override { return 100; }
   std::vector<DeviceInfo> enumerate() override;
   std::unique_ptr<Device> open(int index) override;
 

@@ -9,7 +9,7 @@ namespace kiln::cpu {
 
 const PluginDescriptor* descriptor() {
   static const PluginDescriptor d{"cpu", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
-                                  "CPU backend: OpenMP kernels, OpenBLAS sgemm, N logical devices"};
+                                  "CPU backend: kernels on its own thread pool, OpenBLAS sgemm, N logical devices"};
   return &d;
 }
 

@@ -8,6 +8,7 @@
 #include "check.hpp"
 #include "cuda_device.hpp"
 #include "kiln/error.hpp"
+#include "visible_devices.hpp"
 
 namespace kiln::cuda {
 namespace {
@@ -43,8 +44,24 @@ std::vector<DeviceInfo> CudaBackend::enumerate() {
     reason_ = "cudaGetDeviceCount: the driver reports 0 CUDA devices" + visible_devices_note();
     return {};
   }
+  if (auto v = visible_devices_env()) {
+    const auto entries = parse_visible_devices(*v);
+    if (entries.size() > static_cast<size_t>(count))
+      throw ConfigError(
+          "CUDA_VISIBLE_DEVICES=\"" + *v + "\" names " + std::to_string(entries.size()) + " devices but CUDA sees " +
+          std::to_string(count) + ": entry \"" + entries[static_cast<size_t>(count)] +
+          "\" does not exist on this host (CUDA ignores it and every entry after it). See `kiln devices`.");
+  }
   std::vector<DeviceInfo> out;
-  for (int i = 0; i < count; ++i) out.push_back(describe_device(i));
+  for (int i = 0; i < count; ++i) {
+    DeviceInfo d = describe_device(i);
+    int integrated = 0;
+    if (cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, i) != cudaSuccess)
+      cudaGetLastError();  // Jetson-class
+    d.type = integrated ? DeviceType::integrated_gpu : DeviceType::gpu;
+    d.host_addressable = false;  // blocks are device addresses
+    out.push_back(std::move(d));
+  }
   reason_.clear();
   return out;
 }

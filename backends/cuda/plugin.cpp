@@ -13,6 +13,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/plugin.hpp"
+#include "visible_devices.hpp"
 
 namespace kiln::cuda {
 
@@ -52,18 +53,43 @@ const Impl& impl() {
   return i;
 }
 
-// What the "cuda" backend is when its runtime library cannot be loaded: no devices, and the reason.
-class UnavailableBackend final : public Backend {
+// The "cuda" backend as registered. Making it is cheap (the session makes every backend to read its [device]
+// keys): the runtime part is loaded on the first enumerate() or open(), and never when CUDA_VISIBLE_DEVICES=-1
+// hides every device. Without the runtime part it lists no devices and gives the reason.
+class CudaFrontBackend final : public Backend {
  public:
-  explicit UnavailableBackend(std::string why) : why_(std::move(why)) {}
+  explicit CudaFrontBackend(const BackendOptions& o) : options_(o) {}
   std::string name() const override { return "cuda"; }
-  std::vector<DeviceInfo> enumerate() override { return {}; }
-  std::string unavailable_reason() const override { return why_; }
+  int priority() const override { return 300; }
+  void check_config() const override {
+    if (auto v = visible_devices_env()) parse_visible_devices(*v);
+  }
+  std::vector<DeviceInfo> enumerate() override { return load() ? real_->enumerate() : std::vector<DeviceInfo>{}; }
+  std::string unavailable_reason() const override { return real_ ? real_->unavailable_reason() : why_; }
   std::unique_ptr<Device> open(int index) override {
-    throw DeviceError("cuda: cannot open device " + std::to_string(index) + ": " + why_);
+    if (!load()) throw DeviceError("cuda: cannot open device " + std::to_string(index) + ": " + why_);
+    return real_->open(index);
   }
 
  private:
+  // The runtime part's backend, made once; false with why_ set when there is none to make.
+  bool load() {
+    if (real_) return true;
+    if (auto v = visible_devices_env(); v && hides_every_device(*v)) {
+      why_ = "CUDA_VISIBLE_DEVICES=\"-1\" hides every CUDA device";
+      return false;
+    }
+    const Impl& i = impl();
+    if (!i.error.empty()) {
+      why_ = i.error;
+      return false;
+    }
+    real_.reset(i.make_backend(&options_));
+    return true;
+  }
+
+  BackendOptions options_;
+  std::unique_ptr<Backend> real_;
   std::string why_;
 };
 
@@ -81,9 +107,7 @@ const PluginDescriptor* descriptor() {
 
 void register_all(Registry& reg) {
   reg.add_backend("cuda", [](const BackendOptions& o) -> std::unique_ptr<Backend> {
-    const Impl& i = impl();
-    if (!i.error.empty()) return std::make_unique<UnavailableBackend>(i.error);
-    return std::unique_ptr<Backend>(i.make_backend(&o));
+    return std::make_unique<CudaFrontBackend>(o);
   });
 #ifdef KILN_CUDA_HAVE_NCCL
   reg.add_communicator("nccl", [](std::span<Device* const> devices) -> std::unique_ptr<Communicator> {

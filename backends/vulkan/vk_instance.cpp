@@ -90,7 +90,7 @@ std::string format_uuid(const uint8_t* u) {
 std::shared_ptr<VulkanInstance> VulkanInstance::create(bool validation) {
   std::shared_ptr<VulkanInstance> inst(new VulkanInstance());
   if (validation && !has_layer(kValidationLayer))
-    throw DeviceError(std::string("vulkan: validation was requested (BackendOptions::validation or "
+    throw DeviceError(std::string("vulkan: validation was requested ([device] validation = true or "
                                   "KILN_VULKAN_VALIDATION=1) but ") +
                       kValidationLayer + " is not installed; install it (Debian: vulkan-validationlayers)");
   if (validation && !has_instance_extension(VK_EXT_DEBUG_UTILS_EXTENSION_NAME))
@@ -198,6 +198,24 @@ void VulkanInstance::enumerate() {
     info.backend = "vulkan";
     info.index = static_cast<int>(devices_.size());
     info.name = pd.props.deviceName;
+    switch (pd.props.deviceType) {
+      case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+        info.type = DeviceType::gpu;
+        break;
+      case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+        info.type = DeviceType::integrated_gpu;
+        break;
+      case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+        info.type = DeviceType::virtual_gpu;
+        break;
+      case VK_PHYSICAL_DEVICE_TYPE_CPU:  // lavapipe
+        info.type = DeviceType::cpu;
+        break;
+      default:
+        info.type = DeviceType::other;
+        break;
+    }
+    info.host_addressable = false;  // blocks are VkBuffers; the host reaches them through staging copies
     if (pd.pci_bus_info) {  // the Linux sysfs form, as CUDA's and nvidia-smi's bus ids normalise to
       char buf[32];
       std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", pci.pciDomain, pci.pciBus, pci.pciDevice, pci.pciFunction);

@@ -14,9 +14,10 @@ class VulkanBackend final : public Backend {
  public:
   explicit VulkanBackend(const BackendOptions& o) {
     const char* env = std::getenv("KILN_VULKAN_VALIDATION");
-    validation_ = o.validation || (env && std::string(env) == "1");
+    validation_ = o.device.get_bool("validation", false) || (env && std::string(env) == "1");  // [device] validation
   }
   std::string name() const override { return "vulkan"; }
+  int priority() const override { return 200; }
 
   std::vector<DeviceInfo> enumerate() override {
     if (!ensure()) return {};

@@ -16,6 +16,12 @@ DATA=0
 if [ "${1:-}" = "--data" ]; then DATA=1; shift; fi
 B="${1:-build}"
 [ -x "$B/bin/kiln" ] || { echo "pack_for_gpu: $B/bin/kiln not found; build first (cmake --build $B)" >&2; exit 2; }
+# The GPU machine has another CPU: a CPU backend built for this one (KILN_ARCH=native) may not run there.
+if grep -q '^KILN_ARCH:STRING=native$' "$B/CMakeCache.txt" 2>/dev/null; then
+  echo "pack_for_gpu: $B was configured with KILN_ARCH=native (this machine's CPU); reconfigure with" \
+    "-DKILN_ARCH=x86-64-v3 (or empty) so the CPU backend runs on the GPU machine's CPU" >&2
+  exit 2
+fi
 [ -f "$B/lib/kiln/cuda/libkiln_cuda_impl.so" ] || { echo "pack_for_gpu: $B has no CUDA backend (configure with -DKILN_WITH_CUDA=ON)" >&2; exit 2; }
 rm -rf .gpu && mkdir -p .gpu/build .gpu/deps
 cp -a "$B/bin" "$B/lib" .gpu/build/

@@ -1,5 +1,5 @@
 // Tolerances of the conformance suite: strict defaults, loosened only by a backend's reviewed tolerance file
-// (tests/conformance/tolerances/<backend>.toml) where every relaxation carries its reason.
+// (data/conformance/tolerances/<backend>.toml) where every relaxation carries its reason.
 #include <unistd.h>
 
 #include <cstdio>

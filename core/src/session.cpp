@@ -2,8 +2,6 @@
 #include "kiln/session.hpp"
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <iostream>
 #include <set>
 
@@ -52,39 +50,6 @@ void parse_memory(const ConfigNode& m, ModelSpec& model, MemorySettings& mem) {
 
 }  // namespace
 
-std::vector<std::string> parse_cuda_visible_devices(const std::string& value) {
-  auto bad = [&](const std::string& entry, const std::string& why) -> std::vector<std::string> {
-    throw ConfigError("CUDA_VISIBLE_DEVICES=\"" + value + "\": entry \"" + entry + "\" " + why +
-                      ". Expected comma-separated device indices or UUIDs, e.g. CUDA_VISIBLE_DEVICES=0,2 (CUDA would silently "
-                      "ignore this entry and every one after it; Kiln refuses instead)");
-  };
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  if (value.empty()) return bad("", "is empty, which hides every GPU (unset the variable to see all of them)");
-  size_t pos = 0;
-  while (true) {
-    size_t comma = value.find(',', pos);
-    std::string e = value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (e.empty()) bad(e, "is empty (two commas in a row, or a trailing comma)");
-    bool digits = std::all_of(e.begin(), e.end(), [](char c) { return c >= '0' && c <= '9'; });
-    std::string id = e;  // GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>
-    bool prefixed = false;
-    for (const char* p : {"MIG-", "GPU-"})
-      if (id.rfind(p, 0) == 0) id = id.substr(4), prefixed = true;
-    bool uuid = prefixed && !id.empty() &&
-                std::all_of(id.begin(), id.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-' || c == '/'; });
-    if (e == "-1") bad(e, "is not a device (CUDA treats it as the end of the list and hides every later device)");
-    if (!digits && !uuid) bad(e, "is neither a device index nor a GPU-/MIG- UUID");
-    std::string key = e;
-    if (digits) key = std::to_string(std::stoll(e.size() > 18 ? e.substr(e.size() - 18) : e));  // "01" and "1" are one device
-    if (!seen.insert(key).second) bad(e, "is listed twice");
-    out.push_back(e);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
   ConfigNode root = cfg_.root();
   root.ignore("plugins");  // handled by the host before the session (plugins must load first)
@@ -104,7 +69,9 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     name_ = stem.empty() ? "run" : stem;
   }
 
-  if (auto d = root.table("device")) {
+  {
+    // [device]: the session's keys here; each backend reads its own from the same table (below).
+    const std::optional<ConfigNode> d = root.has("device") ? root.table("device") : BackendOptions().device;
     device_.backend = d->get_string("backend", "cpu");
     if (device_.backend != "auto" && !reg_.has_backend(device_.backend)) {
       std::string known;
@@ -112,8 +79,6 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
       d->fail("backend", "no backend \"" + device_.backend + "\" is loaded; available: auto" + (known.empty() ? "" : ", " + known) +
                              " (see `kiln plugins` for plugins that failed to load)");
     }
-    if (device_.backend == "cuda" || (device_.backend == "auto" && reg_.has_backend("cuda")))
-      if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) parse_cuda_visible_devices(cvd);
     device_.visible = d->get_int_list("visible", {});
     std::set<int64_t> seen;
     for (auto v : device_.visible) {
@@ -133,15 +98,17 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     device_.growth = d->get_bool("growth", true);
     device_.fallback = d->get_choice("fallback", {"error", "cpu"}, "error");
     device_.select = d->get_choice("select", {"first", "most_free_memory"}, "first");
-    device_.options.virtual_devices = static_cast<int>(d->get_int("virtual_devices", 1));
-    if (device_.options.virtual_devices < 1 || device_.options.virtual_devices > 64)
-      d->fail("virtual_devices", "expected 1..64");
-    device_.options.threads = static_cast<int>(d->get_int("threads", 0));
-    if (device_.options.threads < 0) d->fail("threads", "expected 0 (all cores) or a positive count");
-    device_.options.validation = d->get_bool("validation", false);
     int64_t fault = d->get_int("fault_injection_block", 0);
     if (fault < 0 || fault > 1000000) d->fail("fault_injection_block", "expected 0 (off) or the 1-based block request to fail");
     device_.fail_block_request = static_cast<int>(fault);
+    // Every loaded backend is made now and reads its keys (auto and the fallback may pick any of them), so a key
+    // that no backend reads is an unknown key. Making a backend touches no driver; enumerate() does.
+    for (const auto& name : reg_.backend_names()) backends_.push_back(reg_.backend(name)(BackendOptions(*d)));
+    std::stable_sort(backends_.begin(), backends_.end(),
+                     [](const auto& a, const auto& b) { return a->priority() > b->priority(); });
+    // The backends this run may use check their configuration (e.g. CUDA_VISIBLE_DEVICES) before any device opens.
+    for (const auto& b : backends_)
+      if (device_.backend == "auto" || b->name() == device_.backend) b->check_config();
     d->finish();
   }
 
@@ -255,60 +222,50 @@ void Session::open_devices(bool reserve) {
   if (!device_ctx_.empty()) return;
   std::string bname = device_.backend;
   std::vector<DeviceInfo> infos;
-  auto try_backend = [&](const std::string& n) -> bool {
-    if (!reg_.has_backend(n)) return false;
-    auto b = reg_.backend(n)(device_.options);
-    auto list = b->enumerate();
-    if (list.empty()) return false;
-    backend_ = std::move(b);
-    infos = std::move(list);
-    bname = n;
-    return true;
-  };
-  if (bname == "auto") {
-    bool found = false;
-    for (const char* n : {"cuda", "vulkan"}) {
-      if (!reg_.has_backend(n)) continue;
-      auto b = reg_.backend(n)(device_.options);
+  // The first backend by priority with a device that `keep` accepts; infos = those devices.
+  std::string none_why;
+  auto pick = [&](auto keep) -> bool {
+    for (const auto& b : backends_) {
+      if (b->priority() < 0) continue;
       auto list = b->enumerate();
-      // A CPU-emulated Vulkan device (lavapipe) is slower than the CPU backend: auto never picks it.
-      list.erase(std::remove_if(list.begin(), list.end(), [](const DeviceInfo& i) { return i.name.find("llvmpipe") != std::string::npos; }), list.end());
+      const std::string why = b->unavailable_reason();
+      list.erase(std::remove_if(list.begin(), list.end(), [&](const DeviceInfo& i) { return !keep(i); }), list.end());
       if (!list.empty()) {
-        backend_ = std::move(b);
+        backend_ = b.get();
         infos = std::move(list);
-        bname = n;
-        found = true;
-        break;
+        bname = b->name();
+        return true;
       }
+      none_why += "\n  " + b->name() + ": " + (why.empty() ? "no usable device" : why);
     }
-    if (!found && !try_backend("cpu")) throw DeviceError("[device] backend = \"auto\": no backend has a device");
+    return false;
+  };
+  // A device of type cpu behind a backend that cannot share host memory is a GPU API emulated on the CPU
+  // (lavapipe): slower than the CPU backend on the same cores, so auto skips it. The fallback wants the host CPU.
+  auto for_auto = [](const DeviceInfo& i) { return i.type != DeviceType::cpu || i.host_addressable; };
+  auto host_cpu = [](const DeviceInfo& i) { return i.type == DeviceType::cpu && i.host_addressable; };
+  if (bname == "auto") {
+    if (!pick(for_auto)) throw DeviceError("[device] backend = \"auto\": no backend has a usable device:" + none_why);
   } else {
-    auto b = reg_.backend(bname)(device_.options);
+    Backend* b = nullptr;
+    for (const auto& c : backends_)
+      if (c->name() == bname) b = c.get();
+    if (!b) throw DeviceError("[device] backend = \"" + bname + "\" is not loaded");
     infos = b->enumerate();
     if (infos.empty()) {
-      std::string why = b->unavailable_reason();
-      if (bname == "cuda" && std::getenv("CUDA_VISIBLE_DEVICES"))
-        why += std::string(why.empty() ? "" : "; ") + "CUDA_VISIBLE_DEVICES=\"" + std::getenv("CUDA_VISIBLE_DEVICES") + "\"";
+      const std::string why = b->unavailable_reason();
       if (device_.fallback != "cpu")
         throw DeviceError(cfg_.file() + ": [device] backend = \"" + bname + "\" has no usable device" +
                           (why.empty() ? "" : ": " + why) + ". Set [device] fallback = \"cpu\" to train on the CPU instead.");
       warnings_.push_back("WARNING: backend \"" + bname + "\" has no usable device (" + why +
                           "); FALLING BACK TO THE CPU because [device] fallback = \"cpu\"");
       std::cerr << "\n*** " << warnings_.back() << " ***\n\n";
-      if (!try_backend("cpu")) throw DeviceError("CPU fallback requested but the cpu backend is not loaded");
+      if (!pick(host_cpu))
+        throw DeviceError("CPU fallback requested but no loaded backend has a host CPU device:" + none_why);
     } else {
-      backend_ = std::move(b);
+      backend_ = b;
     }
   }
-  // CUDA drops every entry after one it cannot use; a shorter device list than CUDA_VISIBLE_DEVICES names means that.
-  if (bname == "cuda")
-    if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES")) {
-      auto entries = parse_cuda_visible_devices(cvd);
-      if (entries.size() > infos.size())
-        throw ConfigError("CUDA_VISIBLE_DEVICES=\"" + std::string(cvd) + "\" names " + std::to_string(entries.size()) +
-                          " devices but CUDA sees " + std::to_string(infos.size()) + ": entry \"" + entries[infos.size()] +
-                          "\" does not exist on this host (CUDA ignores it and every entry after it). See `kiln devices`.");
-    }
   // visible indexes the configured backend's devices ("auto": the one it chose); a CPU fallback ignores it.
   const bool use_visible = bname == device_.backend || device_.backend == "auto";
   std::vector<int64_t> order = use_visible ? device_.visible : std::vector<int64_t>{};

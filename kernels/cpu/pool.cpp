@@ -1,4 +1,4 @@
-// Max and average pooling, one (n, c) plane per OpenMP iteration (planes never share output).
+// Max and average pooling: (n, c) planes in ranges over the device's thread pool (planes never share output).
 #include <algorithm>
 #include <bit>
 #include <cstdint>

@@ -51,7 +51,7 @@ class DataParallelRunner final : public Runner {
     }
     // Overlap has the communication lane copy from a device while its replica computes; only host-memory devices
     // are known to allow that, so others reduce once every replica has finished its backward pass.
-    for (auto* d : devices_) overlap_ = overlap_ && d->info().backend == "cpu";
+    for (auto* d : devices_) overlap_ = overlap_ && d->info().host_addressable;
     if (comm_->size() != n)
       throw Error("data_parallel: the communicator has " + std::to_string(comm_->size()) + " ranks for " + std::to_string(n) + " replicas");
     for (int r = 0; r < n; ++r) reps_[static_cast<size_t>(r)]->executor(base_rows_[static_cast<size_t>(r)], true, false);

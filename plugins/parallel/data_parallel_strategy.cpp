@@ -37,7 +37,7 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
                       "), or set uneven = true to give replicas different shares and weight their gradients by them");
   auto rows = split_rows(ctx.global_batch, n);
   bool overlap = o.overlap;  // the runner reduces after backward unless every device is host memory
-  for (int d : dev) overlap = overlap && ctx.devices.at(static_cast<size_t>(d)).device->info().backend == "cpu";
+  for (int d : dev) overlap = overlap && ctx.devices.at(static_cast<size_t>(d)).device->info().host_addressable;
   std::unique_ptr<ShardLayout> layout;
   if (o.sharded) layout = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx, rows[0], true, false, false), n));
   std::vector<DevicePlan> out;

@@ -12,7 +12,7 @@ namespace {
 
 constexpr size_t kChunkFloats = size_t{1} << 16;  // 256 KiB per rank and chunk
 
-bool is_host(const Device& d) { return d.info().backend == "cpu"; }
+bool is_host(const Device& d) { return d.info().host_addressable; }
 
 BufferView sub(const BufferView& v, size_t first_float, size_t floats) {
   BufferView s = v;

@@ -36,7 +36,7 @@ class ModelParallelRunner final : public Runner {
     // Lanes copy from other devices while those compute; only host-memory devices are known to allow that, so a
     // placement with other devices runs its segments in graph order on one thread.
     bool host_only = true;
-    for (size_t s = 0; s < slots; ++s) host_only = host_only && device(s).info().backend == "cpu";
+    for (size_t s = 0; s < slots; ++s) host_only = host_only && device(s).info().host_addressable;
     if (o_.concurrent && host_only) lanes_ = std::make_unique<Lanes>(names);
     // Build every executor of a full step now, so the regions are sized once and nothing allocates mid-step.
     for (int m = 0; m < p_.micro_batches; ++m)

@@ -15,17 +15,18 @@ namespace {
 kiln::ConformanceOptions options_for(const std::string& backend) {
   kiln::ConformanceOptions o;
   o.backend = backend;
-  o.tolerance_dir = KILN_SOURCE_DIR "/tests/conformance/tolerances";
-  o.backend_options.validation = backend == "vulkan";
+  o.tolerance_dir = KILN_SOURCE_DIR "/data/conformance/tolerances";
+  if (backend == "vulkan") o.backend_options = kiln::BackendOptions::parse("validation = true");
   o.repro_command = KILN_APP " conformance";
   return o;
 }
 
-// Runs the suite on `backend`, printing its lines; nullopt (with a warning) when it is absent or has no device.
-std::optional<kiln::BackendResult> run_backend(const std::string& backend, kiln::ConformanceOptions o) {
+// Runs the suite on `backend`, printing its lines; nullopt with `why` set when it is absent or has no device.
+std::optional<kiln::BackendResult> run_backend(const std::string& backend, kiln::ConformanceOptions o,
+                                               std::string& why) {
   auto& reg = kiln::test::registry();
   if (!reg.has_backend(backend)) {
-    WARN("backend " << backend << " is not built into this tree; its conformance run is skipped");
+    why = "backend " + backend + " is not built into this tree";
     return std::nullopt;
   }
   std::ostringstream out;
@@ -39,7 +40,7 @@ std::optional<kiln::BackendResult> run_backend(const std::string& backend, kiln:
   kiln::write_conformance_json(report, (dir / (stem + ".json")).string());
   const kiln::BackendResult& r = report.backends[0];
   if (!r.available) {
-    WARN("backend " << backend << " has no device: " << r.reason);
+    why = "backend " + backend + " has no device: " + r.reason;
     return std::nullopt;
   }
   // Failures print their repro lines; the full log goes to the test output when something failed.
@@ -62,25 +63,30 @@ void require_clean(const kiln::BackendResult& r) {
   }
 }
 
+// The whole table on one backend; skipped when it is not built or has no device.
+void run_whole_table(const std::string& backend) {
+  std::string why;
+  auto r = run_backend(backend, options_for(backend), why);
+  if (!r) KILN_SKIP(why);
+  require_clean(*r);
+  // What lavapipe cannot bind (a tensor above maxStorageBufferRange) must be reported, not run.
+  if (backend == "vulkan")
+    for (const auto& c : r->cases)
+      if (c.status == kiln::CaseStatus::unsupported) CHECK(c.detail.find("maxStorageBufferRange") != std::string::npos);
+}
+
 }  // namespace
 
-TEST_CASE("cpu backend passes the whole conformance table", "[conformance][cpu]") {
-  if (auto r = run_backend("cpu", options_for("cpu"))) require_clean(*r);
-}
+TEST_CASE("cpu backend passes the whole conformance table", "[conformance][cpu]") { run_whole_table("cpu"); }
 
 TEST_CASE("vulkan backend passes the whole conformance table with the validation layer silent",
           "[conformance][vulkan]") {
-  if (auto r = run_backend("vulkan", options_for("vulkan"))) {
-    require_clean(*r);
-    // What lavapipe cannot bind (a tensor above maxStorageBufferRange) must be reported, not run.
-    for (const auto& c : r->cases)
-      if (c.status == kiln::CaseStatus::unsupported) CHECK(c.detail.find("maxStorageBufferRange") != std::string::npos);
-  }
+  run_whole_table("vulkan");
 }
 
 TEST_CASE("cuda backend passes the whole conformance table, or is skipped with the driver's reason",
           "[conformance][cuda]") {
-  if (auto r = run_backend("cuda", options_for("cuda"))) require_clean(*r);
+  run_whole_table("cuda");
 }
 
 TEST_CASE("failing any single block request gives OutOfMemory and leaves every device usable",
@@ -88,8 +94,12 @@ TEST_CASE("failing any single block request gives OutOfMemory and leaves every d
   for (const std::string backend : {"cpu", "vulkan", "cuda"}) {
     kiln::ConformanceOptions o = options_for(backend);
     o.op = "oom";
-    auto r = run_backend(backend, o);
-    if (!r) continue;
+    std::string why;
+    auto r = run_backend(backend, o, why);
+    if (!r) {
+      WARN(why << "; its out-of-memory cases are not run");
+      continue;
+    }
     INFO("backend " << backend);
     int injected = 0;
     for (const auto& c : r->cases) {
@@ -173,15 +183,14 @@ TEST_CASE("cpu backend passes the conformance table on 1 and 3 threads", "[confo
   // The kernels split work by thread count: tails and partial sums differ between team sizes.
   for (int threads : {1, 3}) {
     kiln::ConformanceOptions o = options_for("cpu");
-    o.backend_options.threads = threads;
+    o.backend_options = kiln::BackendOptions::parse("threads = " + std::to_string(threads));
     o.large = false;
     o.fault_injection = false;
     o.gradients = false;
     INFO("threads " << threads);
-    if (auto r = run_backend("cpu", o)) require_clean(*r);
+    std::string why;
+    auto r = run_backend("cpu", o, why);
+    if (!r) KILN_SKIP(why);
+    require_clean(*r);
   }
-}
-
-TEST_CASE("cuda backend passes the whole conformance table (skipped without a CUDA device)", "[conformance][cuda]") {
-  if (auto r = run_backend("cuda", options_for("cuda"))) require_clean(*r);
 }

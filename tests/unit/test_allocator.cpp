@@ -73,7 +73,7 @@ TEST_CASE("allocator refuses a request above the memory limit and reports the br
   CHECK(q);
 }
 
-TEST_CASE("growth false reserves the whole limit up front; growth true takes blocks on demand", "[allocator]") {
+TEST_CASE("growth false reserves the whole limit up front, growth true takes blocks on demand", "[allocator]") {
   auto dev = cpu_device();
   AllocatorOptions o;
   o.limit = 16 * MiB;

@@ -24,11 +24,9 @@ struct Opened {
 };
 
 Opened open_cpu(int threads, int virtual_devices = 1, int index = 0) {
-  BackendOptions o;
-  o.threads = threads;
-  o.virtual_devices = virtual_devices;
   Opened r;
-  r.backend = test::registry().backend("cpu")(o);
+  r.backend = test::registry().backend("cpu")(BackendOptions::parse(
+      "threads = " + std::to_string(threads) + "\nvirtual_devices = " + std::to_string(virtual_devices)));
   r.device = r.backend->open(index);
   return r;
 }
@@ -67,12 +65,14 @@ Vec random_vec(int64_t n, std::mt19937& g, float lo = -1.f, float hi = 1.f) {
 }  // namespace
 
 TEST_CASE("cpu backend enumerates virtual devices with host memory and distinct hardware ids", "[cpu]") {
-  BackendOptions o;
-  o.virtual_devices = 2;
-  auto be = test::registry().backend("cpu")(o);
+  auto be = test::registry().backend("cpu")(BackendOptions::parse("virtual_devices = 2"));
   CHECK(be->name() == "cpu");
   auto devs = be->enumerate();
   REQUIRE(devs.size() == 2);
+  for (const auto& d : devs) {
+    CHECK(d.type == DeviceType::cpu);
+    CHECK(d.host_addressable);
+  }
   CHECK(devs[0].hardware_id == "host-cpu:0");
   CHECK(devs[1].hardware_id == "host-cpu:1");
   CHECK(devs[1].label() == "cpu:1");
@@ -88,17 +88,14 @@ TEST_CASE("cpu backend enumerates virtual devices with host memory and distinct 
 }
 
 TEST_CASE("cpu backend open with a bad index throws DeviceError naming the index and the devices present", "[cpu]") {
-  BackendOptions o;
-  o.virtual_devices = 2;
-  auto be = test::registry().backend("cpu")(o);
+  auto be = test::registry().backend("cpu")(BackendOptions::parse("virtual_devices = 2"));
   CHECK_THROWS_AS(be->open(2), DeviceError);
   CHECK_THROWS_WITH(be->open(2), Catch::Contains("cpu:2") && Catch::Contains("cpu:0") && Catch::Contains("cpu:1"));
   CHECK_THROWS_AS(be->open(-1), DeviceError);
-  o.virtual_devices = 0;
-  CHECK_THROWS_AS(test::registry().backend("cpu")(o), ConfigError);
-  o.virtual_devices = 1;
-  o.threads = -1;
-  CHECK_THROWS_AS(test::registry().backend("cpu")(o), ConfigError);
+  CHECK_THROWS_WITH(test::registry().backend("cpu")(BackendOptions::parse("virtual_devices = 0")),
+                    Catch::Contains("device.virtual_devices") && Catch::Contains("1..64"));
+  CHECK_THROWS_WITH(test::registry().backend("cpu")(BackendOptions::parse("threads = -1")),
+                    Catch::Contains("device.threads") && Catch::Contains("positive"));
 }
 
 TEST_CASE("cpu device blocks are 64-byte aligned, copies round-trip, impossible sizes return nullptr", "[cpu]") {

@@ -13,8 +13,7 @@ namespace kc = kiln::test::cuda;
 
 TEST_CASE("cuda plugin loads and registers the cuda backend and the nccl communicator", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend (nvcc or the CUDA toolkit was not found)");
-    return;
+    KILN_SKIP("this build has no CUDA backend (nvcc or the CUDA toolkit was not found)");
   }
   test::registry();  // loads every plugin of the build
   const LoadedPlugin* cuda = nullptr;
@@ -41,6 +40,8 @@ TEST_CASE("cuda backend without a device lists none and gives the driver's reaso
     for (const auto& d : devices) {
       INFO(d.label() << " " << d.name << " " << d.hardware_id);
       CHECK(d.backend == "cuda");
+      CHECK((d.type == DeviceType::gpu || d.type == DeviceType::integrated_gpu));
+      CHECK_FALSE(d.host_addressable);
       CHECK(d.name.find("(sm_") != std::string::npos);
       CHECK(d.name.find("GPU-") != std::string::npos);  // the UUID
       CHECK(std::regex_match(d.hardware_id, std::regex("[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.0")));
@@ -89,8 +90,7 @@ std::string format(FormatFn f, const char* lib, int code, const char* call) {
 
 TEST_CASE("cuda error messages name the call, the library's error name and its text", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   void* lib = dlopen(kc::impl_path().c_str(), RTLD_NOW | RTLD_LOCAL);
   INFO("dlopen: " << (lib ? "" : dlerror()));
@@ -126,8 +126,7 @@ TEST_CASE("cuda error messages name the call, the library's error name and its t
 
 TEST_CASE("nccl communicator refuses devices that are not CUDA devices", "[cuda]") {
   if (!test::registry().has_communicator("nccl")) {
-    WARN("skipped: this build has no NCCL communicator");
-    return;
+    KILN_SKIP("this build has no NCCL communicator");
   }
   const auto& make = test::registry().communicator("nccl");
   CHECK_THROWS_WITH(make({}), Catch::Contains("no devices"));
@@ -159,10 +158,9 @@ std::string needed_libraries(const std::filesystem::path& lib) {  // the DT_NEED
 }
 }  // namespace
 
-TEST_CASE("the cuda plugin itself links no CUDA library; its runtime part does, and is loaded on first use", "[cuda]") {
+TEST_CASE("the cuda plugin itself links no CUDA library, its runtime part does, and is loaded on first use", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   const std::string plugin = needed_libraries(kc::plugin_path()), impl = needed_libraries(kc::impl_path());
   INFO("plugin needs:\n" << plugin << "runtime part needs:\n" << impl);
@@ -174,8 +172,7 @@ TEST_CASE("the cuda plugin itself links no CUDA library; its runtime part does, 
 
 TEST_CASE("without its runtime part the cuda plugin still loads, lists no device and says why", "[cuda]") {
   if (!std::filesystem::exists(kc::plugin_path())) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   auto dir = test::temp_dir("cuda-no-impl");  // the plugin alone, without cuda/libkiln_cuda_impl.so beside it
   std::filesystem::copy_file(kc::plugin_path(), dir / "libkiln_cuda.so");

@@ -14,7 +14,7 @@ namespace {
 const std::string kSynth = R"({type = "synthetic", shape = [2, 4, 4], classes = 10, examples = 64, seed = 3})";
 }
 
-TEST_CASE("scale stage and scale op multiply features by the factor; scale defaults to 1/255", "[data]") {
+TEST_CASE("scale stage and scale op multiply features by the factor, scale defaults to 1/255", "[data]") {
   auto dir = kiln::test::temp_dir("data-scale");
   std::string idx = write_idx(dir, 6);
   auto raw = drain(*build("stages = [" + idx + "]"));
@@ -175,7 +175,7 @@ TEST_CASE("shuffle is a permutation, differs per epoch and seed, and repeats for
   }
 }
 
-TEST_CASE("batch stacks examples; the last batch is partial unless drop_remainder", "[data]") {
+TEST_CASE("batch stacks examples, the last batch is partial unless drop_remainder", "[data]") {
   auto dir = kiln::test::temp_dir("data-batch");
   std::string idx = write_idx(dir, 10, 2, 3);
   auto p = build("stages = [" + idx + ", {type = \"batch\", size = 4}]");

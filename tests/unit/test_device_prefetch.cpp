@@ -192,13 +192,11 @@ TEST_CASE("the single runner's prefetch gives the same steps as copying each bat
 TEST_CASE("cuda uploads on the copy stream are ordered before later ops and copies (skipped without a CUDA device)",
           "[prefetch][cuda]") {
   if (!test::registry().has_backend("cuda")) {
-    WARN("skipped: this build has no CUDA backend");
-    return;
+    KILN_SKIP("this build has no CUDA backend");
   }
   auto b = test::registry().backend("cuda")(BackendOptions{});
   if (b->enumerate().empty()) {
-    WARN("skipped: no CUDA device: " << b->unavailable_reason());
-    return;
+    KILN_SKIP("no CUDA device: " << b->unavailable_reason());
   }
   auto dev = b->open(0);
   const size_t n = (size_t{20} << 20) / sizeof(float);  // 20 MiB: several pinned chunks

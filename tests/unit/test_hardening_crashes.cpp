@@ -22,9 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::unique_ptr<kiln::Backend> cpu_backend(int threads) {
-  kiln::BackendOptions o;
-  o.threads = threads;
-  return kiln::test::registry().backend("cpu")(o);
+  return kiln::test::registry().backend("cpu")(kiln::BackendOptions::parse("threads = " + std::to_string(threads)));
 }
 
 }  // namespace

@@ -115,32 +115,129 @@ TEST_CASE("every [memory] key is validated with the key and value named", "[memo
   CHECK(d.model().savers.recompute == RecomputeMode::none);
 }
 
-TEST_CASE("CUDA_VISIBLE_DEVICES entries are validated instead of silently truncated", "[memory]") {
-  CHECK(parse_cuda_visible_devices("0") == std::vector<std::string>{"0"});
-  CHECK(parse_cuda_visible_devices("2,0,1") == std::vector<std::string>{"2", "0", "1"});
-  CHECK(parse_cuda_visible_devices("GPU-8e4f2a1c-1b2d-4c3e-9f00-aabbccddeeff,1").size() == 2);
-  CHECK(parse_cuda_visible_devices("MIG-GPU-8e4f2a1c/1/0").size() == 1);
+TEST_CASE("CUDA_VISIBLE_DEVICES entries are validated instead of silently truncated", "[memory][cuda]") {
+  if (!test::registry().has_backend("cuda")) KILN_SKIP("this build has no CUDA backend");
+  EnvVar off("KILN_RESERVATION_DIR", "off");
+  const std::string cuda = "[device]\nbackend = \"cuda\"\n";
+  for (const char* good : {"0", "2,0,1", "GPU-8e4f2a1c-1b2d-4c3e-9f00-aabbccddeeff,1", "MIG-GPU-8e4f2a1c/1/0", "-1"}) {
+    EnvVar env("CUDA_VISIBLE_DEVICES", good);
+    INFO("CUDA_VISIBLE_DEVICES=\"" << good << "\"");
+    CHECK(config_error(cuda) == "<ok>");
+  }
   struct Case {
     std::string value, names;
   };
   const std::vector<Case> bad = {
-      {"0,-1,1", "entry \"-1\""},     {"0,1,0", "entry \"0\" is listed twice"}, {"01,1", "listed twice"},
-      {"0,,1", "is empty"},           {"0,", "is empty"},                       {"", "hides every GPU"},
-      {"gpu0", "entry \"gpu0\""},     {"1.5", "entry \"1.5\""},                 {" 1", "entry \" 1\""},
-      {"GPU-", "entry \"GPU-\""},
+      {"0,-1,1", "entry \"-1\""}, {"0,1,0", "entry \"0\" is listed twice"},
+      {"01,1", "listed twice"},   {"0,,1", "is empty"},
+      {"0,", "is empty"},         {"", "hides every GPU"},
+      {"gpu0", "entry \"gpu0\""}, {"1.5", "entry \"1.5\""},
+      {" 1", "entry \" 1\""},     {"GPU-", "entry \"GPU-\""},
+      {"-1,0", "entry \"-1\""},
   };
   for (const auto& c : bad) {
+    EnvVar env("CUDA_VISIBLE_DEVICES", c.value.c_str());
     INFO("CUDA_VISIBLE_DEVICES=\"" << c.value << "\"");
-    try {
-      parse_cuda_visible_devices(c.value);
-      FAIL("accepted");
-    } catch (const ConfigError& e) {
-      CHECK_THAT(std::string(e.what()), Catch::Contains(c.names));
-      CHECK_THAT(std::string(e.what()), Catch::Contains("CUDA_VISIBLE_DEVICES=\"" + c.value + "\""));
-    }
+    const std::string m = config_error(cuda);
+    CHECK_THAT(m, Catch::Contains(c.names));
+    CHECK_THAT(m, Catch::Contains("CUDA_VISIBLE_DEVICES=\"" + c.value + "\""));
+    CHECK_THAT(config_error("[device]\nbackend = \"auto\"\n"), Catch::Contains(c.names));
   }
-  // Checked when the configured backend is CUDA (or "auto" with CUDA available), not for other backends.
+  // Checked when the run may use CUDA (backend "cuda" or "auto"), not for other backends.
   EnvVar bad_env("CUDA_VISIBLE_DEVICES", "0,-1");
   CHECK(config_error("[device]\nbackend = \"cpu\"\n") == "<ok>");
-  if (test::registry().has_backend("cuda")) CHECK_THAT(config_error("[device]\nbackend = \"cuda\"\n"), Catch::Contains("entry \"-1\""));
+}
+
+TEST_CASE("CUDA_VISIBLE_DEVICES=-1 hides every CUDA device: auto goes on to the next backend, cuda has none",
+          "[memory][cuda]") {
+  if (!test::registry().has_backend("cuda")) KILN_SKIP("this build has no CUDA backend");
+  EnvVar off("KILN_RESERVATION_DIR", "off");
+  EnvVar env("CUDA_VISIBLE_DEVICES", "-1");
+  Session a(Config::load_string(kBase + "[device]\nbackend = \"auto\"\n", "mem.toml"), test::registry());
+  a.open_devices(false);
+  REQUIRE(a.devices().size() == 1);
+  CHECK(a.devices()[0].device->info().backend != "cuda");
+  Session c(Config::load_string(kBase + "[device]\nbackend = \"cuda\"\n", "mem.toml"), test::registry());
+  CHECK_THROWS_WITH(c.open_devices(false), Catch::Contains("CUDA_VISIBLE_DEVICES=\"-1\" hides every CUDA device") &&
+                                               Catch::Contains("fallback"));
+  Session f(Config::load_string(kBase + "[device]\nbackend = \"cuda\"\nfallback = \"cpu\"\n", "mem.toml"),
+            test::registry());
+  f.open_devices(false);
+  REQUIRE(f.devices().size() == 1);
+  CHECK(f.devices()[0].device->info().type == DeviceType::cpu);
+  CHECK(f.devices()[0].device->info().host_addressable);
+}
+
+namespace {
+
+// A backend that shows the CPU backend's devices as another kind of device, to test how "auto" chooses; it
+// writes its name to `opened` when it opens one.
+class DisguisedBackend final : public Backend {
+ public:
+  DisguisedBackend(std::string name, int priority, DeviceType type, bool host, std::shared_ptr<std::string> opened,
+                   const BackendOptions& o)
+      : name_(std::move(name)),
+        priority_(priority),
+        type_(type),
+        host_(host),
+        opened_(std::move(opened)),
+        cpu_(test::registry().backend("cpu")(o)) {}
+  std::string name() const override { return name_; }
+  int priority() const override { return priority_; }
+  std::vector<DeviceInfo> enumerate() override {
+    auto list = cpu_->enumerate();
+    for (auto& d : list) d.backend = name_, d.type = type_, d.host_addressable = host_;
+    return list;
+  }
+  std::unique_ptr<Device> open(int index) override {
+    *opened_ = name_;
+    return cpu_->open(index);
+  }
+
+ private:
+  std::string name_;
+  int priority_;
+  DeviceType type_;
+  bool host_;
+  std::shared_ptr<std::string> opened_;
+  std::unique_ptr<Backend> cpu_;
+};
+
+}  // namespace
+
+TEST_CASE("backend auto takes the highest-priority backend with a usable device, a CPU behind a GPU API is not one",
+          "[memory]") {
+  EnvVar off("KILN_RESERVATION_DIR", "off");
+  EnvVar hide("CUDA_VISIBLE_DEVICES", "-1");  // a GPU of this host must not win the test
+  Registry reg = test::registry();
+  auto opened = std::make_shared<std::string>();
+  auto add = [&](const std::string& name, int prio, DeviceType type, bool host) {
+    reg.add_backend(name, [=](const BackendOptions& o) {
+      return std::make_unique<DisguisedBackend>(name, prio, type, host, opened, o);
+    });
+  };
+  auto chosen = [&](const std::string& device) {
+    opened->clear();
+    Session s(Config::load_string(kBase + device, "auto.toml"), reg);
+    s.open_devices(false);
+    return opened->empty() ? s.devices().at(0).device->info().backend : *opened;
+  };
+  add("emulated", 1000, DeviceType::cpu, false);  // like lavapipe: a CPU whose memory the host reaches by copies
+  add("never", -1, DeviceType::gpu, false);       // below 0: auto never takes it
+  const std::string auto_ = "[device]\nbackend = \"auto\"\n";
+  const std::string first = chosen(auto_);
+  CHECK(first != "emulated");
+  CHECK(first != "never");
+  add("fast_gpu", 900, DeviceType::gpu, false);
+  CHECK(chosen(auto_) == "fast_gpu");
+  add("host_cpu", 950, DeviceType::cpu, true);
+  CHECK(chosen(auto_) == "host_cpu");  // a host CPU device of higher priority is usable
+  // Named, a backend is used whatever its priority or device type.
+  CHECK(chosen("[device]\nbackend = \"emulated\"\n") == "emulated");
+  CHECK(chosen("[device]\nbackend = \"never\"\n") == "never");
+  // Each backend reads its own [device] keys (the CPU backend: threads); a key no backend reads is rejected with
+  // the nearest known one.
+  CHECK(config_error("[device]\nthreads = 1\n") == "<ok>");
+  CHECK_THAT(config_error("[device]\nthread = 1\n"),
+             Catch::Contains("device.thread") && Catch::Contains("did you mean 'threads'"));
 }

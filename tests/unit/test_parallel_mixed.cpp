@@ -53,10 +53,7 @@ std::map<std::string, HostTensor> on_cpu(const ModelSpec& m, const OptimizerSpec
 }  // namespace
 
 TEST_CASE("data_parallel with one CPU and one Vulkan replica trains like one CPU device", "[parallel][vulkan]") {
-  if (!have_vulkan()) {
-    WARN("no Vulkan backend or device in this build: mixed-backend data parallel not exercised");
-    return;
-  }
+  if (!have_vulkan()) KILN_SKIP("no Vulkan backend or device in this build: mixed-backend data parallel needs one");
   ModelSpec m = model_from(kNet);
   OptimizerSpec o = optimizer_from("[optimizer]\ntype = \"adam\"\nlearning_rate = 0.01\n");
   auto ref = on_cpu(m, o, 4);
@@ -73,10 +70,7 @@ TEST_CASE("data_parallel with one CPU and one Vulkan replica trains like one CPU
 }
 
 TEST_CASE("model_parallel with layers on a CPU and a Vulkan device trains like one CPU device", "[parallel][vulkan]") {
-  if (!have_vulkan()) {
-    WARN("no Vulkan backend or device in this build: mixed-backend model parallel not exercised");
-    return;
-  }
+  if (!have_vulkan()) KILN_SKIP("no Vulkan backend or device in this build: mixed-backend model parallel needs one");
   ModelSpec m = model_from(kNet);
   OptimizerSpec o = optimizer_from("[optimizer]\ntype = \"sgd\"\nlearning_rate = 0.05\nmomentum = 0.9\n");
   auto ref = on_cpu(m, o, 4);

@@ -32,10 +32,8 @@ struct CpuDevices {
   std::vector<std::unique_ptr<Device>> devs;
   std::vector<std::unique_ptr<Allocator>> allocs;
   explicit CpuDevices(int n, size_t limit = 0) {
-    BackendOptions bo;
-    bo.virtual_devices = n;
-    bo.threads = 1;
-    auto backend = registry().backend("cpu")(bo);
+    auto backend =
+        registry().backend("cpu")(BackendOptions::parse("virtual_devices = " + std::to_string(n) + "\nthreads = 1"));
     for (int i = 0; i < n; ++i) {
       devs.push_back(backend->open(i));
       AllocatorOptions ao;

@@ -29,7 +29,7 @@ struct ConformanceOptions {
   // Directory holding <backend>.toml tolerance files. Empty: $KILN_TOLERANCE_DIR, then
   // <exe dir>/../share/kiln/conformance/tolerances. A backend without a file runs with the strict defaults.
   std::string tolerance_dir;
-  BackendOptions backend_options;  // e.g. validation = true for Vulkan
+  BackendOptions backend_options;  // the [device] keys the backend reads: BackendOptions::parse("validation = true")
   bool fault_injection = true;     // also run the out-of-memory fault-injection checks
   bool large = true;               // include the large-tensor cases
   bool gradients = true;           // also check every gradient rule by finite differences (cases marked gradcheck)

@@ -5,8 +5,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kiln/config.hpp"
 #include "kiln/ops.hpp"
 
 namespace kiln {
@@ -47,10 +49,19 @@ struct Support {
   std::string reason;  // why not, when !yes
 };
 
+// What kind of processor a device is. A GPU API implemented on the CPU (Mesa's lavapipe) reports `cpu`.
+enum class DeviceType { cpu, gpu, integrated_gpu, virtual_gpu, other };
+std::string_view device_type_name(DeviceType t);  // "cpu", "gpu", "integrated_gpu", "virtual_gpu", "other"
+
+// A device as its backend describes it. Kiln decides by these fields, never by a backend's or a driver's name.
 struct DeviceInfo {
-  std::string backend;      // "cpu", "vulkan", "cuda"
+  std::string backend;      // the backend's name: "cpu", "vulkan", "cuda", a plugin's
   int index = 0;            // index within its backend
   std::string name;         // "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.7, 256 bits)"
+  DeviceType type = DeviceType::other;
+  // Block::ptr of this device's blocks is host memory the host may read and write directly, also while the
+  // device's ops run on other blocks (the CPU backend). False: only copy_to_host/copy_from_host reach the data.
+  bool host_addressable = false;
   std::string hardware_id;  // PCI bus id or UUID; stable across backends for the same hardware
   size_t total_memory = 0;  // bytes, as the driver reports
   size_t free_memory = 0;   // bytes, as the driver reports (other processes included)
@@ -110,14 +121,20 @@ class Device {
   virtual void* extension(std::string_view /*name*/) { return nullptr; }
 };
 
-// Options a backend may read when it opens devices ([device] table keys it understands).
+// What a backend is made with: the run's [device] table. Each backend reads its own keys from it (the CPU
+// backend's virtual_devices and threads, Vulkan's validation) with ConfigNode's getters, and fails through
+// ConfigNode::fail, so errors name the file, line and key; the session rejects keys no backend read.
 struct BackendOptions {
-  int virtual_devices = 1;  // CPU backend: logical devices sharing the host
-  int threads = 0;          // CPU backend: 0 = all cores
-  bool validation = false;  // Vulkan: enable the Khronos validation layer
+  BackendOptions();  // an empty [device] table: every key at its default
+  explicit BackendOptions(ConfigNode device_table) : device(std::move(device_table)) {}
+  // The keys of a [device] table written as TOML, for tools and tests: BackendOptions::parse("threads = 1").
+  static BackendOptions parse(const std::string& keys);
+
+  ConfigNode device;
 };
 
-// A compute backend: enumerates and opens its devices.
+// A compute backend: enumerates and opens its devices. Making one must be cheap and touch no driver (the session
+// makes every loaded backend so each reads its [device] keys); enumerate() and open() do the work.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -126,13 +143,18 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual std::string name() const = 0;
+  // Rank for [device] backend = "auto": backends are tried from the highest priority down, and the first with a
+  // usable device is taken (a device of type cpu counts only when it is host-addressable: a GPU API emulated on
+  // the CPU is slower than the CPU backend). Built in: cuda 300, vulkan 200, cpu 100. Below 0: never chosen.
+  virtual int priority() const { return 0; }
+  // Checks the configuration this backend runs with (its [device] keys are read when it is made; the environment,
+  // e.g. CUDA_VISIBLE_DEVICES) when a run may use it, before any device opens. Throws ConfigError.
+  virtual void check_config() const {}
   // Devices present. An empty list comes with unavailable_reason() saying why (no driver, no device).
   virtual std::vector<DeviceInfo> enumerate() = 0;
   virtual std::string unavailable_reason() const { return {}; }
   // Opens device `index` of enumerate(); throws DeviceError naming the index and the devices present.
   virtual std::unique_ptr<Device> open(int index) = 0;
 };
-
-using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions&);
 
 }  // namespace kiln

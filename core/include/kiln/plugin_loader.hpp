@@ -27,7 +27,8 @@ class PluginLoader {
   // Loads every libkiln_*.so in `dir`; failures are recorded (see plugins()), not thrown.
   void load_dir(const std::string& dir, Registry& reg);
   const std::vector<LoadedPlugin>& plugins() const;
-  // The default plugin directory: $KILN_PLUGIN_PATH, else <exe dir>/../lib/kiln, else <exe dir>/plugins.
+  // The default plugin directories: those of $KILN_PLUGIN_PATH (colon-separated) when it is set; otherwise
+  // <exe dir>/../lib/kiln if it exists (the build tree and the install both lay plugins out there), else none.
   static std::vector<std::string> default_dirs();
 
  private:

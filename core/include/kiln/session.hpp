@@ -21,10 +21,9 @@ struct DeviceSettings {
   std::vector<int64_t> visible;         // indices within the backend; empty = all
   std::string memory_limit;             // "1200MiB", "60%", "" = the whole device
   bool growth = true;
-  std::string fallback = "error";       // "error" | "cpu"
+  std::string fallback = "error";       // "error" | "cpu": the highest-priority backend with a host CPU device
   std::string select = "first";         // "first" | "most_free_memory"
   int64_t count = 0;                    // how many devices to open (0 = 1 for single, all visible otherwise)
-  BackendOptions options;
   int fail_block_request = 0;           // fault injection for tests
 };
 
@@ -49,18 +48,15 @@ struct MemorySettings {
   std::vector<int64_t> sweep_batches;  // `kiln plan --sweep` batch sizes; empty = powers of two up to the largest fit
 };
 
-// Checks CUDA_VISIBLE_DEVICES the way CUDA should: every comma-separated entry must be a device index (0, 1, ...)
-// or a UUID ("GPU-...", "MIG-..."), with no duplicates and no empty entries. CUDA silently drops everything after
-// an invalid entry such as "-1"; Kiln refuses with a ConfigError naming the entry. Returns the entries.
-std::vector<std::string> parse_cuda_visible_devices(const std::string& value);
-
 class Session {
  public:
-  // Parses and validates every section. Nothing is allocated; devices are not opened.
+  // Parses and validates every section, [device] keys of every loaded backend included (each backend is made
+  // with the [device] table and reads its own keys). Nothing is allocated; devices are not opened.
   Session(const Config& cfg, Registry& reg);
   ~Session();
 
-  // Opens the configured devices (with allocators) through the backend. Throws DeviceError/ConfigError.
+  // Opens the configured devices (with allocators) through the backend. "auto" takes the first backend by
+  // Backend::priority() with a usable device. Throws DeviceError/ConfigError.
   // With `reserve`, an explicit memory_limit is recorded as a cooperative reservation (see reservation.hpp) and
   // refused when other Kiln jobs' reservations leave too little; `kiln plan` opens without reserving.
   void open_devices(bool reserve = true);
@@ -99,7 +95,8 @@ class Session {
   ModelSpec model_;
   OptimizerSpec optimizer_;
   std::unique_ptr<Strategy> strategy_;
-  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<Backend>> backends_;  // every loaded backend, highest priority first
+  Backend* backend_ = nullptr;                      // the one open_devices chose
   std::vector<std::unique_ptr<Device>> opened_;
   std::vector<std::unique_ptr<Allocator>> allocators_;
   std::vector<DeviceContext> device_ctx_;
