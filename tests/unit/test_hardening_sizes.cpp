@@ -43,7 +43,7 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("Shape::numel refuses an element count that overflows 64 bits; fits() bounds a tensor's bytes",
+TEST_CASE("Shape::numel refuses an element count that overflows 64 bits, and fits() bounds a tensor's bytes",
           "[hardening][sizes]") {
   CHECK(Shape{1 << 20, 1 << 20}.numel() == int64_t{1} << 40);
   CHECK_THROWS_AS(Shape({kHuge, 4}).numel(), ConfigError);
