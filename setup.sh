@@ -33,9 +33,12 @@ install_missing() {
 
 build() {
   echo "== configuring ($BUILD_DIR)"
-  # KILN_ARCH=native: the CPU kernels use every instruction of this machine (AVX2/FMA where present); the binaries
-  # are for this machine. Set KILN_ARCH="" for binaries that run on any x86-64 CPU.
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_ARCH="${KILN_ARCH-native}" \
+  # KILN_ARCH: x86-64-v3 (AVX2/FMA, what the CPU kernels are written and measured for) where this CPU has it, so
+  # results are the same on every such machine (native would add AVX-512 on some and change the summation order);
+  # the compiler's portable default elsewhere. Set KILN_ARCH=native or KILN_ARCH="" to choose.
+  local arch=""
+  if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo 2>/dev/null; then arch=x86-64-v3; fi
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_ARCH="${KILN_ARCH-$arch}" \
     >"$BUILD_DIR.configure.log" 2>&1 ||
     { cat "$BUILD_DIR.configure.log"; exit 1; }
   grep -E "Kiln:" "$BUILD_DIR.configure.log" || true
