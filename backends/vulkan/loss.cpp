@@ -10,16 +10,33 @@ namespace kiln::vulkan {
 void run_loss(Encoder& e, const OpCall& c) {
   const auto& a = std::get<LossAttrs>(c.attrs);
   if (c.kind == OpKind::SoftmaxCrossEntropy) {
+    // Both passes walk rows that each cost softmax_row_cost (op_support has checked that one fits), in ranges
+    // of rows within the loop budget, one dispatch each; the loss's later ranges accumulate.
+    const int64_t row_cost = softmax_row_cost(OpKind::SoftmaxForward, a.cols);
     struct {
       uint32_t rows, cols;
       float scale;
-      uint32_t mode;
-    } p{u32(a.rows), u32(a.cols), a.scale, 0};
-    if (a.cols > 0)
+      uint32_t mode, r0, r1, accumulate;
+    } p{u32(a.rows), u32(a.cols), a.scale, 0, 0, 0, 0};
+    const int64_t groups = e.groups_for(a.rows, 1);
+    const int64_t span = groups * split_loops((a.rows + groups - 1) / groups, row_cost, 0).outer;
+    for (int64_t r0 = 0; a.cols > 0 && r0 < a.rows; r0 += span) {
+      p.r0 = u32(r0);
+      p.r1 = u32(std::min(a.rows, r0 + span));
       e.dispatch("softmax_cross_entropy", {rd(c.in[0]), rd(c.in[1]), unused(c.out[0]), wr(c.out[1])}, p,
-                 e.groups_for(a.rows, 1));
+                 e.groups_for(p.r1 - r0, 1));
+    }
     p.mode = 1;
-    e.dispatch("softmax_cross_entropy", {rd(c.in[0]), rd(c.in[1]), wr(c.out[0]), unused(c.out[1])}, p, 1);
+    const int64_t rows_per_pass = split_loops(a.rows, row_cost, 8).outer;
+    int64_t r0 = 0;
+    do {
+      p.r0 = u32(r0);
+      p.r1 = u32(std::min(a.rows, r0 + rows_per_pass));
+      p.accumulate = r0 > 0;
+      e.dispatch("softmax_cross_entropy", {rd(c.in[0]), rd(c.in[1]), r0 > 0 ? rw(c.out[0]) : wr(c.out[0]),
+                 unused(c.out[1])}, p, 1);
+      r0 += rows_per_pass;
+    } while (r0 < a.rows);
     return;
   }
   const uint32_t kind = c.kind == OpKind::MeanSquaredError ? 0 : (a.from_logits ? 1 : 2);
@@ -33,7 +50,7 @@ void run_loss(Encoder& e, const OpCall& c) {
   e.dispatch("loss", {rd(c.in[0]), rd(c.in[1]), unused(c.out[0]), wr(c.out[1])}, p, e.groups_for(count));
   // The scalar loss: one workgroup per slice short enough for one shader loop, later slices accumulate.
   p.mode = 1;
-  const int64_t slice = 256 * kMaxLoop;
+  const int64_t slice = 256 * (kLoopBudget - 16);  // a 256-wide step per iteration, an 8-level tree
   int64_t i0 = 0;
   do {
     p.i0 = u32(i0);

@@ -21,15 +21,16 @@ Support tiles_fit(int64_t rows, int64_t cols, const DeviceLimits& l) {
   return {};
 }
 
-// A shader loop over `n` items, `per_iteration` at a time, must stay within kMaxLoop iterations.
-Support loop_fits(int64_t n, int64_t per_iteration, const char* what) {
-  if (n <= per_iteration * kMaxLoop) return {};
-  return no(std::string(what) + " = " + std::to_string(n) + " exceeds " + std::to_string(per_iteration * kMaxLoop) +
-            ", the longest loop these kernels run in one invocation (llvmpipe ends loops after 65535 iterations)");
+// One row (or item) of a kernel must fit the loop budget on its own: the host splits everything else.
+Support row_fits(int64_t cost, int64_t fixed, const std::string& what) {
+  if (inner_fits(cost, fixed)) return {};
+  return no(what + " needs " + std::to_string(cost + fixed + 1) + " loop iterations in one shader invocation, above the " +
+            std::to_string(kLoopBudget) + " these kernels allow themselves (llvmpipe ends an invocation's loops after " +
+            "65535 iterations in all)");
 }
 
 Support window_fits(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t kh, int64_t kw) {
-  constexpr int64_t kMax = kMaxLoop;  // windows are walked by shader loops
+  constexpr int64_t kMax = 32768;  // window arithmetic in the kernels is done in 32-bit ints
   if (sh > kMax || sw > kMax || ph > kMax || pw > kMax || kh > kMax || kw > kMax)
     return no("strides, paddings and window sizes above " + std::to_string(kMax) + " are not supported");
   return {};
@@ -69,24 +70,15 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
   switch (kind) {
     case OpKind::Gemm: {
       const auto& a = std::get<GemmAttrs>(attrs);
-      if (Support s = loop_fits(a.k, 16, "k"); !s.yes) return s;
-      return tiles_fit(a.m, a.n, limits);
+      return tiles_fit(a.m, a.n, limits);  // K of any length: run in ranges of kTileMaxK
     }
     case OpKind::Conv2dForward:
     case OpKind::Conv2dBackwardData:
     case OpKind::Conv2dBackwardFilter: {
       const auto& a = std::get<ConvAttrs>(attrs);
       if (Support s = window_fits(a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.r, a.s); !s.yes) return s;
-      if (kind == OpKind::Conv2dForward) {
-        if (Support s = loop_fits(a.c * a.r * a.s, 16, "c*r*s"); !s.yes) return s;
-        return tiles_fit(a.n * a.oh * a.ow, a.k, limits);
-      }
-      if (kind == OpKind::Conv2dBackwardData) {
-        if (Support s = loop_fits(a.k * a.r * a.s, 16, "k*r*s"); !s.yes) return s;
-        return tiles_fit(a.n * a.h * a.w, a.c, limits);
-      }
-      // Without a workspace the filter gradient reduces n*oh*ow in one pass.
-      if (Support s = loop_fits(a.n * a.oh * a.ow, 16, "n*oh*ow"); !s.yes) return s;
+      if (kind == OpKind::Conv2dForward) return tiles_fit(a.n * a.oh * a.ow, a.k, limits);
+      if (kind == OpKind::Conv2dBackwardData) return tiles_fit(a.n * a.h * a.w, a.c, limits);
       return tiles_fit(a.k, a.c * a.r * a.s, limits);
     }
     case OpKind::MaxPoolForward:
@@ -94,7 +86,10 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
     case OpKind::AvgPoolForward:
     case OpKind::AvgPoolBackward: {
       const auto& a = std::get<PoolAttrs>(attrs);
-      return window_fits(a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.kh, a.kw);
+      if (Support s = window_fits(a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.kh, a.kw); !s.yes) return s;
+      return row_fits(pool_item_cost(kind, a), 0,
+                      "a " + std::to_string(a.kh) + "x" + std::to_string(a.kw) + " window (stride " +
+                          std::to_string(a.stride_h) + "x" + std::to_string(a.stride_w) + ")");
     }
     case OpKind::ActivationForward:
     case OpKind::ActivationBackward: {
@@ -104,12 +99,13 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
       return {};
     }
     case OpKind::SoftmaxForward:
-    case OpKind::SoftmaxBackward:
-      return loop_fits(std::get<SoftmaxAttrs>(attrs).cols, 64, "cols");
+    case OpKind::SoftmaxBackward: {
+      const int64_t cols = std::get<SoftmaxAttrs>(attrs).cols;
+      return row_fits(softmax_row_cost(kind, cols), 0, "a row of cols = " + std::to_string(cols));
+    }
     case OpKind::SoftmaxCrossEntropy: {
-      const auto& a = std::get<LossAttrs>(attrs);
-      if (Support s = loop_fits(a.cols, 1, "cols"); !s.yes) return s;  // the loss walks each row serially
-      return loop_fits(a.rows, 64, "rows");
+      const int64_t cols = std::get<LossAttrs>(attrs).cols;
+      return row_fits(softmax_row_cost(OpKind::SoftmaxForward, cols), 8, "a row of cols = " + std::to_string(cols));
     }
     case OpKind::EmbeddingForward:
     case OpKind::EmbeddingBackward: {

@@ -1,5 +1,6 @@
 // The op families of the Vulkan backend; each lives in the file of the same name (gemm.cpp, conv.cpp, ...).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -30,9 +31,68 @@ void run_dropout(Encoder& e, const OpCall& c);
 void run_optimizer(Encoder& e, const OpCall& c);
 void run_embedding(Encoder& e, const OpCall& c);
 
-// The most iterations any one shader loop may run: llvmpipe (lavapipe) silently ends loops after 65535
-// iterations, so long reductions are split over several dispatches and longer inner loops are refused.
-inline constexpr int64_t kMaxLoop = 32768;
+// llvmpipe (lavapipe) counts the loop iterations of each shader invocation, all loops together (nested and
+// sequential: gallivm's loop limiter is one counter per invocation, set to 65535 once and decremented at every
+// loop back-edge), and silently leaves the running loop when the count runs out. No kernel here may therefore run
+// more than kLoopBudget loop iterations in total in one invocation, counted conservatively (a constant loop the
+// compiler may unroll counts as if it did not): the host splits long work into several dispatches that
+// accumulate, and op_support refuses, with that reason, what cannot be split. Half of the real limit: a margin.
+inline constexpr int64_t kLoopBudget = 32768;
+
+// A kernel whose invocations run an outer loop of `outer` iterations (grid-stride, or rows walked in turn), each
+// running an inner loop of up to `inner` iterations plus `fixed` others (tree sums, ...): how many outer and
+// inner iterations one dispatch may run so that outer * (inner + fixed + 1) <= kLoopBudget. The inner loop is
+// split only when it alone does not fit; callers that cannot split it check inner_fits() first (op_support).
+struct LoopSplit {
+  int64_t outer, inner;
+};
+inline bool inner_fits(int64_t inner, int64_t fixed) { return inner + fixed + 1 <= kLoopBudget; }
+inline LoopSplit split_loops(int64_t outer, int64_t inner, int64_t fixed) {
+  outer = std::max<int64_t>(outer, 1);
+  inner = std::max<int64_t>(inner, 1);
+  const int64_t per = fixed + 1;
+  if (outer * (inner + per) <= kLoopBudget) return {outer, inner};
+  if (inner + per <= kLoopBudget) return {kLoopBudget / (inner + per), inner};
+  return {1, std::max<int64_t>(kLoopBudget - per, 1)};
+}
+
+// Runs f(begin, end, groups) over [0, n) in ranges such that a grid-stride loop over the range, with `local`
+// invocations per workgroup and `cost` counted iterations per item (its inner loops; the grid-stride loop's own
+// iteration is added here), stays within kLoopBudget. One range, as before, for all but huge or costly work.
+template <class F>
+void for_ranges(const Encoder& e, int64_t n, uint32_t local, int64_t cost, F&& f) {
+  if (n <= 0) return;
+  const int64_t per_invocation = std::max<int64_t>(1, kLoopBudget / (cost + 1));
+  const int64_t span = int64_t{e.groups_for(n, local)} * local * per_invocation;
+  for (int64_t b = 0; b < n; b += span) {
+    const int64_t end = std::min(n, b + span);
+    f(b, end, e.groups_for(end - b, local));
+  }
+}
+
+// Counted loop iterations of one row of the row kernels (a workgroup of 64 per row): 64-wide passes over the
+// columns and 6-level tree reductions. softmax_forward and the cross-entropy: 3 passes, 2 trees; backward: 2, 1.
+inline int64_t softmax_row_cost(OpKind kind, int64_t cols) {
+  const int64_t steps = (cols + 63) / 64;
+  return kind == OpKind::SoftmaxBackward ? 2 * steps + 6 + 1 : 3 * steps + 12 + 1;
+}
+
+// Counted loop iterations per item of the pooling kernels (an output forward, an input backward): the window
+// walk (rows, and columns in each), and backward the outputs covering the input (max: each window walked again).
+inline int64_t pool_item_cost(OpKind kind, const PoolAttrs& a) {
+  const int64_t wh = std::min(a.kh, a.h), ww = std::min(a.kw, a.w);
+  const int64_t window = wh * (ww + 1);
+  const int64_t cy = std::min((a.kh + a.stride_h - 1) / std::max<int64_t>(a.stride_h, 1), a.oh);
+  const int64_t cx = std::min((a.kw + a.stride_w - 1) / std::max<int64_t>(a.stride_w, 1), a.ow);
+  const int64_t cover = cy * (cx + 1);
+  if (kind == OpKind::MaxPoolForward || kind == OpKind::AvgPoolForward) return window;
+  if (kind == OpKind::AvgPoolBackward) return cover;
+  return cover + cy * cx * window;
+}
+
+// The shared-memory GEMM tile (kernels/vulkan/gemm_tile.glsl) walks K in steps of 16 with its constant inner loops
+// unrolled, one counted iteration per step; this many K per dispatch leaves room for the hooks and stores.
+inline constexpr int64_t kTileMaxK = 16 * (kLoopBudget - 256);
 
 // Narrowing for push constants; op_support has already refused sizes that do not fit.
 inline uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }

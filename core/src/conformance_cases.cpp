@@ -416,6 +416,100 @@ void embedding_cases(Table& t) {
   t.add("grad.12x9x5", OpKind::EmbeddingForward, EmbeddingAttrs{12, 9, 5}, {{Gen::labels, 0, 9.f}, kF}, {kOut},
         Check::elementwise, false)
       .gradcheck = true;
+
+// Long loops (issue 15): llvmpipe (lavapipe) ends a shader invocation's loops after 65535 iterations in all, so
+// a kernel that walks a long reduction in one invocation gives a wrong answer past some size (a dense layer of
+// 32000 inputs did). Cases at and beyond those sizes, for every reduction-like op; any backend must pass them
+// or refuse them through supports().
+void long_loop_cases(Table& t) {
+  // GEMM: K = 29952 ran right and 29968 wrong (35 loop iterations per 16-wide K step); 32000 is the report's
+  // layer; 600001 is past what one invocation may walk even at one iteration per step (16 * 32768 here).
+  const int64_t ks[] = {29800, 30000, 32000, 70001};
+  for (int64_t k : ks)
+    t.add("nn.3x10x" + n(k) + ".int", OpKind::Gemm, GemmAttrs{3, 10, k}, {kI, kI}, {kOut}, Check::reduction, true);
+  t.add("nn.8x10x32000.float", OpKind::Gemm, GemmAttrs{8, 10, 32000}, {kF, kF}, {kOut}, Check::reduction, false);
+  t.add("tt.65x3x40000.float", OpKind::Gemm, GemmAttrs{65, 3, 40000, true, true}, {kF, kF}, {kOut},
+        Check::reduction, false);
+  t.add("tn.2x3x600001.alpha2.beta-1.int", OpKind::Gemm, GemmAttrs{2, 3, 600001, true, false, 2.f, -1.f}, {kI, kI},
+        {kI}, Check::reduction, true)
+      .large = true;
+  t.add("nt.3x2x300007.float", OpKind::Gemm, GemmAttrs{3, 2, 300007, false, true}, {kF, kF}, {kOut},
+        Check::reduction, false)
+      .large = true;
+
+  // Convolutions: the implicit GEMM's reduction is c*r*s forward, k*r*s backward-data, n*oh*ow for the filter.
+  struct C {
+    const char* name;
+    int64_t n, c, h, w, k, r, s, pad;
+    bool large;
+  };
+  const C convs[] = {{"1x3400x3x3.k3.r3.p1", 1, 3400, 3, 3, 3, 3, 3, 1, false},     // c*r*s = 30600
+                     {"1x60000x3x3.k2.r3.p1", 1, 60000, 3, 3, 2, 3, 3, 1, true},   // c*r*s = 540000
+                     {"1x2x3x3.k60000.r3.p1", 1, 2, 3, 3, 60000, 3, 3, 1, true},   // k*r*s = 540000
+                     {"2x1x180x180.k3.r1", 2, 1, 180, 180, 3, 1, 1, 0, false},    // n*oh*ow = 64800
+                     {"2x1x600x600.k1.r1", 2, 1, 600, 600, 1, 1, 1, 0, true}};    // n*oh*ow = 720000
+  for (const C& c : convs) {
+    ConvAttrs a;
+    a.n = c.n, a.c = c.c, a.h = c.h, a.w = c.w, a.k = c.k, a.r = c.r, a.s = c.s, a.pad_h = c.pad, a.pad_w = c.pad;
+    a.oh = c.h + 2 * c.pad - c.r + 1;
+    a.ow = c.w + 2 * c.pad - c.s + 1;
+    for (OpKind k : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter})
+      t.add(std::string(c.name) + ".int", k, a, {kI, kI}, {kOut}, Check::reduction, true).large = c.large;
+  }
+
+  // Softmax: a workgroup walks each row in 64-wide steps, three passes forward, two backward. Forward with equal
+  // logits: every output is 1/cols exactly, so a backend's f32 sum of 600,000 exponentials (the CPU's is
+  // sequential: 7e-5 relative error on random logits) is exact, and a short loop still shows (a short sum or
+  // unwritten outputs).
+  for (int64_t cols : {600000, 1500000}) {
+    SoftmaxAttrs a{2, cols};
+    t.add("2x" + n(cols) + ".equal", OpKind::SoftmaxForward, a, {ints(0, 0)}, {kOut}, Check::reduction, false).large =
+        true;
+    t.add("2x" + n(cols), OpKind::SoftmaxBackward, a, {uni(0.f, 1.f), kF}, {kOut}, Check::reduction, false).large =
+        true;
+  }
+
+  // Losses: the cross-entropy's scalar loss walked 64 rows at a time, every column of each row in one
+  // invocation; the elementwise losses sum in one workgroup.
+  struct L {
+    int64_t rows, cols;
+    bool large;
+  };
+  const L ce[] = {{2, 40000, false}, {130, 20000, true}, {640, 10000, true}};
+  for (const L& l : ce)
+    t.add(n(l.rows) + "x" + n(l.cols), OpKind::SoftmaxCrossEntropy, LossAttrs{l.rows, l.cols, 1.f / float(l.rows), true},
+          {uni(-6.f, 6.f), {Gen::labels, 0, float(l.cols)}}, {kOut, kOut}, Check::reduction, false)
+        .large = l.large;
+  t.add("3x3000000.int", OpKind::MeanSquaredError, LossAttrs{3, 3000000, 1.f / 3.f, true}, {kI, kI}, {kOut, kOut},
+        Check::reduction, false)
+      .large = true;
+  t.add("3x3000000.logits", OpKind::BinaryCrossEntropy, LossAttrs{3, 3000000, 1.f / 3.f, true},
+        {uni(-8.f, 8.f), ints(0, 1)}, {kOut, kOut}, Check::reduction, false)
+      .large = true;
+
+  // Reductions over the middle axis and bias gradients, one workgroup or one invocation per output.
+  t.add("3x2097153x1.int", OpKind::ReduceSum, ReduceAttrs{3, 2097153, 1}, {kI}, {kOut}, Check::reduction, true).large =
+      true;
+  t.add("1x32768x1024.int", OpKind::ReduceSum, ReduceAttrs{1, 32768, 1024}, {kI}, {kOut}, Check::reduction, true)
+      .large = true;
+  t.add("2x70000x3.int", OpKind::ReduceSum, ReduceAttrs{2, 70000, 3}, {kI}, {kOut}, Check::reduction, true);
+  t.add("1x3x4200001.int", OpKind::BiasGrad, BiasAttrs{1, 3, 4200001}, {kI}, {kOut}, Check::reduction, true).large =
+      true;
+  t.add("70000x2x1.int", OpKind::BiasGrad, BiasAttrs{70000, 2, 1}, {kI}, {kOut}, Check::reduction, true);
+  t.add("40x9000x30.int", OpKind::BiasGrad, BiasAttrs{40, 9000, 30}, {kI}, {kOut}, Check::reduction, true).large =
+      true;
+
+  // Pooling windows: a 150x150 window walks 22650 iterations per output; 256x256 (global pooling of a 256x256
+  // image) 65792.
+  for (int64_t k : {150, 256}) {
+    PoolAttrs a;
+    a.n = 1, a.c = 2, a.h = k, a.w = k, a.kh = k, a.kw = k, a.stride_h = k, a.stride_w = k, a.oh = 1, a.ow = 1;
+    const std::string v = "1x2x" + n(k) + "x" + n(k) + ".k" + n(k) + ".global.int";
+    t.add(v, OpKind::MaxPoolForward, a, {kI}, {kOut}, Check::elementwise, true);
+    t.add(v, OpKind::MaxPoolBackward, a, {kI, {Gen::max_pool_y}, kI}, {kOut}, Check::elementwise, true);
+    t.add(v, OpKind::AvgPoolForward, a, {kI}, {kOut}, Check::elementwise, false);
+    t.add(v, OpKind::AvgPoolBackward, a, {kI}, {kOut}, Check::elementwise, false);
+  }
 }
 
 std::vector<OpCase> build() {
@@ -434,6 +528,7 @@ std::vector<OpCase> build() {
   dropout_cases(t);
   optimizer_cases(t);
   embedding_cases(t);
+  long_loop_cases(t);
   return std::move(t.cases);
 }
 

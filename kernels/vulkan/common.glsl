@@ -18,6 +18,13 @@
 // Grid-stride loop over [0, n) for a 1-D dispatch.
 #define FOR_EACH_INDEX(i, n) \
   for (uint i = gl_GlobalInvocationID.x; i < (n); i += gl_NumWorkGroups.x * gl_WorkGroupSize.x)
+// The same over [begin, end): a dispatch covering one range of a longer loop (the loop budget below).
+#define FOR_EACH_INDEX_IN(i, begin, end) \
+  for (uint i = (begin) + gl_GlobalInvocationID.x; i < (end); i += gl_NumWorkGroups.x * gl_WorkGroupSize.x)
 
-// Note for kernel authors: llvmpipe (lavapipe) stops any loop after 65535 iterations, so no loop may run
-// longer than that; the host splits long reductions into several dispatches (vulkan_ops.hpp kMaxLoop).
+// Note for kernel authors: llvmpipe (lavapipe) counts the loop iterations of each invocation, all loops
+// together (nested and sequential), and silently leaves the running loop once 65535 have run. Every kernel must
+// keep the total per invocation within vulkan_ops.hpp kLoopBudget: the host splits long work into dispatches
+// (split_loops), and constant loops meant not to count are marked KILN_UNROLL.
+#extension GL_EXT_control_flow_attributes : require
+#define KILN_UNROLL [[unroll]]

@@ -1,19 +1,22 @@
 #version 450
 // dx(n,c,h,w) = sum_{k,r,s} dy(n,k,oy,ox) * w(k,c,r,s) over taps with oy*sh - ph + r = h (same for w), as an
-// implicit GEMM: rows m = (n, h, w), columns = c, reduction = (k, r, s).
+// implicit GEMM: rows m = (n, h, w), columns = c, reduction = (k, r, s). A long reduction runs as several
+// dispatches over ranges of (k, r, s); all but the first accumulate into dx.
 #include "common.glsl"
 BUF_RO(0, DY)
 BUF_RO(1, Wt)
-BUF_WO(2, DX)
+BUF_RW(2, DX)
 KILN_PUSH_BEGIN
   uint N; uint C; uint H; uint W; uint K; uint R; uint S;
-  uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint kchunk;
+  uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint kchunk; uint kbegin; uint kend; uint accumulate;
 KILN_PUSH_END
 
 uint tile_m() { return pc.N * pc.H * pc.W; }
 uint tile_n() { return pc.C; }
 uint tile_k() { return pc.K * pc.R * pc.S; }
 uint k_chunk() { return pc.kchunk; }
+uint k_begin() { return pc.kbegin; }
+uint k_end() { return pc.kend; }
 bool a_m_fastest() { return true; }
 bool b_n_fastest() { return false; }
 
@@ -54,6 +57,7 @@ float load_a(uint m, uint kk, uint lm, uint lk) {
 float load_b(uint kk, uint c, uint lk, uint lc) { return Wt[pc.base1 + uint(k_dec[lk].w) + c * pc.R * pc.S]; }
 void store_c(uint m, uint c, float acc) {
   const uint iw = m % pc.W, t = m / pc.W, ih = t % pc.H, n = t / pc.H;
-  DX[pc.base2 + ((n * pc.C + c) * pc.H + ih) * pc.W + iw] = acc;
+  const uint i = pc.base2 + ((n * pc.C + c) * pc.H + ih) * pc.W + iw;
+  DX[i] = pc.accumulate != 0u ? DX[i] + acc : acc;
 }
 #include "gemm_tile.glsl"

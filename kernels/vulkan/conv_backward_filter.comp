@@ -2,20 +2,23 @@
 // dw(k,c,r,s) = sum_{n,oy,ox} dy(n,k,oy,ox) * x(n,c,oy*sh-ph+r, ox*sw-pw+s), as an implicit GEMM:
 // rows = k, columns j = (c, r, s), reduction = (n, oy, ox). The reduction is long, so it is split over
 // gl_WorkGroupID.z; with splits > 1, split z writes its partial sums to OUT + z*K*C*R*S (a workspace that
-// splitk_reduce.comp sums), else OUT is dw itself.
+// splitk_reduce.comp sums), else OUT is dw itself. Each dispatch covers [kbegin, kend) of the reduction; with
+// accumulate (one split only) it adds to OUT.
 #include "common.glsl"
 BUF_RO(0, X)
 BUF_RO(1, DY)
-BUF_WO(2, OUT)
+BUF_RW(2, OUT)
 KILN_PUSH_BEGIN
   uint N; uint C; uint H; uint W; uint K; uint R; uint S;
-  uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint kchunk;
+  uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint kchunk; uint kbegin; uint kend; uint accumulate;
 KILN_PUSH_END
 
 uint tile_m() { return pc.K; }
 uint tile_n() { return pc.C * pc.R * pc.S; }
 uint tile_k() { return pc.N * pc.OH * pc.OW; }
 uint k_chunk() { return pc.kchunk; }
+uint k_begin() { return pc.kbegin; }
+uint k_end() { return pc.kend; }
 bool a_m_fastest() { return false; }
 bool b_n_fastest() { return false; }
 
@@ -47,6 +50,7 @@ float load_b(uint kk, uint j, uint lk, uint lj) {
   return X[pc.base0 + uint(kd.x + cd.x + iy * int(pc.W) + ix)];
 }
 void store_c(uint k, uint j, float acc) {
-  OUT[pc.base2 + gl_WorkGroupID.z * (tile_m() * tile_n()) + k * tile_n() + j] = acc;
+  const uint i = pc.base2 + gl_WorkGroupID.z * (tile_m() * tile_n()) + k * tile_n() + j;
+  OUT[i] = pc.accumulate != 0u ? OUT[i] + acc : acc;
 }
 #include "gemm_tile.glsl"

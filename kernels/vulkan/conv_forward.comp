@@ -1,19 +1,22 @@
 #version 450
 // y(n,k,oh,ow) = sum_{c,r,s} x(n,c,oh*sh-ph+r, ow*sw-pw+s) * w(k,c,r,s), as an implicit GEMM:
-// rows m = (n, oh, ow), columns = k, reduction = (c, r, s); patches are gathered while loading tiles.
+// rows m = (n, oh, ow), columns = k, reduction = (c, r, s); patches are gathered while loading tiles. A long
+// reduction runs as several dispatches over ranges of (c, r, s); all but the first accumulate into y.
 #include "common.glsl"
 BUF_RO(0, X)
 BUF_RO(1, Wt)
-BUF_WO(2, Y)
+BUF_RW(2, Y)
 KILN_PUSH_BEGIN
   uint N; uint C; uint H; uint W; uint K; uint R; uint S;
-  uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint kchunk;
+  uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint kchunk; uint kbegin; uint kend; uint accumulate;
 KILN_PUSH_END
 
 uint tile_m() { return pc.N * pc.OH * pc.OW; }
 uint tile_n() { return pc.K; }
 uint tile_k() { return pc.C * pc.R * pc.S; }
 uint k_chunk() { return pc.kchunk; }
+uint k_begin() { return pc.kbegin; }
+uint k_end() { return pc.kend; }
 bool a_m_fastest() { return true; }
 bool b_n_fastest() { return false; }
 
@@ -44,6 +47,7 @@ float load_a(uint m, uint kk, uint lm, uint lk) {
 float load_b(uint kk, uint k, uint lk, uint lk2) { return Wt[pc.base1 + k * tile_k() + kk]; }
 void store_c(uint m, uint k, float acc) {
   const uint ow = m % pc.OW, t = m / pc.OW, oh = t % pc.OH, n = t / pc.OH;
-  Y[pc.base2 + ((n * pc.K + k) * pc.OH + oh) * pc.OW + ow] = acc;
+  const uint i = pc.base2 + ((n * pc.K + k) * pc.OH + oh) * pc.OW + ow;
+  Y[i] = pc.accumulate != 0u ? Y[i] + acc : acc;
 }
 #include "gemm_tile.glsl"

@@ -1,7 +1,9 @@
 // A tiled shared-memory GEMM body: C(M, N) = A(M, K) * B(K, N), 64x64 output tiles per workgroup of 64
 // invocations, each computing an 8x8 register block; K is walked in steps of 16 through shared memory.
 // gl_WorkGroupID = (column tile, row tile, K split). The including kernel defines, before the include:
-//   uint tile_m(), tile_n(), tile_k(), k_chunk()   sizes; K range of split z is [z*k_chunk, (z+1)*k_chunk)
+//   uint tile_m(), tile_n(), tile_k()             sizes (tile_k: the full K, for strides)
+//   uint k_begin(), k_end(), k_chunk()            this dispatch's K range; split z (gl_WorkGroupID.z) walks
+//                                                 [k_begin + z*k_chunk, min(k_end, k_begin + (z+1)*k_chunk))
 //   bool a_m_fastest(), b_n_fastest()             which index is contiguous in memory (for coalesced loads)
 //   float load_a(uint m, uint k, uint lm, uint lk), load_b(uint k, uint n, uint lk, uint ln)
 //                                                 called only with in-range indices; l* are the indices inside
@@ -12,6 +14,8 @@
 //   void k_setup(uint k0)                         before loading each K step
 // Convolutions use it as an implicit GEMM: their loaders gather image patches on the fly, with the index
 // arithmetic (divisions) done once per tile row/column and K step in the hooks, not per loaded element.
+// Loop budget (llvmpipe counts every loop iteration of an invocation, see common.glsl): the constant loops are
+// unrolled, so an invocation runs one counted iteration per K step; the host keeps a dispatch's K range short.
 #define TILE_M 64u
 #define TILE_N 64u
 #define TILE_K 16u
@@ -24,12 +28,12 @@ void main() {
   const uint tx = tid % 8u, ty = tid / 8u;
   const uint M = tile_m(), N = tile_n(), K = tile_k();
   const uint row0 = gl_WorkGroupID.y * TILE_M, col0 = gl_WorkGroupID.x * TILE_N;
-  const uint kb = gl_WorkGroupID.z * k_chunk();
-  const uint ke = min(K, kb + k_chunk());
+  const uint kb = k_begin() + gl_WorkGroupID.z * k_chunk();
+  const uint ke = min(min(K, k_end()), kb + k_chunk());
   const bool am = a_m_fastest(), bn = b_n_fastest();
   float acc[8][8];
-  for (uint i = 0u; i < 8u; ++i)
-    for (uint j = 0u; j < 8u; ++j) acc[i][j] = 0.0;
+  KILN_UNROLL for (uint i = 0u; i < 8u; ++i)
+    KILN_UNROLL for (uint j = 0u; j < 8u; ++j) acc[i][j] = 0.0;
 
 #ifdef KILN_TILE_HOOKS
   tile_setup(row0, col0);
@@ -40,7 +44,7 @@ void main() {
     k_setup(k0);
     barrier();
 #endif
-    for (uint i = 0u; i < 16u; ++i) {
+    KILN_UNROLL for (uint i = 0u; i < 16u; ++i) {
       const uint idx = tid + i * 64u;
       const uint ar = am ? idx % TILE_M : idx / TILE_K;
       const uint ak = am ? idx / TILE_M : idx % TILE_K;
@@ -52,17 +56,17 @@ void main() {
       Bs[bk][bc] = (gn < N && gkb < ke) ? load_b(gkb, gn, bk, bc) : 0.0;
     }
     barrier();
-    for (uint kk = 0u; kk < TILE_K; ++kk) {
+    KILN_UNROLL for (uint kk = 0u; kk < TILE_K; ++kk) {
       float a[8], b[8];
-      for (uint i = 0u; i < 8u; ++i) a[i] = As[kk][ty + 8u * i];
-      for (uint j = 0u; j < 8u; ++j) b[j] = Bs[kk][tx + 8u * j];
-      for (uint i = 0u; i < 8u; ++i)
-        for (uint j = 0u; j < 8u; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+      KILN_UNROLL for (uint i = 0u; i < 8u; ++i) a[i] = As[kk][ty + 8u * i];
+      KILN_UNROLL for (uint j = 0u; j < 8u; ++j) b[j] = Bs[kk][tx + 8u * j];
+      KILN_UNROLL for (uint i = 0u; i < 8u; ++i)
+        KILN_UNROLL for (uint j = 0u; j < 8u; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
     }
     barrier();
   }
-  for (uint i = 0u; i < 8u; ++i)
-    for (uint j = 0u; j < 8u; ++j) {
+  KILN_UNROLL for (uint i = 0u; i < 8u; ++i)
+    KILN_UNROLL for (uint j = 0u; j < 8u; ++j) {
       const uint m = row0 + ty + 8u * i, n = col0 + tx + 8u * j;
       if (m < M && n < N) store_c(m, n, acc[i][j]);
     }

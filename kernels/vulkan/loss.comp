@@ -37,11 +37,15 @@ void main() {
       DP[pc.base3 + i] = pc.per * grad;
     }
   } else {
-    float total = 0.0;
+    // Each invocation sums up to ~32,000 terms: compensated (Kahan) so long sums keep f32 precision.
+    precise float total = 0.0, lost = 0.0;
     for (uint i = pc.i0 + gl_LocalInvocationID.x; i < pc.i1; i += WG_SIZE) {
       float term, grad;
       term_grad(P[pc.base0 + i], T[pc.base1 + i], term, grad);
-      total += term;
+      precise const float y = term - lost;
+      precise const float t = total + y;
+      lost = (t - total) - y;
+      total = t;
     }
     total = wg_sum(total);
     if (gl_LocalInvocationID.x == 0u)

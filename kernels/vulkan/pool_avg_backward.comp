@@ -6,7 +6,7 @@ BUF_RO(0, DY)
 BUF_WO(1, DX)
 #include "pool_common.glsl"
 void main() {
-  FOR_EACH_INDEX(idx, pc.N * pc.C * pc.H * pc.W) {
+  FOR_EACH_INDEX_IN(idx, pc.i0, pc.i1) {
     const uint iw = idx % pc.W, ih = (idx / pc.W) % pc.H, plane = idx / (pc.W * pc.H);
     const uint yoff = plane * pc.OH * pc.OW;
     uint oy0, oy1, ox0, ox1;

@@ -1,6 +1,7 @@
 // Push constants and window helpers shared by the pooling kernels. Windows are clipped to the image.
 KILN_PUSH_BEGIN
   uint N; uint C; uint H; uint W; uint KH; uint KW; uint SH; uint SW; uint PH; uint PW; uint OH; uint OW; uint mode;
+  uint i0; uint i1;  // this dispatch's range of outputs (forward) or inputs (backward)
 KILN_PUSH_END
 
 // The clipped window [y0, y1) x [x0, x1) of output (oy, ox).

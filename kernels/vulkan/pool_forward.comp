@@ -7,7 +7,7 @@ BUF_RO(0, X)
 BUF_WO(1, Y)
 #include "pool_common.glsl"
 void main() {
-  FOR_EACH_INDEX(o, pc.N * pc.C * pc.OH * pc.OW) {
+  FOR_EACH_INDEX_IN(o, pc.i0, pc.i1) {
     const uint ox = o % pc.OW, oy = (o / pc.OW) % pc.OH, plane = o / (pc.OW * pc.OH);
     const uint xoff = pc.base0 + plane * pc.H * pc.W;
     int y0, y1, x0, x1;

@@ -6,10 +6,10 @@ layout(local_size_x = 256) in;
 BUF_RO(0, X)
 BUF_RW(1, Y)
 KILN_PUSH_BEGIN
-  uint outer; uint reduce; uint inner; uint r0; uint r1; uint accumulate;
+  uint outer; uint reduce; uint inner; uint r0; uint r1; uint accumulate; uint o0; uint o1;
 KILN_PUSH_END
 void main() {
-  FOR_EACH_INDEX(idx, pc.outer * pc.inner) {
+  FOR_EACH_INDEX_IN(idx, pc.o0, pc.o1) {
     const uint o = idx / pc.inner, i = idx % pc.inner;
     float acc = pc.accumulate != 0u ? Y[pc.base1 + idx] : 0.0;
     for (uint r = pc.r0; r < pc.r1; ++r) acc += X[pc.base0 + (o * pc.reduce + r) * pc.inner + i];

@@ -8,10 +8,10 @@ layout(local_size_x = 64) in;
 BUF_RO(0, X)
 BUF_RW(1, Y)
 KILN_PUSH_BEGIN
-  uint outer; uint reduce; uint inner; uint r0; uint r1; uint accumulate;
+  uint outer; uint reduce; uint inner; uint r0; uint r1; uint accumulate; uint o0; uint o1;
 KILN_PUSH_END
 void main() {
-  for (uint idx = gl_WorkGroupID.x; idx < pc.outer * pc.inner; idx += gl_NumWorkGroups.x) {
+  for (uint idx = pc.o0 + gl_WorkGroupID.x; idx < pc.o1; idx += gl_NumWorkGroups.x) {
     const uint o = idx / pc.inner, i = idx % pc.inner;
     float acc = 0.0;
     for (uint r = pc.r0 + gl_LocalInvocationID.x; r < pc.r1; r += WG_SIZE)

@@ -1,17 +1,19 @@
 #version 450
-// Fused sparse softmax cross-entropy from logits. mode 0: dlogits = scale*(softmax(x_r) - onehot(label_r)),
-// one workgroup per row. mode 1: loss = scale * sum_r (lse_r - x_r[label_r]), one workgroup, rows strided
-// over invocations. Labels are class indices stored as floats; an out-of-range label gives a NaN loss.
+// Fused sparse softmax cross-entropy from logits, over the rows [r0, r1). mode 0: dlogits = scale*(softmax(x_r) -
+// onehot(label_r)), one workgroup per row. mode 1: loss = scale * sum_r (lse_r - x_r[label_r]), one workgroup
+// walking the rows in turn (each row reduced over its columns by the whole workgroup, so a row costs the same
+// loop iterations as in mode 0; invocation r % 64 keeps row r's term, then a tree sum); with accumulate, added
+// to the loss. Labels are class indices stored as floats; an out-of-range label gives a NaN loss.
 #include "common.glsl"
 #define WG_SIZE 64u
 layout(local_size_x = 64) in;
 #include "reduce.glsl"
 BUF_RO(0, X)
 BUF_RO(1, LABEL)
-BUF_WO(2, LOSS)
+BUF_RW(2, LOSS)
 BUF_WO(3, DX)
 KILN_PUSH_BEGIN
-  uint rows; uint cols; float scale; uint mode;
+  uint rows; uint cols; float scale; uint mode; uint r0; uint r1; uint accumulate;
 KILN_PUSH_END
 
 int label_of(uint row) {
@@ -19,33 +21,38 @@ int label_of(uint row) {
   return (lf >= 0.0 && lf < float(pc.cols)) ? int(lf) : -1;
 }
 
+// log(sum_j exp(x_j)) of the row at xo; every invocation of the workgroup calls it.
+float row_lse(uint xo) {
+  const uint lid = gl_LocalInvocationID.x;
+  float mx = -1.0 / 0.0;
+  for (uint j = lid; j < pc.cols; j += WG_SIZE) mx = max(mx, X[xo + j]);
+  mx = wg_max(mx);
+  float s = 0.0;
+  for (uint j = lid; j < pc.cols; j += WG_SIZE) s += exp(X[xo + j] - mx);
+  return mx + log(wg_sum(s));
+}
+
 void main() {
   const uint lid = gl_LocalInvocationID.x;
   if (pc.mode == 0u) {
-    for (uint row = gl_WorkGroupID.x; row < pc.rows; row += gl_NumWorkGroups.x) {
+    for (uint row = pc.r0 + gl_WorkGroupID.x; row < pc.r1; row += gl_NumWorkGroups.x) {
       const uint xo = pc.base0 + row * pc.cols;
-      float mx = -1.0 / 0.0;
-      for (uint j = lid; j < pc.cols; j += WG_SIZE) mx = max(mx, X[xo + j]);
-      mx = wg_max(mx);
-      float s = 0.0;
-      for (uint j = lid; j < pc.cols; j += WG_SIZE) s += exp(X[xo + j] - mx);
-      const float lse = mx + log(wg_sum(s));
+      const float lse = row_lse(xo);
       const int label = label_of(row);
       for (uint j = lid; j < pc.cols; j += WG_SIZE)
         DX[pc.base3 + row * pc.cols + j] = pc.scale * (exp(X[xo + j] - lse) - (int(j) == label ? 1.0 : 0.0));
     }
   } else {
     float total = 0.0;
-    for (uint row = lid; row < pc.rows; row += WG_SIZE) {
+    for (uint row = pc.r0; row < pc.r1; ++row) {
       const uint xo = pc.base0 + row * pc.cols;
-      float mx = -1.0 / 0.0;
-      for (uint j = 0u; j < pc.cols; ++j) mx = max(mx, X[xo + j]);
-      float s = 0.0;
-      for (uint j = 0u; j < pc.cols; ++j) s += exp(X[xo + j] - mx);
-      const int label = label_of(row);
-      total += label >= 0 ? mx + log(s) - X[xo + uint(label)] : kiln_nan();
+      const float lse = row_lse(xo);
+      if (row % WG_SIZE == lid) {
+        const int label = label_of(row);
+        total += label >= 0 ? lse - X[xo + uint(label)] : kiln_nan();
+      }
     }
     total = wg_sum(total);
-    if (lid == 0u) LOSS[pc.base2] = pc.scale * total;
+    if (lid == 0u) LOSS[pc.base2] = pc.accumulate != 0u ? LOSS[pc.base2] + pc.scale * total : pc.scale * total;
   }
 }

@@ -7,11 +7,11 @@ layout(local_size_x = 64) in;
 BUF_RO(0, X)
 BUF_WO(1, Y)
 KILN_PUSH_BEGIN
-  uint rows; uint cols;
+  uint rows; uint cols; uint r0; uint r1;
 KILN_PUSH_END
 void main() {
   const uint lid = gl_LocalInvocationID.x;
-  for (uint row = gl_WorkGroupID.x; row < pc.rows; row += gl_NumWorkGroups.x) {
+  for (uint row = pc.r0 + gl_WorkGroupID.x; row < pc.r1; row += gl_NumWorkGroups.x) {
     const uint xo = pc.base0 + row * pc.cols, yo = pc.base1 + row * pc.cols;
     float mx = -1.0 / 0.0;
     for (uint j = lid; j < pc.cols; j += WG_SIZE) mx = max(mx, X[xo + j]);
