@@ -416,6 +416,7 @@ void embedding_cases(Table& t) {
   t.add("grad.12x9x5", OpKind::EmbeddingForward, EmbeddingAttrs{12, 9, 5}, {{Gen::labels, 0, 9.f}, kF}, {kOut},
         Check::elementwise, false)
       .gradcheck = true;
+}
 
 // Long loops (issue 15): llvmpipe (lavapipe) ends a shader invocation's loops after 65535 iterations in all, so
 // a kernel that walks a long reduction in one invocation gives a wrong answer past some size (a dense layer of

@@ -1,16 +1,17 @@
 #version 450
-// dtable(v, j) = sum over r in [r0, r1) with ids[r] == v of dy(r, j), r in order; with accumulate, added to
-// dtable (the host splits long row ranges over dispatches: shader loops stay short). One invocation per element.
+// dtable(v, j) = sum over r in [r0, r1) with ids[r] == v of dy(r, j), r in order, for table elements in [o0, o1);
+// with accumulate, added to dtable. The host splits rows and elements over dispatches so an invocation's loops
+// stay within llvmpipe's loop budget (vulkan_ops.hpp).
 #include "common.glsl"
 layout(local_size_x = 256) in;
 BUF_RO(0, IDS)
 BUF_RO(1, DY)
 BUF_RW(2, DT)
 KILN_PUSH_BEGIN
-  uint vocab; uint dim; uint r0; uint r1; uint accumulate;
+  uint vocab; uint dim; uint r0; uint r1; uint accumulate; uint o0; uint o1;
 KILN_PUSH_END
 void main() {
-  FOR_EACH_INDEX(idx, pc.vocab * pc.dim) {
+  for (uint idx = pc.o0 + gl_GlobalInvocationID.x; idx < pc.o1; idx += gl_NumWorkGroups.x * gl_WorkGroupSize.x) {
     const uint v = idx / pc.dim, j = idx % pc.dim;
     float acc = pc.accumulate != 0u ? DT[pc.base2 + idx] : 0.0;
     for (uint r = pc.r0; r < pc.r1; ++r)
