@@ -85,13 +85,22 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   return m;
 }
 
+namespace {
+// Every hyperparameter is checked where it is written: NaN and infinities fail these comparisons too.
+void require(const ConfigNode& c, const char* key, bool ok, const char* expected) {
+  if (!ok) c.fail(key, expected);
+}
+}  // namespace
+
 OptimizerSpec parse_optimizer(const ConfigNode& c) {
   OptimizerSpec o;
   auto type = c.get_choice("type", {"sgd", "adam", "rmsprop"}, "adam");
   o.kind = type == "sgd" ? OptimizerKind::sgd : type == "adam" ? OptimizerKind::adam : OptimizerKind::rmsprop;
   o.lr = c.get_float("learning_rate", type == "sgd" ? 0.01 : 0.001);
-  if (!(o.lr > 0)) c.fail("learning_rate", "expected a positive number");
+  require(c, "learning_rate", o.lr > 0 && std::isfinite(o.lr), "expected a positive, finite number");
   o.weight_decay = c.get_float("weight_decay", 0.0);
+  require(c, "weight_decay", o.weight_decay >= 0 && std::isfinite(o.weight_decay),
+          "expected a non-negative, finite number (0 turns weight decay off)");
   if (o.kind == OptimizerKind::sgd) {
     o.momentum = c.get_float("momentum", 0.0);
     o.nesterov = c.get_bool("nesterov", false);
@@ -102,12 +111,15 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
     o.eps = c.get_float("epsilon", 1e-7);
     if (!(o.beta1 >= 0 && o.beta1 < 1)) c.fail("beta1", "expected a number in [0, 1)");
     if (!(o.beta2 >= 0 && o.beta2 < 1)) c.fail("beta2", "expected a number in [0, 1)");
+    require(c, "epsilon", o.eps > 0 && std::isfinite(o.eps), "expected a positive, finite number, e.g. 1e-7");
   } else {
     o.rho = c.get_float("rho", 0.9);
     o.eps = c.get_float("epsilon", 1e-7);
     o.momentum = c.get_float("momentum", 0.0);
+    require(c, "rho", o.rho >= 0 && o.rho < 1, "expected a number in [0, 1)");
+    require(c, "epsilon", o.eps > 0 && std::isfinite(o.eps), "expected a positive, finite number, e.g. 1e-7");
   }
-  if (o.momentum < 0 || o.momentum >= 1) c.fail("momentum", "expected a number in [0, 1)");
+  require(c, "momentum", o.momentum >= 0 && o.momentum < 1, "expected a number in [0, 1)");
   o.ema_decay = c.get_float("ema", 0.0);
   if (!(o.ema_decay >= 0 && o.ema_decay < 1)) c.fail("ema", "expected a decay in [0, 1), e.g. 0.999 (0 turns EMA off)");
   if (auto s = c.table("schedule")) {
@@ -119,10 +131,18 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
       o.schedule.decay_rate = s->get_float("decay_rate", o.schedule.kind == ScheduleKind::step ? 0.1 : 0.96);
       o.schedule.decay_steps = s->get_int("decay_steps", 1000);
       if (o.schedule.decay_steps <= 0) s->fail("decay_steps", "expected a positive integer");
+      require(*s, "decay_rate", o.schedule.decay_rate > 0 && std::isfinite(o.schedule.decay_rate),
+              "expected a positive, finite number (below 1 decays the learning rate)");
       if (o.schedule.kind == ScheduleKind::exponential) o.schedule.staircase = s->get_bool("staircase", false);
     } else if (o.schedule.kind == ScheduleKind::cosine) {
+      // Omitted: the whole run (the trainer fills it in once the epoch length is known).
+      const bool given = s->has("decay_steps");
       o.schedule.total_steps = s->get_int("decay_steps", 0);
+      require(*s, "decay_steps", !given || o.schedule.total_steps > 0,
+              "expected a positive integer: the steps over which the cosine decays (omit it for the whole run)");
       o.schedule.alpha = s->get_float("alpha", 0.0);
+      require(*s, "alpha", o.schedule.alpha >= 0 && o.schedule.alpha <= 1,
+              "expected a number in [0, 1]: the final fraction of the learning rate");
     }
     s->finish();
   }
