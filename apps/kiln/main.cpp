@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
                                         std::to_string(kiln::kApiVersion) + ", " + KILN_BUILD_FINGERPRINT + ")");
   app.require_subcommand(1);
   kiln::app::Options o;
-  app.add_option("--plugin-dir", o.plugin_dirs, "Extra directory to load plugins from (repeatable)");
+  app.add_option("--plugin-dir", o.plugin_dirs, "Extra directory to load plugins from (repeatable)")
+      ->check(CLI::ExistingDirectory);
 
   auto* train = app.add_subcommand("train", "Train the model described by a TOML config");
   train->add_option("config", o.config, "The run's TOML file")->required();

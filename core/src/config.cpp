@@ -373,6 +373,9 @@ void ConfigNode::finish() const {
 
 Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
   if (!std::filesystem::exists(path)) throw ConfigError(path + ": config file not found");
+  if (!std::filesystem::is_regular_file(path))
+    throw ConfigError(path + ": expected a TOML file, found " +
+                      (std::filesystem::is_directory(path) ? std::string("a directory") : std::string("something that is not a regular file")));
   Config c;
   c.doc_ = std::make_shared<ConfigDocument>();
   c.doc_->file = path;

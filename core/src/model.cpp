@@ -27,6 +27,7 @@ LossKind parse_loss(const ConfigNode& c, const std::string& key) {
 ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   ModelSpec m;
   auto in = model.get_int_list("input_shape");
+  if (in.empty()) model.fail("input_shape", "expected at least one dimension, e.g. [784] or [1, 28, 28]");
   for (auto d : in)
     if (d <= 0) model.fail("input_shape", "every dimension must be positive");
   m.input_shape = Shape(in);

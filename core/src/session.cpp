@@ -79,6 +79,8 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
       d->fail("backend", "no backend \"" + device_.backend + "\" is loaded; available: auto" + (known.empty() ? "" : ", " + known) +
                              " (see `kiln plugins` for plugins that failed to load)");
     }
+    if (d->has("visible") && d->get_int_list("visible", {}).empty())
+      d->fail("visible", "expected at least one device index; omit the key to use every device");
     device_.visible = d->get_int_list("visible", {});
     std::set<int64_t> seen;
     for (auto v : device_.visible) {
