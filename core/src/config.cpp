@@ -166,6 +166,7 @@ std::string ConfigNode::where(const std::string& key) const {
     return doc_->file + ": key '" + full + "' (from --set " + full + "=...)";
   os << doc_->file;
   const toml::node* n = key.empty() ? static_cast<const toml::node*>(&tbl(table_)) : tbl(table_).get(key);
+  if (!n) n = &tbl(table_);  // a missing key: the line of the table it belongs in
   if (n && n->source().begin.line > 0) os << ":" << n->source().begin.line;
   os << ": key '" << (full.empty() ? "<root>" : full) << "'";
   return os.str();
@@ -214,7 +215,11 @@ const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument&
     std::vector<std::string> present;
     for (const auto& [k, v] : tbl(table)) present.emplace_back(k.str());
     const std::string hint = nearest_key(present, key);
-    c.fail(key, "missing (required)" + (hint.empty() ? std::string() : "; the table has '" + hint + "': misspelled?"));
+    std::string at;
+    if (!hint.empty())
+      if (const toml::node* h = tbl(table).get(hint); h && h->source().begin.line > 0)
+        at = " (line " + std::to_string(h->source().begin.line) + ")";
+    c.fail(key, "missing (required)" + (hint.empty() ? std::string() : "; the table has '" + hint + "'" + at + ": misspelled?"));
   }
   return n;
 }

@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
 #include "test_support.hpp"
 
 TEST_CASE("a config path that is a directory, a missing or non-directory --plugin-dir, an empty visible list and an "
@@ -30,4 +32,16 @@ TEST_CASE("a config path that is a directory, a missing or non-directory --plugi
   r = kiln::test::run_app("plan " + (dir / "run.toml").string() + " --set 'device.visible=[0]' --set 'model.input_shape=[]'");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("model.input_shape") && Catch::Contains("at least one dimension"));
+}
+
+TEST_CASE("a misspelled required key is reported with the line of its table and of the misspelling",
+          "[hardening][config]") {
+  auto c = kiln::Config::load_string("a = 1\n[layer]\ntype = \"dense\"\n\nunitz = 2\n", "m.toml");
+  std::string msg;
+  try {
+    c.root().table("layer")->get_int("units");
+  } catch (const kiln::ConfigError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Catch::Contains("m.toml:2: key 'layer.units'") && Catch::Contains("'unitz' (line 5): misspelled?"));
 }
