@@ -40,7 +40,9 @@ int cmd_plan(const Options& o) {
   std::vector<size_t> limits;
   for (auto& d : ctx.devices) limits.push_back(d.allocator->limit());
   std::vector<int64_t> batches = s.memory_settings().sweep_batches;
-  if (batches.empty()) batches = default_sweep_batches(largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size));
+  if (batches.empty())
+    batches = default_sweep_batches(largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size),
+                                    batch_unit(s.strategy(), ctx, s.train().batch_size));
   fs::path dir = o.sweep_out.empty() ? fs::path(s.train().output_dir) : fs::path(o.sweep_out);
   std::error_code ec;
   fs::create_directories(dir, ec);

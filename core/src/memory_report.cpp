@@ -124,6 +124,18 @@ std::vector<LayerRow> layer_table(const ModelSpec& m) {
   return out;
 }
 
+int64_t batch_unit(Strategy& s, RunnerContext ctx, int64_t hi) {
+  for (int64_t b = 1; b <= std::max<int64_t>(hi, 1) && b <= 4096; ++b) {
+    ctx.global_batch = b;
+    try {
+      s.plan(ctx);
+      return b;
+    } catch (const ConfigError&) {
+    }
+  }
+  return 0;
+}
+
 int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<size_t>& limits, int64_t hi) {
   auto fits = [&](int64_t b) {
     ctx.global_batch = b;
@@ -136,16 +148,19 @@ int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<
       return false;  // e.g. a batch that a data-parallel strategy cannot split
     }
   };
-  if (!fits(1)) return 0;
-  int64_t lo = 1;
-  if (hi < 1) hi = 1;
-  while (fits(hi) && hi < (int64_t{1} << 24)) lo = hi, hi *= 2;
-  if (lo == hi) return lo;
-  while (hi - lo > 1) {
-    int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
+  // Strategies that split a batch (data_parallel's replicas, model_parallel's micro-batches) accept only multiples
+  // of a unit: the smallest batch that plans at all. The search runs over multiples of it.
+  const int64_t unit = batch_unit(s, ctx, hi);
+  if (unit == 0 || !fits(unit)) return 0;
+  auto fits_k = [&](int64_t k) { return fits(k * unit); };
+  int64_t lo = 1, khi = std::max<int64_t>(hi / unit, 1);
+  while (fits_k(khi) && khi * unit < (int64_t{1} << 24)) lo = khi, khi *= 2;
+  if (lo == khi) return lo * unit;
+  while (khi - lo > 1) {
+    int64_t mid = lo + (khi - lo) / 2;
+    (fits_k(mid) ? lo : khi) = mid;
   }
-  return lo;
+  return lo * unit;
 }
 
 std::string format_layer_table(const std::vector<LayerRow>& rows) {

@@ -43,9 +43,10 @@ std::string mib(size_t b) {
 
 }  // namespace
 
-std::vector<int64_t> default_sweep_batches(int64_t largest_fit) {
+std::vector<int64_t> default_sweep_batches(int64_t largest_fit, int64_t unit) {
   std::vector<int64_t> b;
-  for (int64_t x = 1; x <= std::max<int64_t>(largest_fit, 1); x *= 2) b.push_back(x);
+  unit = std::max<int64_t>(unit, 1);
+  for (int64_t x = unit; x <= std::max<int64_t>(largest_fit, unit); x *= 2) b.push_back(x);
   if (largest_fit > 0 && b.back() != largest_fit) b.push_back(largest_fit);
   b.push_back(std::max<int64_t>(2 * std::max<int64_t>(largest_fit, 1), b.back() + 1));  // one point past the limit
   return b;

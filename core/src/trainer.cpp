@@ -332,6 +332,14 @@ TrainReport Trainer::run() {
   if (sched.kind == ScheduleKind::cosine && sched.total_steps == 0 && per_epoch > 0) sched.total_steps = per_epoch * ts.epochs;
 
   s_.open_devices();
+  // Say what the run uses before it uses it: backend, device and memory limit of every device (issue 15 item 14).
+  for (const DeviceContext& d : s_.devices()) {
+    const DeviceInfo& info = d.device->info();
+    out_ << "device " << info.label() << ": " << info.name << ", memory limit "
+         << (d.allocator ? format_bytes(d.allocator->limit()) : std::string("none"))
+         << (d.allocator && d.allocator->options().growth ? " (growth on demand)" : " (reserved at start)")
+         << (s_.explicit_limit() ? " from [device] memory_limit" : "") << "\n";
+  }
   auto rctx = s_.runner_context();
   // Refuse up front, with the full plan report, when the plan cannot fit (memory_policy "fit" turns on savers first).
   if (ts.memory_policy != "none") {

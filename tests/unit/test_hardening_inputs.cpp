@@ -45,3 +45,20 @@ TEST_CASE("a misspelled required key is reported with the line of its table and 
   }
   CHECK_THAT(msg, Catch::Contains("m.toml:2: key 'layer.units'") && Catch::Contains("'unitz' (line 5): misspelled?"));
 }
+
+TEST_CASE("kiln plan finds the largest batch and sweeps for strategies that split a batch", "[hardening][plan]") {
+  auto dir = kiln::test::temp_dir("hard-plan-dp");
+  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\nvirtual_devices = 2\nthreads = 1\nmemory_limit = \"64MiB\"\n"
+                                  << "[strategy]\ntype = \"data_parallel\"\ndevices = [0, 1]\n"
+                                  << "[model]\ninput_shape = [16]\n[[model.layers]]\ntype = \"dense\"\nunits = 4\n"
+                                  << "[train]\nbatch_size = 8\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [16], examples = 64}]\n";
+  auto r = kiln::test::run_app("plan " + (dir / "run.toml").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("largest batch size that fits: ") && !Catch::Contains("fits: 0"));
+  r = kiln::test::run_app("plan " + (dir / "run.toml").string() + " --sweep --sweep-out " + (dir / "sweep").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("batch 2: predicted") && !Catch::Contains("batch 1: predicted"));
+}

@@ -59,7 +59,11 @@ struct SweepPoint {
   bool fits = false;
   double step_seconds = 0;
 };
-std::vector<int64_t> default_sweep_batches(int64_t largest_fit);
+// Powers of two times `unit` up to the largest batch that fits, that batch, and one point past it.
+std::vector<int64_t> default_sweep_batches(int64_t largest_fit, int64_t unit = 1);
+// The smallest batch (<= hi, at most 4096) the strategy accepts: 1, or the replicas / micro-batches it splits a
+// batch into (every accepted batch is a multiple of it); 0 when none is.
+int64_t batch_unit(Strategy& s, RunnerContext ctx, int64_t hi);
 std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure, std::ostream* progress);
 std::string sweep_csv(const std::vector<SweepPoint>& points);
 std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& title);
