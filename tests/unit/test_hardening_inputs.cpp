@@ -62,3 +62,20 @@ TEST_CASE("kiln plan finds the largest batch and sweeps for strategies that spli
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("batch 2: predicted") && !Catch::Contains("batch 1: predicted"));
 }
+
+TEST_CASE("progress lines show an ETA and never print the epoch's last batch twice", "[hardening][progress]") {
+  auto dir = kiln::test::temp_dir("hard-progress");
+  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\n"
+                                  << "[model]\ninput_shape = [8]\n[[model.layers]]\ntype = \"dense\"\nunits = 10\n"
+                                  << "[train]\nepochs = 1\nbatch_size = 4\nprogress = \"lines\"\nevaluate = false\n"
+                                  << "output_dir = \"" << (dir / "out").string() << "\"\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [8], examples = 40}]\n";
+  auto r = kiln::test::run_app("train " + (dir / "run.toml").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // 10 batches, a line every batch: batch 10/10 once, earlier lines with an ETA.
+  size_t last = 0, pos = 0;
+  while ((pos = r.output.find("batch 10/10", pos)) != std::string::npos) ++last, ++pos;
+  CHECK(last == 1);
+  CHECK_THAT(r.output, Catch::Contains("batch 5/10") && Catch::Contains(" eta "));
+}
