@@ -212,11 +212,14 @@ size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return op_works
 // crash the driver, not raise an error).
 void VulkanDevice::run(const OpCall& call) {
   const OpArity ar = op_arity(call.kind, call.attrs);
-  const std::string op(op_name(call.kind));
-  for (size_t i = 0; i < call.in.size(); ++i) check_view(call.in[i], ("op " + op + " input[" + std::to_string(i) + "]").c_str());
-  for (size_t i = 0; i < call.out.size(); ++i)
-    check_view(call.out[i], ("op " + op + " output[" + std::to_string(i) + "]").c_str());
-  if (call.workspace.bytes) check_view(call.workspace, ("op " + op + " workspace").c_str());
+  // The label is built only for a buffer that fails: this runs for every op of every step.
+  auto owned = [&](const BufferView& v, const char* kind, size_t i) {
+    if (v.bytes == 0 || (v.block && blocks_.count(v.block) && v.offset + v.bytes <= v.block->bytes)) return;
+    check_view(v, ("op " + std::string(op_name(call.kind)) + " " + kind + "[" + std::to_string(i) + "]").c_str());
+  };
+  for (size_t i = 0; i < call.in.size(); ++i) owned(call.in[i], "input", i);
+  for (size_t i = 0; i < call.out.size(); ++i) owned(call.out[i], "output", i);
+  owned(call.workspace, "workspace", 0);
   // Kernels bind (and hazard tracking sees) exactly the bytes the op touches, not whole views.
   OpCall trimmed = call;
   for (size_t i = 0; i < trimmed.in.size(); ++i) trimmed.in[i].bytes = static_cast<size_t>(ar.in[i]) * sizeof(float);
