@@ -102,6 +102,16 @@ struct CpuKernels {
     embedding_backward(at<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool_);
   }
 
+  static void ln_fwd(CpuDevice& d, const OpCall& c) {
+    const auto& a = at<LayerNormAttrs>(c);
+    layer_norm_forward(a, in(c, 0), in(c, 1), a.bias ? in(c, 2) : nullptr, out(c, 0), out(c, 1), out(c, 2), d.pool_);
+  }
+  static void ln_bwd(CpuDevice& d, const OpCall& c) {
+    const auto& a = at<LayerNormAttrs>(c);
+    layer_norm_backward(a, in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0), out(c, 1),
+                        a.bias ? out(c, 2) : nullptr, d.pool_);
+  }
+
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
       {OpKind::Gemm, gemm},
@@ -138,6 +148,8 @@ struct CpuKernels {
       {OpKind::EmaUpdate, ema},
       {OpKind::EmbeddingForward, embed_fwd},
       {OpKind::EmbeddingBackward, embed_bwd},
+      {OpKind::LayerNormForward, ln_fwd},
+      {OpKind::LayerNormBackward, ln_bwd},
   };
 };
 

@@ -23,7 +23,7 @@ k::AdamParams adam_params(const AdamAttrs& a) {
   // Bias corrections in double on the host, exactly as the reference computes them.
   const double t = static_cast<double>(a.step);
   return {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, 1.0 - std::pow(double(a.beta1), t),
-          1.0 - std::pow(double(a.beta2), t)};
+          1.0 - std::pow(double(a.beta2), t), a.decoupled_decay};
 }
 k::RmspropParams rmsprop_params(const RmspropAttrs& a) { return {a.lr, a.rho, a.eps, a.momentum}; }
 k::EmaParams ema_params(const EmaAttrs& a) { return {a.decay}; }
@@ -263,6 +263,16 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
       const auto& a = std::get<EmbeddingAttrs>(c.attrs);
       if (c.kind == OpKind::EmbeddingForward) return k::embedding_forward(s, in(0), in(1), out(0), a.rows, a.vocab, a.dim);
       return k::embedding_backward(s, in(0), in(1), out(0), a.rows, a.vocab, a.dim);
+    }
+    case OpKind::LayerNormForward: {
+      const auto& a = std::get<LayerNormAttrs>(c.attrs);
+      return k::layer_norm_forward(s, in(0), in(1), a.bias ? in(2) : nullptr, out(0), out(1), out(2), a.rows, a.cols,
+                                   a.eps);
+    }
+    case OpKind::LayerNormBackward: {
+      const auto& a = std::get<LayerNormAttrs>(c.attrs);
+      return k::layer_norm_backward(s, in(0), in(1), in(2), in(3), in(4), out(0), out(1), a.bias ? out(2) : nullptr,
+                                    a.rows, a.cols);
     }
     case OpKind::Count_: break;
   }

@@ -94,7 +94,7 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
     case OpKind::ActivationForward:
     case OpKind::ActivationBackward: {
       const auto& a = std::get<ActivationAttrs>(attrs);
-      if (static_cast<int>(a.act) > static_cast<int>(Activation::tanh))
+      if (static_cast<int>(a.act) >= kActivationCount)
         return no("unknown activation " + std::to_string(static_cast<int>(a.act)));
       return {};
     }
@@ -113,6 +113,11 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
       if (a.vocab >= (int64_t(1) << 24))  // ids are compared as floats, exact only below 2^24
         return no("vocab = " + std::to_string(a.vocab) + " exceeds 2^24, the largest id a float holds exactly");
       return {};
+    }
+    case OpKind::LayerNormForward:
+    case OpKind::LayerNormBackward: {
+      const int64_t cols = std::get<LayerNormAttrs>(attrs).cols;
+      return row_fits(layer_norm_row_cost(kind, cols), 0, "a row of cols = " + std::to_string(cols));
     }
     default: return {};
   }
@@ -174,6 +179,8 @@ void run_op(Encoder& e, const OpCall& c) {
     case OpKind::EmaUpdate: return run_optimizer(e, c);
     case OpKind::EmbeddingForward:
     case OpKind::EmbeddingBackward: return run_embedding(e, c);
+    case OpKind::LayerNormForward:
+    case OpKind::LayerNormBackward: return run_layer_norm(e, c);
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

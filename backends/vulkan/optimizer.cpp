@@ -23,7 +23,7 @@ void run_optimizer(Encoder& e, const OpCall& c) {
       const double t = static_cast<double>(a.step);  // bias corrections in double, as the reference
       struct {
         uint32_t count;
-        float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
+        float lr, beta1, beta2, eps, weight_decay, bc1, bc2, keep;
       } p{u32(a.count),
           a.lr,
           a.beta1,
@@ -31,7 +31,8 @@ void run_optimizer(Encoder& e, const OpCall& c) {
           a.eps,
           a.weight_decay,
           static_cast<float>(1.0 - std::pow(double(a.beta1), t)),
-          static_cast<float>(1.0 - std::pow(double(a.beta2), t))};
+          static_cast<float>(1.0 - std::pow(double(a.beta2), t)),
+          static_cast<float>(1.0 - double(a.lr) * double(a.decoupled_decay))};
       e.dispatch("adam", {rd(c.in[0]), rw(c.out[0]), rw(c.out[1]), rw(c.out[2])}, p, e.groups_for(a.count));
       return;
     }

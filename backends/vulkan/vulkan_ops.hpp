@@ -30,6 +30,7 @@ void run_concat(Encoder& e, const OpCall& c);
 void run_dropout(Encoder& e, const OpCall& c);
 void run_optimizer(Encoder& e, const OpCall& c);
 void run_embedding(Encoder& e, const OpCall& c);
+void run_layer_norm(Encoder& e, const OpCall& c);
 
 // llvmpipe (lavapipe) counts the loop iterations of each shader invocation, all loops together (nested and
 // sequential: gallivm's loop limiter is one counter per invocation, set to 65535 once and decremented at every
@@ -75,6 +76,13 @@ void for_ranges(const Encoder& e, int64_t n, uint32_t local, int64_t cost, F&& f
 inline int64_t softmax_row_cost(OpKind kind, int64_t cols) {
   const int64_t steps = (cols + 63) / 64;
   return kind == OpKind::SoftmaxBackward ? 2 * steps + 6 + 1 : 3 * steps + 12 + 1;
+}
+
+// Counted loop iterations per row of the layer norm kernels (64 invocations per row): forward three walks of
+// the row and two tree sums; backward (dx) two walks and two tree sums.
+inline int64_t layer_norm_row_cost(OpKind kind, int64_t cols) {
+  const int64_t steps = (cols + 63) / 64;
+  return kind == OpKind::LayerNormBackward ? 2 * steps + 12 + 1 : 3 * steps + 12 + 1;
 }
 
 // Counted loop iterations per item of the pooling kernels (an output forward, an input backward): the window

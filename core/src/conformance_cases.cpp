@@ -139,11 +139,16 @@ void pool_cases(Table& t) {
 
 void activation_cases(Table& t) {
   const int64_t sizes[] = {1, 255, 256, 257, 4099};
-  const Activation acts[] = {Activation::relu, Activation::sigmoid, Activation::tanh};
+  const Activation acts[] = {Activation::relu, Activation::sigmoid,   Activation::tanh,
+                             Activation::gelu, Activation::gelu_tanh, Activation::silu};
   for (Activation act : acts) {
     const std::string an(activation_name(act));
-    // y ranges of each activation, so backward inputs are values forward could produce.
-    const Gen y = act == Activation::sigmoid ? uni(0.f, 1.f) : act == Activation::tanh ? uni(-1.f, 1.f) : uni(-2.f, 2.f);
+    // y ranges of each activation, so backward inputs are values forward could produce; gelu, gelu_tanh and
+    // silu backward read x (both tails).
+    const Gen y = act == Activation::sigmoid ? uni(0.f, 1.f)
+                  : act == Activation::tanh  ? uni(-1.f, 1.f)
+                  : activation_backward_reads_input(act) ? uni(-8.f, 8.f)
+                                                         : uni(-2.f, 2.f);
     for (int64_t s : sizes) {
       ActivationAttrs a{act, s};
       t.add(an + "." + n(s) + ".float", OpKind::ActivationForward, a, {uni(-8.f, 8.f)}, {kOut}, Check::elementwise,
@@ -344,6 +349,8 @@ void optimizer_cases(Table& t) {
           {kF, uni(-0.1f, 0.1f), pos}, Check::elementwise, false);
     t.add(v + ".step10.wd", OpKind::AdamUpdate, AdamAttrs{s, 1e-2f, 0.8f, 0.99f, 1e-8f, 0.01f, 10}, {kF},
           {kF, uni(-0.1f, 0.1f), pos}, Check::elementwise, false);
+    t.add(v + ".step10.adamw", OpKind::AdamUpdate, AdamAttrs{s, 1e-2f, 0.9f, 0.99f, 1e-8f, 0.f, 10, 0.1f}, {kF},
+          {kF, uni(-0.1f, 0.1f), pos}, Check::elementwise, false);
     t.add(v + ".plain", OpKind::RmspropUpdate, RmspropAttrs{s, 1e-2f, 0.9f, 1e-7f, 0.f}, {kF}, {kF, pos, kF},
           Check::elementwise, false);
     t.add(v + ".momentum", OpKind::RmspropUpdate, RmspropAttrs{s, 1e-2f, 0.9f, 1e-7f, 0.9f}, {kF}, {kF, pos, kF},
@@ -372,9 +379,15 @@ void gradient_cases(Table& t) {
     {kOut}, Check::elementwise);
   g("2x2x5x5.k3.s2.p1", OpKind::AvgPoolForward, PoolAttrs{2, 2, 5, 5, 3, 3, 2, 2, 1, 1, 3, 3}, {f}, {kOut},
     Check::elementwise);
-  for (Activation act : {Activation::relu, Activation::sigmoid, Activation::tanh})
+  for (int i = 0; i < kActivationCount; ++i) {
+    const auto act = static_cast<Activation>(i);
     g(std::string(activation_name(act)) + ".40", OpKind::ActivationForward, ActivationAttrs{act, 40},
       {spread(-2.f, 2.f)}, {kOut}, Check::elementwise);
+  }
+  g("3x5", OpKind::LayerNormForward, LayerNormAttrs{3, 5, 1e-5f, true}, {f, uni(0.5f, 1.5f), f}, {kOut, kOut, kOut},
+    Check::reduction);
+  g("4x6.nobias", OpKind::LayerNormForward, LayerNormAttrs{4, 6, 1e-5f, false}, {f, uni(0.5f, 1.5f)},
+    {kOut, kOut, kOut}, Check::reduction);
   g("4x7", OpKind::SoftmaxForward, SoftmaxAttrs{4, 7}, {uni(-2.f, 2.f)}, {kOut}, Check::reduction);
   g("4x7", OpKind::SoftmaxCrossEntropy, LossAttrs{4, 7, 0.25f, true}, {uni(-2.f, 2.f), {Gen::labels, 0, 7.f}},
     {kOut, kOut}, Check::reduction);
@@ -391,6 +404,27 @@ void gradient_cases(Table& t) {
   g("2x(3,1,2)x2", OpKind::Concat, ConcatAttrs{2, 2, {3, 1, 2}}, {f, f, f}, {kOut}, Check::elementwise);
   g("2x(3,1,2)x2", OpKind::Split, ConcatAttrs{2, 2, {3, 1, 2}}, {f}, {kOut, kOut, kOut}, Check::elementwise);
   g("50.rate0.3", OpKind::DropoutForward, DropoutAttrs{50, 0.3f, 7, 3}, {f}, {kOut}, Check::elementwise);
+}
+
+// Rows from 1 to 100,003 values (long reductions within one row), and 70,000 rows (long column sums of the
+// parameter gradients); with and without beta.
+void layer_norm_cases(Table& t) {
+  struct S {
+    int64_t rows, cols;
+  };
+  const S shapes[] = {{1, 1}, {1, 7}, {3, 64}, {5, 65}, {17, 255}, {64, 128}, {2, 40000}, {1, 100003}, {70000, 3}};
+  const Gen mean = uni(-0.5f, 0.5f), rstd = uni(0.5f, 2.f), gamma = uni(0.5f, 1.5f);
+  for (const S& sh : shapes)
+    for (bool bias : {true, false}) {
+      const LayerNormAttrs a{sh.rows, sh.cols, 1e-5f, bias};
+      const std::string v = n(sh.rows) + "x" + n(sh.cols) + (bias ? "" : ".nobias");
+      V fin{kF, gamma};
+      if (bias) fin.push_back(kF);
+      t.add(v, OpKind::LayerNormForward, a, fin, {kOut, kOut, kOut}, Check::reduction, false);
+      V out{kOut, kOut};
+      if (bias) out.push_back(kOut);
+      t.add(v, OpKind::LayerNormBackward, a, {kF, gamma, mean, rstd, kF}, out, Check::reduction, false);
+    }
 }
 
 void embedding_cases(Table& t) {
@@ -528,6 +562,7 @@ std::vector<OpCase> build() {
   concat_cases(t);
   dropout_cases(t);
   optimizer_cases(t);
+  layer_norm_cases(t);
   embedding_cases(t);
   long_loop_cases(t);
   return std::move(t.cases);

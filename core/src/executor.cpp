@@ -32,6 +32,11 @@ HostTensor initial_value(const TensorInfo& t, uint32_t seed) {
       for (auto& v : h.data) v = static_cast<float>(d(rng));
       break;
     }
+    case InitKind::normal: {
+      std::normal_distribution<double> d(0.0, static_cast<double>(in.value));
+      for (auto& v : h.data) v = static_cast<float>(d(rng));
+      break;
+    }
     case InitKind::he_normal: {
       std::normal_distribution<double> d(0.0, std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(in.fan_in, 1))));
       for (auto& v : h.data) v = static_cast<float>(d(rng));

@@ -1,5 +1,6 @@
 // The core's built-in layers. Each reads its TOML keys, then emits forward ops; shapes carry the batch dim.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kiln/config.hpp"
@@ -29,7 +30,7 @@ void check_size(const GraphBuilder& g, const Shape& s, const std::string& what, 
 
 // "linear" means none.
 std::optional<std::string> read_activation(const ConfigNode& c, const std::string& key, const std::string& dflt) {
-  auto a = c.get_choice(key, {"linear", "relu", "sigmoid", "tanh", "softmax"}, dflt);
+  auto a = c.get_choice(key, {"linear", "relu", "sigmoid", "tanh", "softmax", "gelu", "gelu_tanh", "silu"}, dflt);
   if (a == "linear") return std::nullopt;
   return a;
 }
@@ -40,7 +41,9 @@ TensorId apply_activation(GraphBuilder& g, TensorId x, const std::string& act) {
     int64_t cols = s[s.rank() - 1];
     return g.op1(OpKind::SoftmaxForward, SoftmaxAttrs{s.numel() / cols, cols}, {x}, s);
   }
-  Activation a = act == "relu" ? Activation::relu : act == "sigmoid" ? Activation::sigmoid : Activation::tanh;
+  Activation a = Activation::relu;
+  for (int i = 0; i < kActivationCount; ++i)
+    if (activation_name(static_cast<Activation>(i)) == act) a = static_cast<Activation>(i);
   return g.op1(OpKind::ActivationForward, ActivationAttrs{a, s.numel()}, {x}, s);
 }
 
@@ -55,18 +58,23 @@ class DenseLayer : public Layer {
     c.finish();
   }
   std::string type() const override { return "dense"; }
-  // x: (N, F) -> y: (N, units)
+  // x: (N, F) -> y: (N, units); a sequence (N, T, F) -> (N, T, units), the same kernel at every position
+  // (PyTorch's nn.Linear on the last dimension).
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
     const Shape& s = g.shape(in[0]);
-    if (s.rank() != 2) shape_error(g, "dense expects input (batch, features), got " + s.str() + "; add a flatten layer before it");
-    int64_t n = s[0], f = s[1];
+    if (s.rank() != 2 && s.rank() != 3)
+      shape_error(g, "dense expects input (batch, features) or (batch, positions, features), got " + s.str() +
+                         "; add a flatten layer before it");
+    const int64_t f = s[s.rank() - 1], n = s.numel() / std::max<int64_t>(f, 1);
+    Shape out = s;
+    out[s.rank() - 1] = units_;
     check_size(g, {f, units_}, "kernel (features, units)", where_);
-    check_size(g, {n, units_}, "output (batch, units)", where_);
+    check_size(g, out, "output (batch, units)", where_);
     TensorId w = g.param("kernel", {f, units_}, Init{InitKind::glorot_uniform, f, units_});
-    TensorId y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, {n, units_});
+    TensorId y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, out);
     if (use_bias_) {
       TensorId b = g.param("bias", {units_}, Init{});
-      y = g.op1(OpKind::BiasAdd, BiasAttrs{n, units_, 1}, {y, b}, {n, units_});
+      y = g.op1(OpKind::BiasAdd, BiasAttrs{n, units_, 1}, {y, b}, out);
     }
     return act_ ? apply_activation(g, y, *act_) : y;
   }
@@ -197,6 +205,123 @@ class ActivationLayer : public Layer {
   std::optional<std::string> act_;
 };
 
+// PyTorch's nn.GELU(approximate="none" | "tanh").
+class GeluLayer : public Layer {
+ public:
+  explicit GeluLayer(const ConfigNode& c)
+      : act_(c.get_choice("approximate", {"none", "tanh"}, "none") == "tanh" ? "gelu_tanh" : "gelu") {
+    c.finish();
+  }
+  std::string type() const override { return "gelu"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override { return apply_activation(g, in[0], act_); }
+
+ private:
+  std::string act_;
+};
+
+class SiluLayer : public Layer {
+ public:
+  explicit SiluLayer(const ConfigNode& c) { c.finish(); }
+  std::string type() const override { return "silu"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override { return apply_activation(g, in[0], "silu"); }
+};
+
+// PyTorch's nn.LayerNorm(last_dim, eps, bias): normalizes over the last dimension, then scales by gamma (ones at
+// start) and shifts by beta (zeros; none with use_bias = false, as nanoGPT's LayerNorm(bias=False)).
+class LayerNormLayer : public Layer {
+ public:
+  explicit LayerNormLayer(const ConfigNode& c) : eps_(c.get_float("epsilon", 1e-5)), use_bias_(c.get_bool("use_bias", true)) {
+    if (!(eps_ > 0) || !std::isfinite(eps_) || eps_ > 1)
+      c.fail("epsilon", "expected a small positive number such as 1e-5 (PyTorch's default)");
+    c.finish();
+  }
+  std::string type() const override { return "layer_norm"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() < 2) shape_error(g, "layer_norm expects input (batch, ..., features), got " + s.str());
+    const int64_t cols = s[s.rank() - 1];
+    LayerNormAttrs a{s.numel() / std::max<int64_t>(cols, 1), cols, static_cast<float>(eps_), use_bias_};
+    std::vector<TensorId> ins{in[0], g.param("gamma", {cols}, Init{InitKind::ones})};
+    if (use_bias_) ins.push_back(g.param("beta", {cols}, Init{}));
+    std::vector<TensorId> outs = g.op(OpKind::LayerNormForward, a, ins, {s, {a.rows}, {a.rows}});
+    return outs[0];
+  }
+
+ private:
+  double eps_;
+  bool use_bias_;
+};
+
+// (N, C, H, W) -> (N, C): the mean of each channel's plane (Keras' GlobalAveragePooling2D, PyTorch's
+// AdaptiveAvgPool2d(1) + flatten).
+class GlobalAvgPoolLayer : public Layer {
+ public:
+  explicit GlobalAvgPoolLayer(const ConfigNode& c) { c.finish(); }
+  std::string type() const override { return "global_avg_pool2d"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 4) shape_error(g, "global_avg_pool2d expects input (batch, channels, height, width), got " + s.str());
+    PoolAttrs a;
+    a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
+    a.kh = a.h, a.kw = a.w, a.stride_h = std::max<int64_t>(a.h, 1), a.stride_w = std::max<int64_t>(a.w, 1);
+    a.oh = 1, a.ow = 1;
+    TensorId y = g.op1(OpKind::AvgPoolForward, a, {in[0]}, {a.n, a.c, 1, 1});
+    return g.reshape(y, {a.n, a.c});
+  }
+};
+
+// PyTorch's nn.Embedding(vocab, dim): token ids (integers stored as floats) -> rows of a learned table, N(0, init_std^2)
+// at start (PyTorch's default 1; nanoGPT uses 0.02). An id outside [0, vocab) gives a row of NaN, which the run's
+// finiteness checks report.
+class EmbeddingLayer : public Layer {
+ public:
+  explicit EmbeddingLayer(const ConfigNode& c)
+      : vocab_(c.get_int("vocab")), dim_(c.get_int("dim")), std_(c.get_float("init_std", 1.0)), where_(c.where("vocab")) {
+    if (vocab_ <= 0) c.fail("vocab", "expected a positive vocabulary size, found " + std::to_string(vocab_));
+    if (vocab_ >= (int64_t{1} << 24)) c.fail("vocab", "ids travel as float32: at most 2^24 - 1 ids are exact");
+    if (dim_ <= 0) c.fail("dim", "expected a positive embedding width, found " + std::to_string(dim_));
+    if (!(std_ > 0) || !std::isfinite(std_)) c.fail("init_std", "expected a positive, finite standard deviation");
+    c.finish();
+  }
+  std::string type() const override { return "embedding"; }
+  // ids (N, ...) -> (N, ..., dim)
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    std::vector<int64_t> od = s.dims();
+    od.push_back(dim_);
+    const Shape out(od);
+    check_size(g, {vocab_, dim_}, "table (vocab, dim)", where_);
+    check_size(g, out, "output", where_);
+    TensorId table = g.param("table", {vocab_, dim_}, Init{InitKind::normal, vocab_, dim_, static_cast<float>(std_)});
+    return g.op1(OpKind::EmbeddingForward, EmbeddingAttrs{s.numel(), vocab_, dim_}, {in[0], table}, out);
+  }
+
+ private:
+  int64_t vocab_, dim_;
+  double std_;
+  std::string where_;
+};
+
+// Learned positional embeddings (GPT-2, nanoGPT's wpe): x (N, T, D) + table (T, D), the same table for every example.
+class PositionalEmbeddingLayer : public Layer {
+ public:
+  explicit PositionalEmbeddingLayer(const ConfigNode& c) : std_(c.get_float("init_std", 1.0)) {
+    if (!(std_ > 0) || !std::isfinite(std_)) c.fail("init_std", "expected a positive, finite standard deviation");
+    c.finish();
+  }
+  std::string type() const override { return "positional_embedding"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 3) shape_error(g, "positional_embedding expects input (batch, positions, features), got " + s.str());
+    const int64_t t = s[1], d = s[2];
+    TensorId table = g.param("table", {t, d}, Init{InitKind::normal, t, d, static_cast<float>(std_)});
+    return g.op1(OpKind::BiasAdd, BiasAttrs{s[0], t * d, 1}, {in[0], table}, s);
+  }
+
+ private:
+  double std_;
+};
+
 class DropoutLayer : public Layer {
  public:
   explicit DropoutLayer(const ConfigNode& c) : rate_(static_cast<float>(c.get_float("rate"))) {
@@ -282,6 +407,12 @@ void register_builtin_layers(Registry& reg) {
   reg.add_layer("flatten", factory<FlattenLayer>());
   reg.add_layer("activation", factory<ActivationLayer>());
   reg.add_layer("dropout", factory<DropoutLayer>());
+  reg.add_layer("gelu", factory<GeluLayer>());
+  reg.add_layer("silu", factory<SiluLayer>());
+  reg.add_layer("layer_norm", factory<LayerNormLayer>());
+  reg.add_layer("embedding", factory<EmbeddingLayer>());
+  reg.add_layer("positional_embedding", factory<PositionalEmbeddingLayer>());
+  reg.add_layer("global_avg_pool2d", factory<GlobalAvgPoolLayer>());
   reg.add_layer("add", factory<AddLayer>());
   reg.add_layer("concat", factory<ConcatLayer>());
 }

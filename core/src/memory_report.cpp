@@ -25,6 +25,7 @@ const char* optimizer_name(const OptimizerSpec& o) {
   switch (o.kind) {
     case OptimizerKind::sgd: return o.momentum > 0 ? "sgd with momentum" : "sgd";
     case OptimizerKind::adam: return "adam";
+    case OptimizerKind::adamw: return "adamw";
     case OptimizerKind::rmsprop: return o.momentum > 0 ? "rmsprop with momentum" : "rmsprop";
   }
   return "?";

@@ -95,21 +95,28 @@ void require(const ConfigNode& c, const char* key, bool ok, const char* expected
 
 OptimizerSpec parse_optimizer(const ConfigNode& c) {
   OptimizerSpec o;
-  auto type = c.get_choice("type", {"sgd", "adam", "rmsprop"}, "adam");
-  o.kind = type == "sgd" ? OptimizerKind::sgd : type == "adam" ? OptimizerKind::adam : OptimizerKind::rmsprop;
+  auto type = c.get_choice("type", {"sgd", "adam", "adamw", "rmsprop"}, "adam");
+  o.kind = type == "sgd"     ? OptimizerKind::sgd
+           : type == "adam"  ? OptimizerKind::adam
+           : type == "adamw" ? OptimizerKind::adamw
+                             : OptimizerKind::rmsprop;
+  const bool adamw = o.kind == OptimizerKind::adamw;
   o.lr = c.get_float("learning_rate", type == "sgd" ? 0.01 : 0.001);
   require(c, "learning_rate", o.lr > 0 && std::isfinite(o.lr), "expected a positive, finite number");
-  o.weight_decay = c.get_float("weight_decay", 0.0);
+  // AdamW's defaults are PyTorch's (weight_decay 0.01, epsilon 1e-8); its decay is decoupled from the gradient.
+  o.weight_decay = c.get_float("weight_decay", adamw ? 0.01 : 0.0);
   require(c, "weight_decay", o.weight_decay >= 0 && std::isfinite(o.weight_decay),
           "expected a non-negative, finite number (0 turns weight decay off)");
+  o.decay_params = c.get_choice("decay_params", {"all", "matrices"}, "all") == "all" ? DecayParams::all
+                                                                                   : DecayParams::matrices;
   if (o.kind == OptimizerKind::sgd) {
     o.momentum = c.get_float("momentum", 0.0);
     o.nesterov = c.get_bool("nesterov", false);
     if (o.nesterov && o.momentum <= 0) c.fail("nesterov", "Nesterov momentum needs momentum > 0");
-  } else if (o.kind == OptimizerKind::adam) {
+  } else if (o.kind == OptimizerKind::adam || adamw) {
     o.beta1 = c.get_float("beta1", 0.9);
     o.beta2 = c.get_float("beta2", 0.999);
-    o.eps = c.get_float("epsilon", 1e-7);
+    o.eps = c.get_float("epsilon", adamw ? 1e-8 : 1e-7);
     if (!(o.beta1 >= 0 && o.beta1 < 1)) c.fail("beta1", "expected a number in [0, 1)");
     if (!(o.beta2 >= 0 && o.beta2 < 1)) c.fail("beta2", "expected a number in [0, 1)");
     require(c, "epsilon", o.eps > 0 && std::isfinite(o.eps), "expected a positive, finite number, e.g. 1e-7");
@@ -144,7 +151,17 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
       o.schedule.alpha = s->get_float("alpha", 0.0);
       require(*s, "alpha", o.schedule.alpha >= 0 && o.schedule.alpha <= 1,
               "expected a number in [0, 1]: the final fraction of the learning rate");
+      if (s->has("min_learning_rate")) {
+        if (s->has("alpha"))
+          s->fail("min_learning_rate", "give the cosine's floor once: min_learning_rate (absolute) or alpha (a fraction)");
+        o.schedule.min_lr = s->get_float("min_learning_rate", 0.0);
+        require(*s, "min_learning_rate", o.schedule.min_lr >= 0 && o.schedule.min_lr <= o.lr,
+                "expected a number in [0, learning_rate]: the learning rate the cosine ends at");
+      }
     }
+    o.schedule.warmup_steps = s->get_int("warmup_steps", 0);
+    require(*s, "warmup_steps", o.schedule.warmup_steps >= 0 && o.schedule.warmup_steps < (int64_t{1} << 40),
+            "expected a non-negative number of steps (0: no warmup)");
     s->finish();
   }
   c.finish();
@@ -153,6 +170,9 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
 
 double OptimizerSpec::learning_rate_at(int64_t step) const {
   const auto& s = schedule;
+  // nanoGPT's warmup: lr * (it + 1) / (warmup_iters + 1); the schedule then counts steps from its end.
+  if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps + 1);
+  step -= s.warmup_steps;
   switch (s.kind) {
     case ScheduleKind::constant: return lr;
     case ScheduleKind::exponential: {
@@ -165,7 +185,8 @@ double OptimizerSpec::learning_rate_at(int64_t step) const {
     case ScheduleKind::cosine: {
       if (s.total_steps <= 0) return lr;
       double t = std::min<double>(static_cast<double>(step), static_cast<double>(s.total_steps)) / static_cast<double>(s.total_steps);
-      return lr * (s.alpha + (1 - s.alpha) * 0.5 * (1 + std::cos(M_PI * t)));
+      const double floor = s.min_lr >= 0 ? s.min_lr : s.alpha * lr;
+      return floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * t));
     }
   }
   return lr;
@@ -174,7 +195,8 @@ double OptimizerSpec::learning_rate_at(int64_t step) const {
 size_t OptimizerSpec::state_tensors_per_param() const {
   switch (kind) {
     case OptimizerKind::sgd: return momentum > 0 ? 1 : 0;
-    case OptimizerKind::adam: return 2;
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: return 2;
     case OptimizerKind::rmsprop: return momentum > 0 ? 2 : 1;
   }
   return 0;
@@ -204,6 +226,7 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
     n.in = {grad};
     n.out = {param};
     float lr = static_cast<float>(o.lr), wd = static_cast<float>(o.weight_decay);
+    if (o.decay_params == DecayParams::matrices && pinfo.shape.rank() < 2) wd = 0.f;  // biases, norm scales
     switch (o.kind) {
       case OptimizerKind::sgd:
         n.kind = OpKind::SgdUpdate;
@@ -211,11 +234,15 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
         n.out.push_back(o.momentum > 0 ? add_state(g, param, "momentum", TensorRole::optimizer_state) : param);
         break;
       case OptimizerKind::adam:
+      case OptimizerKind::adamw: {
+        const bool decoupled = o.kind == OptimizerKind::adamw;
         n.kind = OpKind::AdamUpdate;
-        n.attrs = AdamAttrs{count, lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps), wd, 1};
+        n.attrs = AdamAttrs{count, lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
+                            decoupled ? 0.f : wd, 1, decoupled ? wd : 0.f};
         n.out.push_back(add_state(g, param, "adam_m", TensorRole::optimizer_state));
         n.out.push_back(add_state(g, param, "adam_v", TensorRole::optimizer_state));
         break;
+      }
       case OptimizerKind::rmsprop:
         n.kind = OpKind::RmspropUpdate;
         n.attrs = RmspropAttrs{count, lr, static_cast<float>(o.rho), static_cast<float>(o.eps), static_cast<float>(o.momentum)};

@@ -2,6 +2,7 @@
 // scalars, gradient rule, reference, cache key) and the registry of plugins' ops. Semantics: ops.hpp.
 #include "kiln/op_table.hpp"
 
+#include <cmath>
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
@@ -20,7 +21,7 @@ constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAt
                                       "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",    "ElementwiseAttrs",
                                       "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs", "SgdAttrs",
                                       "AdamAttrs",       "RmspropAttrs", "EmaAttrs",     "EmbeddingAttrs",
-                                      "CustomAttrs"};
+                                      "LayerNormAttrs",  "CustomAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 template <class T, size_t... I>
@@ -125,6 +126,12 @@ int64_t counted(std::string_view op, const OpAttrs& attrs) {
   return a.count;
 }
 
+void check_activation(std::string_view op, const OpAttrs& attrs) {
+  const int act = static_cast<int>(std::get<ActivationAttrs>(attrs).act);
+  if (act < 0 || act >= kActivationCount)
+    throw Error(op_label(op) + ": unknown activation " + std::to_string(act));
+}
+
 // ---- gradient rules (backward ops are ordinary ops) ----------------------------------------------------------
 
 void gemm_grad(GradContext& g) {
@@ -164,7 +171,15 @@ void avg_pool_grad(GradContext& g) {
   if (g.needs_grad(n.in[0])) g.emit_grad(n.in[0], OpKind::AvgPoolBackward, n.attrs, {g.dy()});
 }
 
-// Activation and softmax backward read the forward output y.
+// relu, sigmoid and tanh backward read the forward output y; gelu, gelu_tanh and silu the input x.
+void activation_grad(GradContext& g) {
+  const Node& n = g.node();
+  const bool from_x = activation_backward_reads_input(std::get<ActivationAttrs>(n.attrs).act);
+  if (g.needs_grad(n.in[0]))
+    g.emit_grad(n.in[0], OpKind::ActivationBackward, n.attrs, {from_x ? n.in[0] : n.out[0], g.dy()});
+}
+
+// Softmax backward reads the forward output y.
 template <OpKind Backward>
 void from_output_grad(GradContext& g) {
   const Node& n = g.node();
@@ -242,6 +257,33 @@ OpArity embedding_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
   return {{a.rows, rows}, {table}};
 }
 
+void layer_norm_grad(GradContext& g) {
+  const Node& n = g.node();
+  const auto& a = std::get<LayerNormAttrs>(n.attrs);
+  std::vector<TensorId> parts;
+  const size_t params = a.bias ? 3 : 2;
+  for (size_t i = 0; i < params; ++i) parts.push_back(g.new_tensor(g.shape(n.in[i])));
+  g.emit(OpKind::LayerNormBackward, n.attrs, {n.in[0], n.in[1], n.out[1], n.out[2], g.dy()}, parts);
+  for (size_t i = 0; i < params; ++i)
+    if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);
+}
+
+OpArity layer_norm_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
+  const auto& a = attrs_as<LayerNormAttrs>(op, attrs);
+  check_dims(op, {{"rows", a.rows}, {"cols", a.cols}});
+  if (!(a.eps > 0.f) || !std::isfinite(a.eps))
+    throw Error(op_label(op) + ": eps must be positive and finite, found " + std::to_string(a.eps));
+  const int64_t n = product(op, {a.rows, a.cols});
+  if (k == OpKind::LayerNormForward) {
+    OpArity r{{n, a.cols}, {n, a.rows, a.rows}};
+    if (a.bias) r.in.push_back(a.cols);
+    return r;
+  }
+  OpArity r{{n, a.cols, a.rows, a.rows, n}, {n, a.cols}};
+  if (a.bias) r.out.push_back(a.cols);
+  return r;
+}
+
 // A fused loss already computed its gradient w.r.t. the prediction (out[1]).
 void loss_grad(GradContext& g) {
   const Node& n = g.node();
@@ -291,12 +333,15 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
           put(k, a.count), put(k, a.momentum), put(k, a.weight_decay), put(k, a.nesterov);
         } else if constexpr (std::is_same_v<A, AdamAttrs>) {
           put(k, a.count), put(k, a.beta1), put(k, a.beta2), put(k, a.eps), put(k, a.weight_decay);
+          put(k, a.decoupled_decay);
         } else if constexpr (std::is_same_v<A, RmspropAttrs>) {
           put(k, a.count), put(k, a.rho), put(k, a.eps), put(k, a.momentum);
         } else if constexpr (std::is_same_v<A, EmaAttrs>) {
           put(k, a.count), put(k, a.decay);
         } else if constexpr (std::is_same_v<A, EmbeddingAttrs>) {
           put(k, a.rows), put(k, a.vocab), put(k, a.dim);
+        } else if constexpr (std::is_same_v<A, LayerNormAttrs>) {
+          put(k, a.rows), put(k, a.cols), put(k, a.eps), put(k, a.bias);
         } else {
           static_assert(std::is_same_v<A, CustomAttrs>, "every OpAttrs alternative has a key");
           put(k, a.ints.size()), put(k, a.floats.size());
@@ -376,17 +421,19 @@ std::vector<OpDesc> build_builtins() {
     OpDesc d = desc<ActivationAttrs>("activation_forward",
                                      [](const OpAttrs& a) -> OpArity {
                                        const int64_t n = counted<ActivationAttrs>("activation_forward", a);
+                                       check_activation("activation_forward", a);
                                        return {{n}, {n}};
                                      },
                                      ref_of<ActivationAttrs, ref::activation>(K::ActivationForward));
     d.may_alias = {{0, 0}};
-    d.grad = from_output_grad<K::ActivationBackward>;
+    d.grad = activation_grad;
     set(K::ActivationForward, std::move(d));
   }
   {
     OpDesc d = desc<ActivationAttrs>("activation_backward",
                                      [](const OpAttrs& a) -> OpArity {
                                        const int64_t n = counted<ActivationAttrs>("activation_backward", a);
+                                       check_activation("activation_backward", a);
                                        return {{n, n}, {n}};
                                      },
                                      ref_of<ActivationAttrs, ref::activation>(K::ActivationBackward));
@@ -556,6 +603,17 @@ std::vector<OpDesc> build_builtins() {
     set(k, std::move(d));
   }
 
+  for (auto [k, name] : {std::pair{K::LayerNormForward, "layer_norm_forward"},
+                         std::pair{K::LayerNormBackward, "layer_norm_backward"}}) {
+    OpDesc d = desc<LayerNormAttrs>(name,
+                                    [k = k, name = name](const OpAttrs& a) { return layer_norm_arity(k, name, a); },
+                                    ref_of<LayerNormAttrs, ref::layer_norm>(k));
+    if (k == K::LayerNormForward) {
+      d.grad = layer_norm_grad;
+      d.saved_outputs = {1, 2};
+    }
+    set(k, std::move(d));
+  }
   for (size_t i = 0; i < t.size(); ++i)
     if (t[i].name.empty() || !t[i].arity || !t[i].reference)
       throw Error("internal: built-in op kind " + std::to_string(i) + " has no complete table entry");

@@ -18,6 +18,12 @@ std::string_view activation_name(Activation a) {
       return "sigmoid";
     case Activation::tanh:
       return "tanh";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+    case Activation::silu:
+      return "silu";
   }
   return "unknown_activation";
 }

@@ -137,7 +137,9 @@ void adam(const AdamAttrs& a, In in, Out out) {
   float* v = out[2];
   const double b1 = a.beta1, b2 = a.beta2;
   const double bc1 = 1.0 - std::pow(b1, double(a.step)), bc2 = 1.0 - std::pow(b2, double(a.step));
+  const double keep = 1.0 - double(a.lr) * double(a.decoupled_decay);
   for (int64_t i = 0; i < a.count; ++i) {
+    if (a.decoupled_decay != 0.f) w[i] = static_cast<float>(w[i] * keep);
     const double gp = double(g[i]) + double(a.weight_decay) * w[i];
     const double mn = b1 * m[i] + (1.0 - b1) * gp;
     const double vn = b2 * v[i] + (1.0 - b2) * gp * gp;

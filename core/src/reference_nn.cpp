@@ -102,6 +102,8 @@ void pool(OpKind kind, const PoolAttrs& a, In in, Out out) {
 }
 
 void activation(OpKind kind, const ActivationAttrs& a, In in, Out out) {
+  constexpr double kSqrt2OverPi = 0.79788456080286535588, kInvSqrt2 = 0.70710678118654752440,
+                   kInvSqrt2Pi = 0.39894228040143267794;
   for (int64_t i = 0; i < a.count; ++i) {
     if (kind == OpKind::ActivationForward) {
       const double x = in[0][i];
@@ -116,24 +118,94 @@ void activation(OpKind kind, const ActivationAttrs& a, In in, Out out) {
         case Activation::tanh:
           y = std::tanh(x);
           break;
+        case Activation::gelu:
+          y = 0.5 * x * (1.0 + std::erf(x * kInvSqrt2));
+          break;
+        case Activation::gelu_tanh:
+          y = 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+          break;
+        case Activation::silu:
+          y = x / (1.0 + std::exp(-x));
+          break;
       }
       out[0][i] = static_cast<float>(y);
     } else {
-      const double y = in[0][i], dy = in[1][i];
+      const double v = in[0][i], dy = in[1][i];  // v: y, or x where activation_backward_reads_input
       double dx = 0;
       switch (a.act) {
         case Activation::relu:
-          dx = y > 0 ? dy : 0.0;
+          dx = v > 0 ? dy : 0.0;
           break;
         case Activation::sigmoid:
-          dx = dy * y * (1.0 - y);
+          dx = dy * v * (1.0 - v);
           break;
         case Activation::tanh:
-          dx = dy * (1.0 - y * y);
+          dx = dy * (1.0 - v * v);
           break;
+        case Activation::gelu:
+          dx = dy * (0.5 * (1.0 + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5 * v * v));
+          break;
+        case Activation::gelu_tanh: {
+          const double t = std::tanh(kSqrt2OverPi * (v + 0.044715 * v * v * v));
+          dx = dy * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * 0.044715 * v * v));
+          break;
+        }
+        case Activation::silu: {
+          const double s = 1.0 / (1.0 + std::exp(-v));
+          dx = dy * s * (1.0 + v * (1.0 - s));
+          break;
+        }
       }
       out[0][i] = static_cast<float>(dx);
     }
+  }
+}
+
+void layer_norm(OpKind kind, const LayerNormAttrs& a, In in, Out out) {
+  const int64_t rows = a.rows, cols = a.cols;
+  const float* gamma = in[1];
+  if (kind == OpKind::LayerNormForward) {
+    const float* beta = a.bias ? in[2] : nullptr;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = in[0] + r * cols;
+      double sum = 0;
+      for (int64_t c = 0; c < cols; ++c) sum += x[c];
+      const double mean = cols ? sum / double(cols) : 0.0;
+      double sq = 0;
+      for (int64_t c = 0; c < cols; ++c) sq += (x[c] - mean) * (x[c] - mean);
+      const double rstd = 1.0 / std::sqrt((cols ? sq / double(cols) : 0.0) + double(a.eps));
+      for (int64_t c = 0; c < cols; ++c) {
+        double y = (x[c] - mean) * rstd * gamma[c];
+        if (beta) y += beta[c];
+        out[0][r * cols + c] = static_cast<float>(y);
+      }
+      out[1][r] = static_cast<float>(mean);
+      out[2][r] = static_cast<float>(rstd);
+    }
+    return;
+  }
+  const float *mean = in[2], *rstd = in[3];
+  std::vector<double> dgamma(static_cast<size_t>(cols)), dbeta(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in[0] + r * cols;
+    const float* dy = in[4] + r * cols;
+    const double m = mean[r], rs = rstd[r];
+    double sg = 0, sgx = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double xhat = (x[c] - m) * rs, g = double(dy[c]) * gamma[c];
+      sg += g;
+      sgx += g * xhat;
+      dgamma[size_t(c)] += double(dy[c]) * xhat;
+      dbeta[size_t(c)] += dy[c];
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const double xhat = (x[c] - m) * rs, g = double(dy[c]) * gamma[c];
+      out[0][r * cols + c] = static_cast<float>(rs * (g - sg / double(cols) - xhat * sgx / double(cols)));
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    out[1][c] = static_cast<float>(dgamma[size_t(c)]);
+    if (a.bias) out[2][c] = static_cast<float>(dbeta[size_t(c)]);
   }
 }
 

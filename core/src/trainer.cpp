@@ -343,7 +343,8 @@ TrainReport Trainer::run() {
   int64_t per_epoch = train_data->size_hint() > 0 ? (train_data->size_hint() + ts.batch_size - 1) / ts.batch_size : -1;
   if (ts.steps_per_epoch > 0) per_epoch = per_epoch > 0 ? std::min(per_epoch, ts.steps_per_epoch) : ts.steps_per_epoch;
   auto& sched = s_.optimizer().schedule;
-  if (sched.kind == ScheduleKind::cosine && sched.total_steps == 0 && per_epoch > 0) sched.total_steps = per_epoch * ts.epochs;
+  if (sched.kind == ScheduleKind::cosine && sched.total_steps == 0 && per_epoch > 0)
+    sched.total_steps = std::max<int64_t>(per_epoch * ts.epochs - sched.warmup_steps, 1);  // the rest of the run
 
   s_.open_devices();
   // Say what the run uses before it uses it: backend, device and memory limit of every device (issue 15 item 14).

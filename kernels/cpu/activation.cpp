@@ -1,5 +1,5 @@
-// Activations and row-wise softmax. Outputs may alias inputs element for element (ops.hpp), which
-// `omp simd` allows: each lane reads its element before the vector is stored.
+// Activations (relu, sigmoid, tanh, gelu, gelu_tanh, silu) and row-wise softmax. Outputs may alias inputs
+// element for element (ops.hpp), which `omp simd` allows: each lane reads its element before the vector is stored.
 #include <algorithm>
 #include <cmath>
 
@@ -21,6 +21,15 @@ void activation_forward(const ActivationAttrs& a, const float* x, float* y, Thre
         break;
       case Activation::tanh:
         map8(x + b, y + b, e - b, tanh8);
+        break;
+      case Activation::gelu:
+        map8(x + b, y + b, e - b, gelu8);
+        break;
+      case Activation::gelu_tanh:
+        map8(x + b, y + b, e - b, gelu_tanh8);
+        break;
+      case Activation::silu:
+        map8(x + b, y + b, e - b, silu8);
         break;
     }
   });
@@ -44,6 +53,15 @@ void activation_backward(const ActivationAttrs& a, const float* y, const float* 
       case Activation::tanh:
 #pragma omp simd
         for (int64_t i = b; i < e; ++i) dx[i] = dy[i] * (1.f - y[i] * y[i]);
+        break;
+      case Activation::gelu:  // y holds the forward input x for these three
+        map8_times(y + b, dy + b, dx + b, e - b, gelu_grad8);
+        break;
+      case Activation::gelu_tanh:
+        map8_times(y + b, dy + b, dx + b, e - b, gelu_tanh_grad8);
+        break;
+      case Activation::silu:
+        map8_times(y + b, dy + b, dx + b, e - b, silu_grad8);
         break;
     }
   });

@@ -78,4 +78,10 @@ void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& po
 void embedding_forward(const EmbeddingAttrs& a, const float* ids, const float* table, float* y, ThreadPool& pool);
 void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* dy, float* dtable, ThreadPool& pool);
 
+// layer_norm.cpp (beta / dbeta null without bias)
+void layer_norm_forward(const LayerNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, ThreadPool& pool);
+void layer_norm_backward(const LayerNormAttrs& a, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool);
+
 }  // namespace kiln::cpu

@@ -38,6 +38,9 @@ __global__ void activation_forward_kernel(Act act, const float* x, float* y, int
       case Act::relu: y[i] = v < 0.f ? 0.f : v; break;  // NaN passes through, like the reference
       case Act::sigmoid: y[i] = 1.f / (1.f + expf(-v)); break;
       case Act::tanh: y[i] = tanhf(v); break;
+      case Act::gelu: y[i] = 0.5f * v * erfcf(-v * 0.70710678118654752f); break;
+      case Act::gelu_tanh: y[i] = v / (1.f + expf(-2.f * 0.79788456080286536f * (v + 0.044715f * v * v * v))); break;
+      case Act::silu: y[i] = v / (1.f + expf(-v)); break;
     }
   }
 }
@@ -49,6 +52,20 @@ __global__ void activation_backward_kernel(Act act, const float* y, const float*
       case Act::relu: dx[i] = v > 0.f ? g : 0.f; break;
       case Act::sigmoid: dx[i] = g * v * (1.f - v); break;
       case Act::tanh: dx[i] = g * (1.f - v * v); break;
+      // gelu, gelu_tanh, silu: v is the forward input x
+      case Act::gelu:
+        dx[i] = g * (0.5f * erfcf(-v * 0.70710678118654752f) + v * 0.39894228040143268f * expf(-0.5f * v * v));
+        break;
+      case Act::gelu_tanh: {  // s (1 - s) = e s^2 with e = exp(-z): no cancellation in 1 - s
+        const float e = expf(-2.f * 0.79788456080286536f * (v + 0.044715f * v * v * v)), sg = 1.f / (1.f + e);
+        dx[i] = g * (sg + 2.f * v * (e * sg * sg) * 0.79788456080286536f * (1.f + 3.f * 0.044715f * v * v));
+        break;
+      }
+      case Act::silu: {
+        const float e = expf(-v), sg = 1.f / (1.f + e);
+        dx[i] = g * (sg + v * (e * sg * sg));
+        break;
+      }
     }
   }
 }

@@ -19,6 +19,7 @@ struct SgdParams {
 struct AdamParams {
   float lr, beta1, beta2, eps, weight_decay;
   double bias1, bias2;  // 1 - beta1^t, 1 - beta2^t
+  float decoupled_decay;  // AdamW: w *= 1 - lr * decoupled_decay first
 };
 struct RmspropParams {
   float lr, rho, eps, momentum;
@@ -33,7 +34,7 @@ struct DropoutParams {
 inline constexpr size_t kParamSlotBytes = 64;  // every *Params fits one slot
 static_assert(sizeof(AdamParams) <= kParamSlotBytes && sizeof(SgdParams) <= kParamSlotBytes);
 
-enum class Act : int { relu = 0, sigmoid = 1, tanh = 2 };
+enum class Act : int { relu = 0, sigmoid = 1, tanh = 2, gelu = 3, gelu_tanh = 4, silu = 5 };
 
 // ---- elementwise.cu
 void bias_add(cudaStream_t s, const float* x, const float* b, float* y, int64_t outer, int64_t channels,
@@ -61,6 +62,11 @@ void embedding_backward(cudaStream_t s, const float* ids, const float* dy, float
 void bias_grad(cudaStream_t s, const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner);
 void reduce_sum(cudaStream_t s, const float* x, float* y, int64_t outer, int64_t reduce, int64_t inner);
 void softmax_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);
+// ---- layer_norm.cu (beta / dbeta null without bias)
+void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                        float* rstd, int64_t rows, int64_t cols, float eps);
+void layer_norm_backward(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 void softmax_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
 
 // ---- loss.cu: fused loss value + gradient. The value is summed deterministically (fixed order, in double)

@@ -25,7 +25,9 @@ __global__ void adam_kernel(const float* g, float* w, float* m, float* v, int64_
                             const AdamParams* dev) {
   const AdamParams p = dev ? *dev : host;
   const double b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
+  const double keep = 1.0 - lr * static_cast<double>(p.decoupled_decay);  // AdamW
   KILN_GRID_STRIDE(i, n) {
+    if (p.decoupled_decay != 0.f) w[i] = static_cast<float>(w[i] * keep);
     const double gp = static_cast<double>(g[i]) + wd * w[i];
     const double mn = b1 * m[i] + (1.0 - b1) * gp;
     const double vn = b2 * v[i] + (1.0 - b2) * gp * gp;

@@ -75,6 +75,23 @@ TEST_CASE("the MLP sample trains 300 steps on vulkan and cuda with the CPU backe
   if (compared == 0) KILN_SKIP("neither a vulkan nor a cuda device to compare with the CPU backend");
 }
 
+TEST_CASE("the layer-norm/GELU/AdamW sample trains 200 steps on vulkan and cuda with the CPU backend's loss curve",
+          "[integration][conformance-training]") {
+  // Warmup and cosine over these 200 steps: the schedule, AdamW's decoupled decay, layer norm and the gelu and
+  // silu gradients all move the curve.
+  const std::string settings =
+      "--set train.epochs=4 --set train.steps_per_epoch=50 --set optimizer.schedule.warmup_steps=40";
+  const Curve cpu = train("fashion_mnist_ln_gelu.toml", "cpu", settings);
+  int compared = 0;
+  for (const std::string backend : {"vulkan", "cuda"}) {
+    if (!has_device(backend)) continue;
+    INFO("backend " << backend);
+    require_same_curve(cpu, train("fashion_mnist_ln_gelu.toml", backend, settings), 4, 1e-3);
+    ++compared;
+  }
+  if (compared == 0) KILN_SKIP("neither a vulkan nor a cuda device to compare with the CPU backend");
+}
+
 TEST_CASE("the CNN sample trains on vulkan and cuda with the CPU backend's loss curve",
           "[integration][conformance-training]") {
   // Convolutions on lavapipe (a CPU) are slow: a short curve at batch 16 keeps this under a minute.

@@ -27,7 +27,7 @@ enum class TensorRole : uint8_t {
 MemoryTag role_tag(TensorRole r);
 bool role_persistent(TensorRole r);
 
-enum class InitKind : uint8_t { zeros, ones, glorot_uniform, he_normal, constant };
+enum class InitKind : uint8_t { zeros, ones, glorot_uniform, he_normal, constant, normal };  // normal: N(0, value^2)
 struct Init {
   InitKind kind = InitKind::zeros;
   int64_t fan_in = 0, fan_out = 0;

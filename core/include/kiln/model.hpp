@@ -29,24 +29,30 @@ struct OutputSpec {
   bool from_logits = true;  // binary cross-entropy
 };
 
-enum class OptimizerKind : uint8_t { sgd, adam, rmsprop };
+enum class OptimizerKind : uint8_t { sgd, adam, rmsprop, adamw };
 enum class ScheduleKind : uint8_t { constant, exponential, step, cosine };
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::constant;
   double decay_rate = 0.96;  // exponential: lr * rate^(step/decay_steps); step: lr * rate^floor(step/decay_steps)
   int64_t decay_steps = 1000;
   bool staircase = false;
-  int64_t total_steps = 0;   // cosine: steps to reach alpha*lr (0 = the whole run)
+  int64_t total_steps = 0;   // cosine: steps after the warmup to reach the floor (0 = the rest of the run)
   double alpha = 0.0;        // cosine floor as a fraction of lr
+  double min_lr = -1;        // cosine floor in absolute terms (nanoGPT's min_lr); < 0: alpha * lr
+  int64_t warmup_steps = 0;  // linear warmup before the schedule: lr * (step + 1) / (warmup_steps + 1)
 };
+// Which parameters weight decay applies to: all, or only those of rank >= 2 (matmul and conv kernels, embedding
+// tables; never biases or normalization scales), nanoGPT's rule.
+enum class DecayParams : uint8_t { all, matrices };
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::adam;
   double lr = 1e-3, momentum = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-7, rho = 0.9, weight_decay = 0;
   bool nesterov = false;
+  DecayParams decay_params = DecayParams::all;
   ScheduleSpec schedule;
   double ema_decay = 0;  // 0 = no EMA
   double learning_rate_at(int64_t step) const;  // step is 0-based
-  size_t state_tensors_per_param() const;       // adam 2, rmsprop 1 or 2, sgd 0 or 1
+  size_t state_tensors_per_param() const;       // adam(w) 2, rmsprop 1 or 2, sgd 0 or 1
 };
 
 struct ModelSpec {

@@ -60,6 +60,9 @@ struct OpDesc {
   bool is_loss = false;
   // Inputs that carry data and are never differentiated (class labels, token ids).
   std::vector<int> data_inputs;
+  // Outputs kept for the backward op that no gradient flows through (layer norm's mean and rstd): gradient
+  // checks give them weight 0, and the gradient rule ignores their dy.
+  std::vector<int> saved_outputs;
   uint8_t step_scalars = kStepNone;
   std::function<void(OpAttrs&, const StepScalars&)> patch;  // writes the step scalars into the attributes
   std::function<void(GradContext&)> grad;                   // empty: not differentiable

@@ -42,10 +42,15 @@ enum class OpKind : uint16_t {
   AvgPoolForward,
   // dx = 0, then dy/count is added to each valid element of the window. in: dy; out: dx.
   AvgPoolBackward,
-  // y = f(x) elementwise, f in {relu, sigmoid, tanh}. in: x; out: y (may alias x).
+  // y = f(x) elementwise. in: x; out: y (may alias x). f: relu max(x, 0) (NaN passes through); sigmoid;
+  // tanh; gelu x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); gelu_tanh 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  // (PyTorch's GELU(approximate="tanh")); silu x * sigmoid(x).
   ActivationForward,
-  // dx = dy * f'(via y): relu: y > 0 ? dy : 0; sigmoid: dy*y*(1-y); tanh: dy*(1-y*y).
-  // in: y, dy; out: dx (may alias dy).
+  // dx = dy * f'. relu, sigmoid and tanh read the forward output y: relu y > 0 ? dy : 0; sigmoid dy*y*(1-y);
+  // tanh dy*(1-y*y). gelu, gelu_tanh and silu read the forward input x (activation_backward_reads_input):
+  // gelu dy * (Phi(x) + x phi(x)); gelu_tanh dy * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3*0.044715 x^2))
+  // with t the tanh above; silu dy * s (1 + x (1 - s)), s = sigmoid(x).
+  // in: y or x, dy; out: dx (may alias dy).
   ActivationBackward,
   // Row-wise softmax over `cols`, max-subtracted. in: x(rows, cols); out: y.
   SoftmaxForward,
@@ -92,7 +97,8 @@ enum class OpKind : uint16_t {
   // any buffer, e.g. w itself); w -= lr*d. in: g; out: w, v (read-write).
   SgdUpdate,
   // PyTorch Adam (L2 weight decay): g' = g + wd*w; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
-  // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t >= 1. in: g; out: w, m, v (read-write).
+  // w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t >= 1. With decoupled_decay (PyTorch AdamW),
+  // first w *= 1 - lr * decoupled_decay (the L2 term is then usually 0). in: g; out: w, m, v (read-write).
   AdamUpdate,
   // PyTorch RMSprop: sq = rho*sq + (1-rho) g^2; with momentum > 0: buf = momentum*buf + g/(sqrt(sq)+eps),
   // w -= lr*buf; else w -= lr*g/(sqrt(sq)+eps) (buf untouched, may be any buffer). in: g; out: w, sq, buf (read-write).
@@ -105,10 +111,21 @@ enum class OpKind : uint16_t {
   // The table's gradient: dtable = 0, then dtable(ids[r], :) += dy(r, :) for r in order (ids out of range or not
   // integers are skipped). in: ids(rows), dy(rows, dim); out: dtable(vocab, dim).
   EmbeddingBackward,
+  // Normalizes each row over `cols`: mean = sum x / cols, var = sum (x - mean)^2 / cols (biased, as PyTorch's
+  // LayerNorm), rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * gamma[c] (+ beta[c] with bias).
+  // in: x(rows, cols), gamma(cols)[, beta(cols)]; out: y(rows, cols), mean(rows), rstd(rows).
+  LayerNormForward,
+  // The gradients of LayerNormForward: with xhat = (x - mean) * rstd and g = dy * gamma,
+  // dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)); dgamma[c] = sum_r dy * xhat; dbeta[c] = sum_r dy.
+  // in: x, gamma, mean, rstd, dy; out: dx(rows, cols), dgamma(cols)[, dbeta(cols)].
+  LayerNormBackward,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
-enum class Activation : uint8_t { relu, sigmoid, tanh };
+enum class Activation : uint8_t { relu, sigmoid, tanh, gelu, gelu_tanh, silu };
+constexpr int kActivationCount = 6;
+// gelu, gelu_tanh and silu: ActivationBackward reads the forward input x rather than the output y.
+constexpr bool activation_backward_reads_input(Activation a) { return a >= Activation::gelu; }
 
 struct GemmAttrs {
   int64_t m = 0, n = 0, k = 0;
@@ -172,6 +189,7 @@ struct AdamAttrs {
   int64_t count = 0;
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-7f, weight_decay = 0.f;
   int64_t step = 1;  // t, set by the executor
+  float decoupled_decay = 0.f;  // AdamW's weight decay: w *= 1 - lr * decoupled_decay before the Adam step
 };
 struct RmspropAttrs {
   int64_t count = 0;
@@ -184,6 +202,11 @@ struct EmaAttrs {
 struct EmbeddingAttrs {
   int64_t rows = 0, vocab = 0, dim = 0;
 };
+struct LayerNormAttrs {
+  int64_t rows = 0, cols = 0;
+  float eps = 1e-5f;
+  bool bias = true;  // beta (and dbeta) present
+};
 // Attributes of an op registered by a plugin (op_table.hpp): its own integers and floats, in its own order.
 struct CustomAttrs {
   std::vector<int64_t> ints;
@@ -192,7 +215,7 @@ struct CustomAttrs {
 
 using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
                              ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
-                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, CustomAttrs>;
+                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, LayerNormAttrs, CustomAttrs>;
 
 // Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
 // (op_table.hpp holds every op's descriptor; these are lookups into it).
