@@ -2,6 +2,7 @@
 `kiln` app must list it (`kiln plugins --plugin-dir`) and train one epoch of a tiny model that uses its layer."""
 import io
 import os
+import re
 
 from conan import ConanFile
 from conan.errors import ConanException
@@ -45,6 +46,10 @@ class KilnTestPackageConan(ConanFile):
         run_dir = os.path.join(self.build_folder, "run")
         config = os.path.join(self.source_folder, "tiny.toml")
         trained = self._kiln(f'train "{config}" --set train.output_dir=\'"{run_dir}"\'')
-        if "test accuracy" not in trained:
-            raise ConanException("test_package: the run with the plugin's layer printed no evaluation line")
+        m = re.search(r"final test accuracy ([0-9.]+)", trained)
+        if not m:
+            raise ConanException("test_package: the run with the plugin's layer printed no final test accuracy")
+        if float(m.group(1)) < 0.5:
+            raise ConanException(f"test_package: the run with the plugin's layer did not learn: test accuracy {m.group(1)}, "
+                                 "expected >= 0.5 (chance is 0.25)")
         self.output.success("test_package: the packaged kiln loaded the plugin and trained with its layer")
