@@ -15,7 +15,7 @@ JOBS="${KILN_JOBS:-$(nproc)}"
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev
   libtomlplusplus-dev libboost-dev libboost-filesystem-dev catch2 libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
-  dataset-fashion-mnist)
+  dataset-fashion-mnist python3-venv)
 
 install_missing() {
   local missing=()
@@ -29,6 +29,15 @@ install_missing() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
+}
+
+# Conan 2 for the suite's conan_package test (tests/conan_package_test.sh), with pip in a virtual environment:
+# .venv-tools (gitignored). Without it (no network) that test reports Skipped.
+conan_tools() {
+  [ -x .venv-tools/bin/conan ] && return 0
+  echo "== installing Conan 2 into .venv-tools (for the conan_package test)"
+  { python3 -m venv .venv-tools && .venv-tools/bin/pip install -q --retries 2 --timeout 60 'conan>=2,<3'; } ||
+    { rm -rf .venv-tools; echo "== could not install Conan 2: the conan_package test will be skipped"; }
 }
 
 build() {
@@ -55,6 +64,7 @@ case "$what" in
     ;;
   test)
     install_missing
+    conan_tools
     build
     echo "== running the test suite"
     cd "$BUILD_DIR"
