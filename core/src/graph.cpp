@@ -75,6 +75,18 @@ TensorId GraphBuilder::param(const std::string& name, Shape shape, Init init) {
   return g_.add_tensor(std::move(t));
 }
 
+TensorId GraphBuilder::shared_param(const std::string& full_name, const std::string& key) const {
+  const TensorId t = g_.find(full_name);
+  if (t == kNoTensor || g_.tensor(t).role != TensorRole::parameter)
+    throw ConfigError("layer '" + layer_ + "': " + key + " names parameter '" + full_name +
+                      "', which no layer before this one creates");
+  if (g_.tensor(t).device != device_)
+    throw ConfigError("layer '" + layer_ + "': " + key + " shares '" + full_name + "' with a layer on device " +
+                      std::to_string(g_.tensor(t).device) + ", this layer runs on device " + std::to_string(device_) +
+                      "; tied layers must run on one device");
+  return t;
+}
+
 std::vector<TensorId> GraphBuilder::op(OpKind kind, OpAttrs attrs, std::vector<TensorId> in, std::vector<Shape> out_shapes) {
   Node n;
   n.kind = kind;

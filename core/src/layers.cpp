@@ -50,9 +50,15 @@ TensorId apply_activation(GraphBuilder& g, TensorId x, const std::string& act) {
 class DenseLayer : public Layer {
  public:
   explicit DenseLayer(const ConfigNode& c)
-      : units_(c.get_int("units")), use_bias_(c.get_bool("use_bias", true)), act_(read_activation(c, "activation", "linear")),
-        where_(c.where("units")) {
-    if (units_ <= 0) c.fail("units", "expected a positive integer, found " + std::to_string(units_));
+      : tie_(c.get_string("tie", "")),
+        units_(tie_.empty() ? c.get_int("units") : c.get_int("units", 0)),
+        use_bias_(c.get_bool("use_bias", true)),
+        act_(read_activation(c, "activation", "linear")),
+        where_(c.where(tie_.empty() ? "units" : "tie")) {
+    if (!tie_.empty() && tie_.find('.') != std::string::npos)
+      c.fail("tie", "expected the name of an embedding layer (its table is shared), found '" + tie_ + "'");
+    if (units_ <= 0 && (tie_.empty() || c.has("units")))
+      c.fail("units", "expected a positive integer, found " + std::to_string(units_));
     if (!Shape{units_}.fits())
       c.fail("units", "is " + std::to_string(units_) + ", more than one tensor can hold (2^46 float32 values)");
     c.finish();
@@ -68,18 +74,37 @@ class DenseLayer : public Layer {
     const int64_t f = s[s.rank() - 1], n = s.numel() / std::max<int64_t>(f, 1);
     Shape out = s;
     out[s.rank() - 1] = units_;
-    check_size(g, {f, units_}, "kernel (features, units)", where_);
-    check_size(g, out, "output (batch, units)", where_);
-    TensorId w = g.param("kernel", {f, units_}, Init{InitKind::glorot_uniform, f, units_});
-    TensorId y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, out);
+    TensorId y;
+    int64_t units = units_;
+    if (!tie_.empty()) {
+      // Weight tying (nanoGPT's lm_head.weight = wte.weight): y = x table^T with the embedding's (vocab, dim) table.
+      const TensorId table = g.shared_param(tie_ + ".table", "tie = \"" + tie_ + "\"");
+      const Shape& ts = g.shape(table);
+      if (ts.rank() != 2 || ts[1] != f)
+        shape_error(g, "tie = \"" + tie_ + "\": the table is " + ts.str() + ", its width must equal this layer's " +
+                           std::to_string(f) + " input features");
+      if (units_ > 0 && units_ != ts[0])
+        shape_error(g, "units = " + std::to_string(units_) + " but the tied table has " + std::to_string(ts[0]) +
+                           " rows (leave units out with tie)");
+      units = ts[0];
+      out[s.rank() - 1] = units;
+      check_size(g, out, "output (batch, units)", where_);
+      y = g.op1(OpKind::Gemm, GemmAttrs{n, units, f, false, true}, {in[0], table}, out);
+    } else {
+      check_size(g, {f, units_}, "kernel (features, units)", where_);
+      check_size(g, out, "output (batch, units)", where_);
+      TensorId w = g.param("kernel", {f, units_}, Init{InitKind::glorot_uniform, f, units_});
+      y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, out);
+    }
     if (use_bias_) {
-      TensorId b = g.param("bias", {units_}, Init{});
-      y = g.op1(OpKind::BiasAdd, BiasAttrs{n, units_, 1}, {y, b}, out);
+      TensorId b = g.param("bias", {units}, Init{});
+      y = g.op1(OpKind::BiasAdd, BiasAttrs{n, units, 1}, {y, b}, out);
     }
     return act_ ? apply_activation(g, y, *act_) : y;
   }
 
  private:
+  std::string tie_;  // an embedding layer's name: its table is this layer's (transposed) kernel
   int64_t units_;
   bool use_bias_;
   std::optional<std::string> act_;

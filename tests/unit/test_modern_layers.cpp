@@ -195,3 +195,39 @@ TEST_CASE("embedding, positional_embedding and dense over positions build a GPT'
   CHECK_THROWS_WITH(test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 20000000\ndim = 4\n"),
                     Catch::Contains("2^24"));
 }
+
+TEST_CASE("tie shares an embedding table with a dense layer's transposed kernel (nanoGPT's lm_head)", "[graph][layers]") {
+  const std::string base =
+      "[model]\ninput_shape = [5]\n"
+      "[[model.layers]]\nname = \"wte\"\ntype = \"embedding\"\nvocab = 11\ndim = 8\ninit_std = 0.02\n";
+  ModelSpec m = test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"wte\"\nuse_bias = false\n"
+                                        "[[model.layers]]\ntype = \"flatten\"\n");
+  OptimizerSpec o;
+  GraphOptions go;
+  go.batch = 3;
+  go.optimizer = &o;
+  const Graph g = build_graph(m, go);
+  CHECK(g.find("head.kernel") == kNoTensor);
+  const TensorId table = g.find("wte.table");
+  REQUIRE(table != kNoTensor);
+  bool tied_gemm = false;
+  int table_updates = 0, table_grad_parts = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.kind == OpKind::Gemm && n.phase == Phase::forward && n.in[1] == table) {
+      const auto& a = std::get<GemmAttrs>(n.attrs);
+      tied_gemm = a.m == 15 && a.n == 11 && a.k == 8 && a.trans_b;
+    }
+    if (n.kind == OpKind::AdamUpdate && n.out[0] == table) ++table_updates;
+  }
+  for (const auto& [p, grad] : g.param_grads)
+    if (p == table)
+      for (const Node& n : g.nodes())  // the table's gradient is the sum of the embedding's and the head's
+        if (!n.out.empty() && n.out[0] == grad && n.kind == OpKind::Add) ++table_grad_parts;
+  CHECK(tied_gemm);
+  CHECK(table_updates == 1);
+  CHECK(table_grad_parts >= 1);
+  CHECK_THROWS_WITH(build_graph(test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"nope\"\n"), go),
+                    Catch::Contains("tie") && Catch::Contains("nope.table"));
+  CHECK_THROWS_WITH(build_graph(test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"wte\"\nunits = 12\n"), go),
+                    Catch::Contains("units = 12") && Catch::Contains("11 rows"));
+}

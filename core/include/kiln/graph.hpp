@@ -103,6 +103,9 @@ class GraphBuilder {
   const std::string& layer() const { return layer_; }
   // A trainable parameter named "<layer>.<name>".
   TensorId param(const std::string& name, Shape shape, Init init);
+  // A parameter another layer created (weight tying): its full name ("wte.table"); ConfigError naming `key` when no
+  // layer built before this one holds it or it lives on another device.
+  TensorId shared_param(const std::string& full_name, const std::string& key) const;
   // Emits an op; returns its outputs (activations with the given shapes, batch dim included).
   std::vector<TensorId> op(OpKind kind, OpAttrs attrs, std::vector<TensorId> in, std::vector<Shape> out_shapes);
   TensorId op1(OpKind kind, OpAttrs attrs, std::vector<TensorId> in, Shape out_shape) {
