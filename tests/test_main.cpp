@@ -76,7 +76,7 @@ void skip(const std::string& reason) {
 //   allocator_may_return_null=1  an allocation above ASan's maximum (1 TiB) returns null as malloc does, instead of
 //                                aborting: the backends answer it with OutOfMemory, and tests ask for 2^62 bytes.
 //   print_stacktrace=1           an undefined-behaviour report shows where (the build stops at the first one).
-// Suppressions: none are needed (tests/sanitizers/README.md says how to add one for third-party code).
+// Suppressions: none are needed (docs/user_guide.md, "Sanitizers and fuzzing").
 namespace {
 constexpr const char* kAsanOptions = "allocator_may_return_null=1";
 constexpr const char* kUbsanOptions = "print_stacktrace=1:halt_on_error=1";

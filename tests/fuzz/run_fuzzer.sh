@@ -9,7 +9,7 @@ harness=$1 kept=$2 work=$3 seconds=$4 runs=$5
 shift 5
 rm -rf "$work"
 mkdir -p "$work/corpus"
-# The sanitizers' settings (tests/sanitizers/README.md); a caller's own settings win.
+# The sanitizers' settings (docs/user_guide.md, "Sanitizers and fuzzing"); a caller's own settings win.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 log="$work/fuzz.log"
