@@ -23,15 +23,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     StageContext ctx;
     ctx.base_dir = dir.string();
     auto s = data::make_idx(cfg.root(), std::move(ctx));
-    int64_t n = 0;
-    while (auto e = s->next()) ++n;
+    while (s->next()) {
+    }
     s->reset(1);
     s->next();
     auto state = s->save();
     s->restore(state);
     while (s->next()) {
     }
-    (void)n;
   } catch (const kiln::Error& e) {
     kiln::fuzz::refused(e);
   }
