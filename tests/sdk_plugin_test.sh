@@ -6,8 +6,10 @@ src=$1 bin=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$bin" --prefix "$work/prefix" >/dev/null
+# The plugin is built with Kiln's C++ compiler: Kiln refuses a plugin from another toolchain (the asan preset is clang).
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$bin/CMakeCache.txt")
 cmake -S "$src/samples/third_party_plugin" -B "$work/plugin" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  -DCMAKE_PREFIX_PATH="$work/prefix" ${cxx:+-DCMAKE_CXX_COMPILER="$cxx"} >/dev/null
 cmake --build "$work/plugin" >/dev/null
 out=$("$work/prefix/bin/kiln" --plugin-dir "$work/plugin" train "$src/samples/third_party_plugin/example.toml" \
   --set train.output_dir="\"$work/run\"" 2>&1) || { echo "$out"; exit 1; }

@@ -4,6 +4,7 @@
 // maps that code to "Skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt), so a skipped test never shows as passed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -69,8 +70,27 @@ void skip(const std::string& reason) {
 
 }  // namespace kiln::test
 
+#if KILN_TEST_ASAN
+// Sanitizer builds: the runtimes' settings for this process (read before main) and, through the environment, for the
+// kiln processes the tests start (run_app); settings the caller put in ASAN_OPTIONS / UBSAN_OPTIONS win.
+//   allocator_may_return_null=1  an allocation above ASan's maximum (1 TiB) returns null as malloc does, instead of
+//                                aborting: the backends answer it with OutOfMemory, and tests ask for 2^62 bytes.
+//   print_stacktrace=1           an undefined-behaviour report shows where (the build stops at the first one).
+// Suppressions: none are needed (docs/user_guide.md, "Sanitizers and fuzzing").
+namespace {
+constexpr const char* kAsanOptions = "allocator_may_return_null=1";
+constexpr const char* kUbsanOptions = "print_stacktrace=1:halt_on_error=1";
+}  // namespace
+extern "C" const char* __asan_default_options() { return kAsanOptions; }
+extern "C" const char* __ubsan_default_options() { return kUbsanOptions; }
+#endif
+
 int main(int argc, char* argv[]) {
   using kiln::test::kSkipReturnCode;
+#if KILN_TEST_ASAN
+  ::setenv("ASAN_OPTIONS", kAsanOptions, 0);
+  ::setenv("UBSAN_OPTIONS", kUbsanOptions, 0);
+#endif
   Catch::Session session;
   if (const int bad = session.applyCommandLine(argc, argv)) return bad;
   const int result = session.run();

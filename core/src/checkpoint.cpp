@@ -29,12 +29,15 @@ uint64_t fnv(const char* p, size_t n) {
   return h;
 }
 
+// Reads the fields before the trailing checksum (`end`). Every length and count comes from the file, so each is
+// checked against the bytes that are left before anything is allocated or copied.
 struct Reader {
   const std::string& buf;
   const std::string& path;
   size_t pos = 0;
-  void need(size_t n) {
-    if (pos + n > buf.size())
+  size_t end = 0;
+  void need(uint64_t n) {
+    if (n > end - pos)  // not pos + n > end: a length near 2^64 from a damaged file would wrap around
       throw DataError(path + ": checkpoint truncated at byte " + std::to_string(pos) + " (needed " + std::to_string(n) + " more)");
   }
   template <class T>
@@ -94,7 +97,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   uint64_t stored;
   std::memcpy(&stored, buf.data() + buf.size() - 8, 8);
   if (stored != fnv(buf.data(), buf.size() - 8)) throw DataError(path + ": checkpoint checksum mismatch (file damaged)");
-  Reader r{buf, path, sizeof kMagic};
+  Reader r{buf, path, sizeof kMagic, buf.size() - 8};
   Checkpoint c;
   c.epoch = r.get<int64_t>();
   c.step = r.get<int64_t>();
@@ -108,15 +111,27 @@ Checkpoint load_checkpoint(const std::string& path) {
     r.need(len);
     std::string name(buf.data() + r.pos, len);
     r.pos += len;
+    const size_t at = r.pos;
     auto rank = r.get<uint32_t>();
+    r.need(uint64_t{rank} * sizeof(int64_t));
     std::vector<int64_t> dims;
     for (uint32_t k = 0; k < rank; ++k) dims.push_back(r.get<int64_t>());
-    HostTensor t{Shape(dims)};
+    const Shape shape(dims);
+    // The shape is checked before its tensor is allocated: a damaged file must not ask for terabytes.
+    if (!shape.fits() || static_cast<uint64_t>(shape.numel()) > (r.end - r.pos) / sizeof(float))
+      throw DataError(path + ": checkpoint tensor '" + name + "' at byte " + std::to_string(at) + " has shape " +
+                      shape.str() + ", which " + (shape.fits() ? "needs more bytes than the file holds" : "is not a valid shape") +
+                      " (file damaged)");
+    HostTensor t{shape};
     r.need(t.bytes());
-    std::memcpy(t.data.data(), buf.data() + r.pos, t.bytes());
+    if (t.bytes() > 0) std::memcpy(t.data.data(), buf.data() + r.pos, t.bytes());  // an empty tensor's data() is null
     r.pos += t.bytes();
-    c.tensors.emplace(std::move(name), std::move(t));
+    if (!c.tensors.emplace(name, std::move(t)).second)
+      throw DataError(path + ": checkpoint holds tensor '" + name + "' twice (file damaged)");
   }
+  if (r.pos != r.end)
+    throw DataError(path + ": checkpoint has " + std::to_string(r.end - r.pos) + " unexpected bytes after its last tensor, at byte " +
+                    std::to_string(r.pos) + " (file damaged)");
   return c;
 }
 

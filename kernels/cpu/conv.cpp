@@ -98,9 +98,11 @@ size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
+  // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
+  const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
   if (images_in_parallel(a, pool.size())) {
     pool.run(a.n, [&](int64_t n, int slot) {
-      float* col = ws + static_cast<size_t>(slot) * static_cast<size_t>(CRS * P);
+      float* col = ws + static_cast<size_t>(slot) * col_floats;
       const float* src = x + n * img;
       if (!pw) im2col(a, src, col);
       sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, 0.f, y + n * K * P, P);
@@ -118,9 +120,11 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
+  // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
+  const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
   if (images_in_parallel(a, pool.size())) {
     pool.run(a.n, [&](int64_t n, int slot) {
-      float* col = ws + static_cast<size_t>(slot) * static_cast<size_t>(CRS * P);
+      float* col = ws + static_cast<size_t>(slot) * col_floats;
       float* dst = dx + n * img;
       sgemm_1t(true, false, CRS, P, K, 1.f, w, CRS, dy + n * K * P, P, 0.f, pw ? dst : col, P);
       if (!pw) col2im(a, col, dst);
