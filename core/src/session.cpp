@@ -177,9 +177,62 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     d->finish();
   }
   root.finish();
-  // Build each pipeline once so every stage validates its keys and files before anything else happens.
+  // Build each pipeline once so every stage validates its keys and files before anything else happens, then check
+  // the shapes it delivers against the model: a mismatch is a config error here, not a failure at step 1.
   for (const char* which : {"train", "test"})
-    if (has_pipeline(which)) make_pipeline(which);
+    if (has_pipeline(which)) check_data_shapes(which, *m);
+}
+
+void Session::check_data_shapes(const std::string& which, const ConfigNode& model) const {
+  std::vector<StageShapes> shapes;
+  make_pipeline(which, &shapes);
+  if (shapes.empty()) return;
+  // The stage that last changed the example (or label) shape is where a mismatch comes from.
+  auto shaped_by = [&](bool labels) {
+    size_t k = 0;
+    for (size_t i = 1; i < shapes.size(); ++i)
+      if ((labels ? shapes[i].y : shapes[i].x) != (labels ? shapes[i - 1].y : shapes[i - 1].x)) k = i;
+    return "stages[" + std::to_string(k) + "] (type = \"" + shapes[k].type + "\")";
+  };
+  const std::string source = describe_source(cfg_, which);
+  const Shape x = shapes.back().x, y = shapes.back().y;
+  auto toml_list = [](const Shape& s) {
+    std::string t;
+    for (auto d : s.dims()) t += (t.empty() ? "" : ", ") + std::to_string(d);
+    return "[" + t + "]";
+  };
+  auto values = [](const Shape& s) { return std::to_string(s.numel()) + (s.numel() == 1 ? " value" : " values"); };
+  if (!x.dims().empty() && x.numel() != model_.input_shape.numel())
+    model.fail("input_shape", "is " + model_.input_shape.str() + " (" + values(model_.input_shape) + " per example), but " +
+                                  source + " delivers examples of shape " + x.str() + " (" + values(x) + "), shaped by " +
+                                  shaped_by(false) + "; set input_shape = " + toml_list(x) + " or make the data match the model");
+  // Labels against each head's loss. The heads' widths come from a forward graph of one example (nothing allocated).
+  GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  Graph g = build_graph(model_, go);  // model_.label_shape is still unset here: the labels are checked below
+  auto outs = model.table_array("outputs");
+  for (size_t i = 0; i < model_.outputs.size() && i < g.outputs.size(); ++i) {
+    const OutputSpec& o = model_.outputs[i];
+    const Shape out = g.tensor(g.outputs[i]).shape.tail();
+    const int64_t width = out.numel(), labels = y.numel();
+    std::string expected;
+    if (o.loss == LossKind::softmax_cross_entropy) {
+      if (labels == 1 || labels == width) continue;  // a class index, or one-hot over the head's classes
+      expected = "a class index (shape " + Shape{}.str() + ") or one-hot labels of shape " + Shape{width}.str();
+    } else {
+      if (labels == width) continue;
+      expected = "targets shaped like the output, " + out.str();
+    }
+    const char* loss = o.loss == LossKind::softmax_cross_entropy ? "softmax_cross_entropy"
+                       : o.loss == LossKind::mse                 ? "mse"
+                                                                 : "binary_cross_entropy";
+    const std::string msg = "output '" + o.layer + "' (" + out.str() + " per example, loss " + loss + ") needs " + expected +
+                            ", but " + source + " delivers labels of shape " + y.str() + " (" + values(y) + "), shaped by " +
+                            shaped_by(true);
+    if (i < outs.size()) outs[i].fail("loss", msg);
+    model.fail("loss", msg);
+  }
 }
 
 Session::~Session() {
@@ -192,7 +245,7 @@ bool Session::has_pipeline(const std::string& which) const {
   return d && d->has(which);
 }
 
-std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
+std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vector<StageShapes>* shapes) const {
   auto d = cfg_.root().table("data");
   if (!d || !d->has(which)) return nullptr;
   auto p = d->table(which);
@@ -207,6 +260,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
     ctx.seed = seed_;
     cur = reg_.stage(type)(s, std::move(ctx));
     if (type == "batch") batched = true;
+    if (shapes) shapes->push_back({type, cur->example_shape(), cur->label_shape()});
   }
   if (!batched) {
     auto empty = Config::load_string("", cfg_.file());
