@@ -94,6 +94,8 @@ class Session {
   // Refuses (ConfigError at model.input_shape or the head's loss) a pipeline whose examples do not fit
   // [model] input_shape or whose labels do not fit a head's loss, naming the section, its files and the stage.
   void check_data_shapes(const std::string& which, const ConfigNode& model) const;
+  // Refuses [device] fault_injection_block beyond the block requests a single-device run can make (growth = true).
+  void check_fault_injection() const;
 
   Config cfg_;
   Registry& reg_;
