@@ -71,7 +71,7 @@ TensorId GraphBuilder::param(const std::string& name, Shape shape, Init init) {
   t.layer = layer_;
   t.init = init;
   t.device = device_;
-  if (g_.find(t.name) != kNoTensor) throw ConfigError("duplicate parameter '" + t.name + "' (two layers named '" + layer_ + "'?)");
+  if (!param_names_.insert(t.name).second) throw ConfigError("duplicate parameter '" + t.name + "' (two layers named '" + layer_ + "'?)");
   return g_.add_tensor(std::move(t));
 }
 

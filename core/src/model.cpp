@@ -83,6 +83,18 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
     }
   }
   model.finish();
+  // A layer whose output nothing reads (no later layer lists it in `inputs` and it is not a model output) would be
+  // computed and planned for nothing: a DAG wired by mistake.
+  std::set<std::string> consumed;
+  for (const auto& l : m.layers) consumed.insert(l.inputs.begin(), l.inputs.end());
+  for (const auto& o : m.outputs) consumed.insert(o.layer);
+  for (size_t i = 0; i < m.layers.size(); ++i)
+    if (!consumed.count(m.layers[i].name))
+      throw ConfigError(layers[i].where() + ": layer \"" + m.layers[i].name + "\" (type " + m.layers[i].type +
+                        "): nothing uses its output: no later layer lists it in inputs and it is not a model output " +
+                        (outs.empty() ? "(the last layer, \"" + m.layers.back().name + "\", is)"
+                                      : "(see [[model.outputs]])") +
+                        "; remove the layer, list it in a later layer's inputs, or add it as an output");
   return m;
 }
 

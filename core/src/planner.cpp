@@ -1,6 +1,9 @@
 // Liveness-based memory planning: every tensor's lifetime is known before step 1, so the arena is laid out once.
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <queue>
+#include <set>
 
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
@@ -34,6 +37,101 @@ std::vector<size_t> aliasable_inputs(OpKind k) {
   for (auto [o, i] : op_desc(k).may_alias)
     if (o == 0) r.push_back(static_cast<size_t>(i));
   return r;
+}
+
+// Arena placement. Up to kGreedyPlacementMax tensors: greedy by size, the largest first at the lowest offset free
+// for its whole lifetime (the tightest packing; each placement scans those placed before it, so O(n^2) in the
+// worst case). Above it, a sweep in step order with a best-fit free list (what an allocator that knows every
+// lifetime would do): O(n log n), so a model with very many layers plans in near-linear time (issue 15 item 6).
+void place_arena(const Graph& g, std::vector<size_t>& arena, const std::vector<size_t>& first,
+                 const std::vector<size_t>& last, size_t alignment, MemoryPlan& p) {
+  auto span = [&](size_t t) { return std::pair<size_t, size_t>{first[t] == SIZE_MAX ? 0 : first[t], last[t]}; };
+  if (arena.size() <= kGreedyPlacementMax) {
+    std::stable_sort(arena.begin(), arena.end(), [&](size_t a, size_t b) { return g.tensors()[a].bytes() > g.tensors()[b].bytes(); });
+    struct Placed {
+      size_t off, bytes, first, last;
+    };
+    std::vector<Placed> placed;  // by offset: the first gap that fits ends the scan
+    placed.reserve(arena.size());
+    for (auto t : arena) {
+      size_t bytes = aligned_size(g.tensors()[t].bytes(), alignment);
+      auto [f, l] = span(t);
+      size_t off = 0;
+      for (const auto& q : placed) {
+        ++p.placement_steps;
+        if (q.last < f || l < q.first) continue;
+        if (off + bytes <= q.off) break;
+        off = std::max(off, q.off + q.bytes);
+      }
+      Placed n{off, bytes, f, l};
+      placed.insert(std::upper_bound(placed.begin(), placed.end(), n, [](const Placed& a, const Placed& b) { return a.off < b.off; }), n);
+      p.offset[t] = off;
+      p.arena = std::max(p.arena, off + bytes);
+    }
+    return;
+  }
+  // Sweep: at step i, first free what was last used before i, then take room for what is first written at i.
+  std::stable_sort(arena.begin(), arena.end(), [&](size_t a, size_t b) {
+    auto sa = span(a).first, sb = span(b).first;
+    return sa != sb ? sa < sb : g.tensors()[a].bytes() > g.tensors()[b].bytes();
+  });
+  std::map<size_t, size_t> free_at;                    // offset -> bytes
+  std::set<std::pair<size_t, size_t>> free_by_size;    // (bytes, offset)
+  using Live = std::pair<size_t, size_t>;              // (last step, tensor)
+  std::priority_queue<Live, std::vector<Live>, std::greater<>> live;
+  size_t top = 0;  // the arena's end so far
+  auto release = [&](size_t off, size_t bytes) {
+    ++p.placement_steps;
+    auto next = free_at.lower_bound(off);
+    if (next != free_at.end() && off + bytes == next->first) {
+      bytes += next->second;
+      free_by_size.erase({next->second, next->first});
+      next = free_at.erase(next);
+    }
+    if (next != free_at.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        free_by_size.erase({prev->second, prev->first});
+        off = prev->first;
+        bytes += prev->second;
+        free_at.erase(prev);
+      }
+    }
+    free_at[off] = bytes;
+    free_by_size.insert({bytes, off});
+  };
+  for (auto t : arena) {
+    const size_t bytes = aligned_size(g.tensors()[t].bytes(), alignment);
+    const auto [f, l] = span(t);
+    while (!live.empty() && live.top().first < f) {
+      const size_t u = live.top().second;
+      live.pop();
+      release(p.offset[u], aligned_size(g.tensors()[u].bytes(), alignment));
+    }
+    ++p.placement_steps;
+    size_t off;
+    if (auto it = free_by_size.lower_bound({bytes, 0}); it != free_by_size.end()) {  // best fit; the rest stays free
+      off = it->second;
+      const size_t len = it->first;
+      free_by_size.erase(it);
+      free_at.erase(off);
+      if (len > bytes) {
+        free_at[off + bytes] = len - bytes;
+        free_by_size.insert({len - bytes, off + bytes});
+      }
+    } else if (!free_at.empty() && free_at.rbegin()->first + free_at.rbegin()->second == top) {  // extend the free end
+      off = free_at.rbegin()->first;
+      free_by_size.erase({free_at.rbegin()->second, off});
+      free_at.erase(off);
+      top = off + bytes;
+    } else {
+      off = top;
+      top += bytes;
+    }
+    p.offset[t] = off;
+    p.arena = std::max(p.arena, off + bytes);
+    live.push({l, t});
+  }
 }
 
 }  // namespace
@@ -130,28 +228,7 @@ MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
     p.offset[t] = p.gradients;
     p.gradients += aligned_size(g.tensors()[t].bytes(), o.alignment);
   }
-  // Greedy by size: place the largest tensors first at the lowest offset free for their whole lifetime.
-  std::stable_sort(arena.begin(), arena.end(), [&](size_t a, size_t b) { return g.tensors()[a].bytes() > g.tensors()[b].bytes(); });
-  struct Placed {
-    size_t off, bytes, first, last;
-  };
-  std::vector<Placed> placed;
-  for (auto t : arena) {
-    size_t bytes = aligned_size(g.tensors()[t].bytes(), o.alignment);
-    size_t f = first[t] == SIZE_MAX ? 0 : first[t], l = last[t];
-    std::vector<std::pair<size_t, size_t>> busy;
-    for (const auto& q : placed)
-      if (!(q.last < f || l < q.first)) busy.push_back({q.off, q.off + q.bytes});
-    std::sort(busy.begin(), busy.end());
-    size_t off = 0;
-    for (auto [b, e] : busy) {
-      if (off + bytes <= b) break;
-      off = std::max(off, e);
-    }
-    placed.push_back({off, bytes, f, l});
-    p.offset[t] = off;
-    p.arena = std::max(p.arena, off + bytes);
-  }
+  place_arena(g, arena, first, last, o.alignment, p);
   // In-place members share their class's placement; aliases share their root's.
   for (size_t t = 0; t < nt; ++t)
     if (p.region[t] == Region::arena && static_cast<size_t>(L.rep[t]) != t) p.offset[t] = p.offset[static_cast<size_t>(L.rep[t])];

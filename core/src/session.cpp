@@ -102,6 +102,11 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     device_.select = d->get_choice("select", {"first", "most_free_memory"}, "first");
     int64_t fault = d->get_int("fault_injection_block", 0);
     if (fault < 0 || fault > 1000000) d->fail("fault_injection_block", "expected 0 (off) or the 1-based block request to fail");
+    // growth = false reserves the whole limit in one block request when the device opens; none follows.
+    if (fault > 1 && !device_.growth)
+      d->fail("fault_injection_block", "is " + std::to_string(fault) + ", but with growth = false the allocator makes 1 block request per "
+              "device (the whole memory_limit, reserved at start), so request #" + std::to_string(fault) +
+              " never happens; use 1 to fail that reservation, or set growth = true");
     device_.fail_block_request = static_cast<int>(fault);
     // Every loaded backend is made now and reads its keys (auto and the fallback may pick any of them), so a key
     // that no backend reads is an unknown key. Making a backend touches no driver; enumerate() does.
@@ -158,6 +163,8 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     strategy_ = reg_.strategy("single")(empty.root());
   }
 
+  if (device_.fail_block_request > 1 && device_.growth && stype == "single") check_fault_injection();
+
   if (auto d = root.table("data")) {
     for (const char* which : {"train", "test"}) {
       if (auto p = d->table(which)) {
@@ -177,9 +184,87 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     d->finish();
   }
   root.finish();
-  // Build each pipeline once so every stage validates its keys and files before anything else happens.
+  // Build each pipeline once so every stage validates its keys and files before anything else happens, then check
+  // the shapes it delivers against the model: a mismatch is a config error here, not a failure at step 1.
   for (const char* which : {"train", "test"})
-    if (has_pipeline(which)) make_pipeline(which);
+    if (has_pipeline(which)) check_data_shapes(which, *m);
+}
+
+void Session::check_fault_injection() const {
+  // With growth, a block request happens only when an allocation finds no free range: first the planned reservation
+  // (memory_policy strict/fit, and each batch size of a sweep; a second request retries its exact size), then at most
+  // 4 per allocation (a block and its exact-size retry, once more after free blocks are given back). A single-device
+  // run allocates its persistent tensors once and at most 4 regions (gradients, arena, input, workspace) per step graph: training and
+  // evaluation at the full and the last batch size, NaN tracing, and each batch size of a `kiln plan --sweep`.
+  GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  Graph g = build_graph(model_, go);
+  size_t params = 0;
+  for (const auto& t : g.tensors()) params += t.role == TensorRole::parameter && t.alias_of == kNoTensor;
+  const size_t persistent = params * (1 + optimizer_.state_tensors_per_param() + (optimizer_.ema_decay > 0 ? 1 : 0));
+  const size_t graphs = 5 + std::max<size_t>(memory_.sweep_batches.size(), 25);
+  const size_t most = 2 * graphs + 4 * (persistent + 4 * graphs);
+  if (static_cast<size_t>(device_.fail_block_request) <= most) return;
+  cfg_.root().table("device")->fail(
+      "fault_injection_block",
+      "is " + std::to_string(device_.fail_block_request) + ", but this run makes at most " + std::to_string(most) +
+          " block requests per device (growth = true: 2 per planned reservation, then at most 4 for each allocation that "
+          "finds no room: its " + std::to_string(persistent) + " persistent tensors and at most 4 regions for each of " +
+          std::to_string(graphs) + " step graphs), so request #" + std::to_string(device_.fail_block_request) +
+          " never happens; use a number from 1 to " + std::to_string(most));
+}
+
+void Session::check_data_shapes(const std::string& which, const ConfigNode& model) const {
+  std::vector<StageShapes> shapes;
+  make_pipeline(which, &shapes);
+  if (shapes.empty()) return;
+  // The stage that last changed the example (or label) shape is where a mismatch comes from.
+  auto shaped_by = [&](bool labels) {
+    size_t k = 0;
+    for (size_t i = 1; i < shapes.size(); ++i)
+      if ((labels ? shapes[i].y : shapes[i].x) != (labels ? shapes[i - 1].y : shapes[i - 1].x)) k = i;
+    return "stages[" + std::to_string(k) + "] (type = \"" + shapes[k].type + "\")";
+  };
+  const std::string source = describe_source(cfg_, which);
+  const Shape x = shapes.back().x, y = shapes.back().y;
+  auto toml_list = [](const Shape& s) {
+    std::string t;
+    for (auto d : s.dims()) t += (t.empty() ? "" : ", ") + std::to_string(d);
+    return "[" + t + "]";
+  };
+  auto values = [](const Shape& s) { return std::to_string(s.numel()) + (s.numel() == 1 ? " value" : " values"); };
+  if (!x.dims().empty() && x.numel() != model_.input_shape.numel())
+    model.fail("input_shape", "is " + model_.input_shape.str() + " (" + values(model_.input_shape) + " per example), but " +
+                                  source + " delivers examples of shape " + x.str() + " (" + values(x) + "), shaped by " +
+                                  shaped_by(false) + "; set input_shape = " + toml_list(x) + " or make the data match the model");
+  // Labels against each head's loss. The heads' widths come from a forward graph of one example (nothing allocated).
+  GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  Graph g = build_graph(model_, go);  // model_.label_shape is still unset here: the labels are checked below
+  auto outs = model.table_array("outputs");
+  for (size_t i = 0; i < model_.outputs.size() && i < g.outputs.size(); ++i) {
+    const OutputSpec& o = model_.outputs[i];
+    const Shape out = g.tensor(g.outputs[i]).shape.tail();
+    const int64_t width = out.numel(), labels = y.numel();
+    std::string expected;
+    if (o.loss == LossKind::softmax_cross_entropy) {
+      if (labels == 1 || labels == width) continue;  // a class index, or one-hot over the head's classes
+      expected = "a class index (shape " + Shape{}.str() + ") or one-hot labels of shape " + Shape{width}.str();
+    } else {
+      if (labels == width) continue;
+      expected = "targets shaped like the output, " + out.str();
+    }
+    const char* loss = o.loss == LossKind::softmax_cross_entropy ? "softmax_cross_entropy"
+                       : o.loss == LossKind::mse                 ? "mse"
+                                                                 : "binary_cross_entropy";
+    const std::string msg = "output '" + o.layer + "' (" + out.str() + " per example, loss " + loss + ") needs " + expected +
+                            ", but " + source + " delivers labels of shape " + y.str() + " (" + values(y) + "), shaped by " +
+                            shaped_by(true);
+    if (i < outs.size()) outs[i].fail("loss", msg);
+    model.fail("loss", msg);
+  }
 }
 
 Session::~Session() {
@@ -192,7 +277,7 @@ bool Session::has_pipeline(const std::string& which) const {
   return d && d->has(which);
 }
 
-std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
+std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vector<StageShapes>* shapes) const {
   auto d = cfg_.root().table("data");
   if (!d || !d->has(which)) return nullptr;
   auto p = d->table(which);
@@ -207,6 +292,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
     ctx.seed = seed_;
     cur = reg_.stage(type)(s, std::move(ctx));
     if (type == "batch") batched = true;
+    if (shapes) shapes->push_back({type, cur->example_shape(), cur->label_shape()});
   }
   if (!batched) {
     auto empty = Config::load_string("", cfg_.file());

@@ -33,8 +33,9 @@ std::string json_num(double v) {
   return os.str();
 }
 
-// Names where a pipeline's data comes from:
-// "[data.test] (idx source, images = '/data/t10k-images.gz', labels = '/data/t10k-labels.gz')".
+}  // namespace
+
+// Declared in session.hpp (config-time data checks name the source too).
 std::string describe_source(const Config& cfg, const std::string& split) {
   std::string out = "[data." + split + "]";
   try {
@@ -59,6 +60,8 @@ std::string describe_source(const Config& cfg, const std::string& split) {
   }
   return out;
 }
+
+namespace {
 
 // What the model's losses accept as labels, checked on every batch before it reaches a device: a bad label
 // would otherwise become a NaN loss (training) or a meaningless accuracy (evaluation) far from its cause.

@@ -29,6 +29,9 @@ struct MemoryPlan {
   size_t input_slot = 0;        // one slot (input = input_slots x input_slot)
   size_t workspace = 0;         // the largest per-op scratch the device asks for
   size_t activations_unplanned = 0;  // sum of arena tensors without reuse (what liveness saved against)
+  // Work the arena placement did (tensor comparisons and free-list updates): tests check it grows near-linearly
+  // with the model's depth, without timing anything.
+  size_t placement_steps = 0;
   DevicePlan summary(const std::string& label) const;
 };
 
@@ -38,6 +41,9 @@ struct PlanOptions {
   size_t alignment = 256;
   int input_slots = 1;               // 2: double-buffered input, the next batch uploads while this step runs
 };
+
+// Arena tensors up to this count are placed greedily by size (tightest, quadratic); more by a sweep in step order.
+inline constexpr size_t kGreedyPlacementMax = 4096;
 
 // Liveness-based plan. `dev` (may be null) is asked for per-op workspace sizes.
 MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o = {});

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/allocator.hpp"
@@ -127,6 +128,7 @@ class GraphBuilder {
   uint32_t seed_;
   std::string layer_;
   int device_ = 0;
+  std::unordered_set<std::string> param_names_;  // duplicate check in O(1) (a scan of the graph was quadratic)
 };
 
 // Appends backward nodes for `g` (per-op gradient rules) starting from the fused losses, and fills

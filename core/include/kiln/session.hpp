@@ -69,7 +69,7 @@ class Session {
   Strategy& strategy() { return *strategy_; }
 
   // A data pipeline ("train" or "test"); nullptr when [data.<which>] is absent. Appends a batch stage if none.
-  std::unique_ptr<Stage> make_pipeline(const std::string& which) const;
+  std::unique_ptr<Stage> make_pipeline(const std::string& which) const { return make_pipeline(which, nullptr); }
   bool has_pipeline(const std::string& which) const;
 
   const ModelSpec& model() const { return model_; }
@@ -86,6 +86,17 @@ class Session {
   std::vector<std::string> warnings() const { return warnings_; }
 
  private:
+  struct StageShapes {
+    std::string type;
+    Shape x, y;  // what the stage delivers per example
+  };
+  std::unique_ptr<Stage> make_pipeline(const std::string& which, std::vector<StageShapes>* shapes) const;
+  // Refuses (ConfigError at model.input_shape or the head's loss) a pipeline whose examples do not fit
+  // [model] input_shape or whose labels do not fit a head's loss, naming the section, its files and the stage.
+  void check_data_shapes(const std::string& which, const ConfigNode& model) const;
+  // Refuses [device] fault_injection_block beyond the block requests a single-device run can make (growth = true).
+  void check_fault_injection() const;
+
   Config cfg_;
   Registry& reg_;
   std::string name_;
@@ -105,5 +116,9 @@ class Session {
   MemorySettings memory_;
   std::vector<std::string> warnings_;
 };
+
+// Where a pipeline's data comes from, for messages:
+// "[data.test] (idx source, images = '/data/t10k-images.gz', labels = '/data/t10k-labels.gz')".
+std::string describe_source(const Config& cfg, const std::string& split);
 
 }  // namespace kiln
