@@ -304,7 +304,8 @@ void Session::open_devices(bool reserve) {
       if (ao.limit > total)
         throw ConfigError(cfg_.file() + ": [device] memory_limit = \"" + device_.memory_limit + "\" (" + format_bytes(ao.limit) +
                           ") exceeds the " + format_bytes(total) + " of " + info.label() + " (" + info.name + ")");
-      if (reserve) reservations_.push_back(Reservation::acquire(info, ao.limit, total));  // throws naming the holders
+      if (reserve)  // throws naming the holders
+        reservations_.push_back(Reservation::acquire(info, ao.limit, total, reservation_root(), name_));
     } else {
       // No promise made: bounded by what other jobs have not reserved.
       if (promised >= total)
@@ -319,7 +320,9 @@ void Session::open_devices(bool reserve) {
                           "fail when it allocates. Lower [device] memory_limit or set growth = false to claim it at start.");
       std::cerr << "*** " << warnings_.back() << " ***\n";
     }
-    ao.growth = device_.growth;
+    // growth = false claims the whole limit from the device at start; a dry run (`kiln plan`) plans it but claims
+    // nothing, so planning never takes memory another job is using or about to use.
+    ao.growth = device_.growth || !reserve;
     ao.fail_block_request = device_.fail_block_request;
     allocators_.push_back(std::make_unique<Allocator>(*dev, ao));
     const size_t i = device_ctx_.size();
