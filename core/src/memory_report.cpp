@@ -314,9 +314,14 @@ PlanCheck check_plan(Session& s) {
     os << format_device_plan(c.plans[i], limit, blocked);
     os << "  device: " << info.label() << " (" << info.name << "), " << format_bytes(info.total_memory) << " total, "
        << format_bytes(dev.query_free_memory()) << " free now\n";
+    size_t sharing = 0;  // opened devices sharing the host's memory: without a limit they split it
+    for (const auto& d : s.devices()) sharing += shares_host_memory(d.device->info());
+    const bool split = sharing > 1 && shares_host_memory(info);
     os << "  limit from: "
-       << (s.explicit_limit() ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\""
-                              : std::string("the device's memory minus other Kiln jobs' reservations (no [device] memory_limit)"))
+       << (s.explicit_limit() ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\"" + (split ? " on each of " + std::to_string(sharing) + " devices sharing the host's memory" : std::string())
+           : split ? "an equal share of the host's memory for each of the " + std::to_string(sharing) +
+                         " devices that share it, minus other Kiln jobs' reservations (no [device] memory_limit)"
+                   : std::string("the device's memory minus other Kiln jobs' reservations (no [device] memory_limit)"))
        << (s.device_settings().growth ? ", growth on demand"
                                       : ", growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)")
        << "\n";
