@@ -205,6 +205,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
     ctx.base_dir = cfg_.base_dir();
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
+    ctx.pipeline = which;
     cur = reg_.stage(type)(s, std::move(ctx));
     if (type == "batch") batched = true;
   }
@@ -215,6 +216,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which) const {
     ctx.base_dir = cfg_.base_dir();
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
+    ctx.pipeline = which;
     cur = reg_.stage("batch")(empty.root(), std::move(ctx));
   }
   return cur;
