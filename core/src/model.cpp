@@ -282,8 +282,8 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
       if (m.label_shape.numel() != classes)
         throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" + out.layer +
                           "' (softmax_cross_entropy) has " + std::to_string(classes) + " classes: expected a class index " +
-                          "(shape ()) or " + std::to_string(classes) + " class probabilities (shape (" + std::to_string(classes) +
-                          "), e.g. from the one_hot map op)");
+                          "(shape " + Shape{}.str() + ") or " + std::to_string(classes) + " class probabilities (shape " +
+                          Shape{classes}.str() + ", e.g. from the one_hot map op)");
     }
     soft = true;
   }

