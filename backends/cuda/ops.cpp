@@ -41,7 +41,8 @@ k::PoolShape pool_shape(const PoolAttrs& a) {
 }
 
 k::Loss loss_kind(OpKind kind, const LossAttrs& a) {
-  if (kind == OpKind::SoftmaxCrossEntropy) return k::Loss::softmax_cross_entropy;
+  if (kind == OpKind::SoftmaxCrossEntropy)
+    return a.soft_labels ? k::Loss::softmax_cross_entropy_soft : k::Loss::softmax_cross_entropy;
   if (kind == OpKind::MeanSquaredError) return k::Loss::mse;
   return a.from_logits ? k::Loss::bce_logits : k::Loss::bce_probs;
 }

@@ -12,12 +12,12 @@ void run_loss(Encoder& e, const OpCall& c) {
   if (c.kind == OpKind::SoftmaxCrossEntropy) {
     // Both passes walk rows that each cost softmax_row_cost (op_support has checked that one fits), in ranges
     // of rows within the loop budget, one dispatch each; the loss's later ranges accumulate.
-    const int64_t row_cost = softmax_row_cost(OpKind::SoftmaxForward, a.cols);
+    const int64_t row_cost = sce_row_cost(a.cols, a.soft_labels);
     struct {
       uint32_t rows, cols;
       float scale;
-      uint32_t mode, r0, r1, accumulate;
-    } p{u32(a.rows), u32(a.cols), a.scale, 0, 0, 0, 0};
+      uint32_t mode, r0, r1, accumulate, soft;
+    } p{u32(a.rows), u32(a.cols), a.scale, 0, 0, 0, 0, a.soft_labels ? 1u : 0u};
     const int64_t groups = e.groups_for(a.rows, 1);
     const int64_t span = groups * split_loops((a.rows + groups - 1) / groups, row_cost, 0).outer;
     for (int64_t r0 = 0; a.cols > 0 && r0 < a.rows; r0 += span) {

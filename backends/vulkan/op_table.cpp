@@ -104,8 +104,9 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
       return row_fits(softmax_row_cost(kind, cols), 0, "a row of cols = " + std::to_string(cols));
     }
     case OpKind::SoftmaxCrossEntropy: {
-      const int64_t cols = std::get<LossAttrs>(attrs).cols;
-      return row_fits(softmax_row_cost(OpKind::SoftmaxForward, cols), 8, "a row of cols = " + std::to_string(cols));
+      const auto& a = std::get<LossAttrs>(attrs);
+      return row_fits(sce_row_cost(a.cols, a.soft_labels), 8,
+                      "a row of cols = " + std::to_string(a.cols) + (a.soft_labels ? " (probability labels)" : ""));
     }
     case OpKind::EmbeddingForward:
     case OpKind::EmbeddingBackward: {

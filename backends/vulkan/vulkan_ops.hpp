@@ -85,6 +85,12 @@ inline int64_t layer_norm_row_cost(OpKind kind, int64_t cols) {
   return kind == OpKind::LayerNormBackward ? 2 * steps + 12 + 1 : 3 * steps + 12 + 1;
 }
 
+// Counted loop iterations per row of softmax_cross_entropy: the softmax row, and with soft labels one more
+// walk over the row and a workgroup tree sum (6 levels for 64 invocations).
+inline int64_t sce_row_cost(int64_t cols, bool soft_labels) {
+  return softmax_row_cost(OpKind::SoftmaxForward, cols) + (soft_labels ? (cols + 63) / 64 + 6 + 1 : 0);
+}
+
 // Counted loop iterations per item of the pooling kernels (an output forward, an input backward): the window
 // walk (rows, and columns in each), and backward the outputs covering the input (max: each window walked again).
 inline int64_t pool_item_cost(OpKind kind, const PoolAttrs& a) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -28,6 +29,34 @@ std::string format_bytes(size_t b) {
   else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", v / (1ull << 10));
   else std::snprintf(buf, sizeof buf, "%zu B", b);
   return buf;
+}
+
+bool shares_host_memory(const DeviceInfo& d) { return d.type == DeviceType::cpu && d.host_addressable; }
+
+std::string shared_memory_overcommit(const std::vector<std::pair<const DeviceInfo*, size_t>>& limits) {
+  std::vector<std::pair<const DeviceInfo*, size_t>> host;
+  for (const auto& l : limits)
+    if (l.first && shares_host_memory(*l.first)) host.push_back(l);
+  if (host.size() < 2) return {};
+  size_t physical = 0;
+  for (const auto& h : host) physical = std::max(physical, h.first->total_memory);
+  unsigned __int128 sum = 0;
+  bool equal = true;
+  for (const auto& h : host) sum += h.second, equal = equal && h.second == host[0].second;
+  if (sum <= physical) return {};
+  const size_t n = host.size();
+  std::ostringstream os;
+  os << "gives the " << n << " devices that share the host's " << format_bytes(physical) << " of physical memory "
+     << (equal ? format_bytes(host[0].second) + " each" : std::string("these limits")) << ": ";
+  for (size_t i = 0; i < n; ++i) os << (i ? " + " : "") << host[i].first->label() << " " << format_bytes(host[i].second);
+  const double pct = physical ? 100.0 * static_cast<double>(sum) / static_cast<double>(physical) : 0.0;
+  char pbuf[32];
+  std::snprintf(pbuf, sizeof pbuf, "%.0f%%", pct);
+  os << " = " << (sum > SIZE_MAX ? std::string("more than 2^64 bytes") : format_bytes(static_cast<size_t>(sum))) << " (" << pbuf
+     << " of it), more than they share. Limits of devices that share one memory must fit in it together (a percentage is "
+        "each device's share of it): at most "
+     << format_bytes(physical / n) << " (\"" << 100 / n << "%\") per device for " << n << " devices, or fewer devices";
+  return os.str();
 }
 
 size_t parse_memory_size(const std::string& text, size_t device_total) {

@@ -195,6 +195,12 @@ void loss_cases(Table& t) {
     LossAttrs a{s.rows, s.cols, 1.f / float(s.rows), true};
     t.add(v, OpKind::SoftmaxCrossEntropy, a, {uni(-6.f, 6.f), {Gen::labels, 0, float(s.cols)}}, {kOut, kOut},
           Check::reduction, false);
+    LossAttrs soft = a;  // labels as class probabilities (and below, one-hot-like 0/1 rows)
+    soft.soft_labels = true;
+    t.add(v + ".probabilities", OpKind::SoftmaxCrossEntropy, soft, {uni(-6.f, 6.f), uni(0.f, 1.f)}, {kOut, kOut},
+          Check::reduction, false);
+    t.add(v + ".binary_labels", OpKind::SoftmaxCrossEntropy, soft, {uni(-6.f, 6.f), ints(0, 1)}, {kOut, kOut},
+          Check::reduction, false);
     t.add(v, OpKind::MeanSquaredError, a, {kF, kF}, {kOut, kOut}, Check::reduction, false);
     t.add(v + ".logits", OpKind::BinaryCrossEntropy, a, {uni(-8.f, 8.f), ints(0, 1)}, {kOut, kOut}, Check::reduction,
           false);

@@ -185,7 +185,7 @@ std::string format_layer_table(const std::vector<LayerRow>& rows) {
   return os.str();
 }
 
-std::string format_device_plan(const DevicePlan& p, size_t limit) {
+std::string format_device_plan(const DevicePlan& p, size_t limit, const std::string& blocked) {
   std::ostringstream os;
   auto line = [&](const char* what, const std::string& b) { os << "  " << std::left << std::setw(18) << what << std::right << std::setw(12) << b << "\n"; };
   os << "step memory on " << p.device << ":\n";
@@ -197,7 +197,10 @@ std::string format_device_plan(const DevicePlan& p, size_t limit) {
   line("input buffers", format_bytes(p.input_data));
   line("total (peak)", format_bytes_both(p.total()));
   line("limit", format_bytes_both(limit));
-  if (p.total() <= limit)
+  if (p.total() <= limit && !blocked.empty())
+    os << "  verdict: DOES NOT FIT beside the current reservations: the step fits the limit with "
+       << format_bytes(limit - p.total()) << " to spare, but " << blocked << "\n";
+  else if (p.total() <= limit)
     os << "  verdict: FITS with " << format_bytes(limit - p.total()) << " to spare\n";
   else
     os << "  verdict: DOES NOT FIT: needs " << format_bytes_both(p.total()) << ", " << format_bytes(p.total() - limit)
@@ -275,6 +278,10 @@ std::string oom_advice(Session& s, size_t device) {
   return os.str();
 }
 
+namespace {
+const std::vector<ReservationHolder> kNoHolders;
+}  // namespace
+
 PlanCheck check_plan(Session& s) {
   PlanCheck c;
   RunnerContext ctx = s.runner_context();
@@ -291,18 +298,43 @@ PlanCheck check_plan(Session& s) {
     const size_t di = device_of(c.plans[i], ctx, i);
     const size_t limit = limits.at(di);
     c.limits.push_back(limit);
-    os << format_device_plan(c.plans[i], limit);
     Device& dev = *ctx.devices[di].device;
     const auto& info = dev.info();
+    // `kiln train` records an explicit limit as a reservation and refuses when it does not fit beside the others'
+    // (Reservation::acquire); the plan reads them without taking one and says so.
+    const bool session_device = di < s.devices().size();
+    const auto& others = session_device ? s.reservations_of_others(di) : kNoHolders;
+    const size_t promised = total_bytes(others), total = info.total_memory;
+    const size_t remains = promised < total ? total - promised : 0;
+    std::string blocked;
+    if (session_device && s.explicit_limit() && limit > remains)
+      blocked = "`kiln train` would refuse to reserve it: other Kiln jobs hold " + format_bytes(promised) + " of the " +
+                format_bytes(total) + " of " + info.label() + ", leaving " + format_bytes(remains) +
+                " (lower [device] memory_limit to at most " + format_bytes(remains) +
+                ", choose another device, or wait for a holder to finish)";
+    os << format_device_plan(c.plans[i], limit, blocked);
     os << "  device: " << info.label() << " (" << info.name << "), " << format_bytes(info.total_memory) << " total, "
        << format_bytes(dev.query_free_memory()) << " free now\n";
+    size_t sharing = 0;  // opened devices sharing the host's memory: without a limit they split it
+    for (const auto& d : s.devices()) sharing += shares_host_memory(d.device->info());
+    const bool split = sharing > 1 && shares_host_memory(info);
     os << "  limit from: "
-       << (s.explicit_limit() ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\""
-                              : std::string("the device's memory minus other Kiln jobs' reservations (no [device] memory_limit)"))
-       << (s.device_settings().growth ? ", growth on demand" : ", reserved at start (growth = false)") << "\n";
-    const auto& others = s.reservations_of_others(di);
-    if (!others.empty())
-      os << "  reserved by other Kiln jobs: " << format_bytes(total_bytes(others)) << "\n" << format_holders(others);
+       << (s.explicit_limit() ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\"" + (split ? " on each of " + std::to_string(sharing) + " devices sharing the host's memory" : std::string())
+           : split ? "an equal share of the host's memory for each of the " + std::to_string(sharing) +
+                         " devices that share it, minus other Kiln jobs' reservations (no [device] memory_limit)"
+                   : std::string("the device's memory minus other Kiln jobs' reservations (no [device] memory_limit)"))
+       << (s.device_settings().growth ? ", growth on demand"
+                                      : ", growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)")
+       << "\n";
+    if (session_device && reservation_root().empty())
+      os << "  reservations: off (KILN_RESERVATION_DIR=off)\n";
+    else if (session_device)
+      os << "  reservations of other Kiln jobs: " << (others.empty() ? "none" : format_bytes(promised)) << " of "
+         << format_bytes(total) << ", " << format_bytes(remains) << " remain"
+         << (s.explicit_limit() ? "; this run's limit " + format_bytes(limit) + (blocked.empty() ? " fits beside them" : " does not")
+                                : std::string())
+         << (others.empty() ? "\n" : ":\n" + format_holders(others));
+    if (!blocked.empty()) c.fits = false, c.blocked = true;
     if (c.plans[i].total() > limit) {
       c.fits = false;
       if (c.plans[i].total() > c.worst_need) c.worst_need = c.plans[i].total(), worst = di;
@@ -310,7 +342,7 @@ PlanCheck check_plan(Session& s) {
   }
   const int64_t best = largest_fitting_batch(s.strategy(), ctx, limits, ctx.global_batch);
   os << "largest batch size that fits: " << best << (best == 0 ? " (not even 1)" : "") << "\n";
-  if (!c.fits) os << oom_advice(s, worst);
+  if (c.worst_need > 0) os << oom_advice(s, worst);
   c.report = os.str();
   return c;
 }

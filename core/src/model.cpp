@@ -309,12 +309,27 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
         ti.name += "/ema";
       }
   // Labels: class indices (N) when any head is a classifier, else targets shaped like the first head's output.
+  // A classifier also takes (N, classes) labels, one-hot (the one_hot map op) or class probabilities, when the
+  // data's labels are that wide.
   bool any_ce = false;
   for (const auto& out : m.outputs) any_ce = any_ce || out.loss == LossKind::softmax_cross_entropy;
+  bool soft = false;
+  if (any_ce && !m.label_shape.dims().empty() && m.label_shape.numel() > 1) {
+    for (const auto& out : m.outputs) {
+      if (out.loss != LossKind::softmax_cross_entropy) continue;
+      const int64_t classes = g.tensor(outs.at(out.layer)).shape.numel() / std::max<int64_t>(o.batch, 1);
+      if (m.label_shape.numel() != classes)
+        throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" + out.layer +
+                          "' (softmax_cross_entropy) has " + std::to_string(classes) + " classes: expected a class index " +
+                          "(shape " + Shape{}.str() + ") or " + std::to_string(classes) + " class probabilities (shape " +
+                          Shape{classes}.str() + ", e.g. from the one_hot map op)");
+    }
+    soft = true;
+  }
   TensorInfo lab;
   lab.name = "label";
   lab.role = TensorRole::label;
-  lab.shape = any_ce ? Shape{o.batch} : g.tensor(outs.at(m.outputs[0].layer)).shape;
+  lab.shape = soft ? Shape{o.batch, m.label_shape.numel()} : any_ce ? Shape{o.batch} : g.tensor(outs.at(m.outputs[0].layer)).shape;
   if (!m.label_shape.dims().empty() || !any_ce) {
     if (!m.label_shape.dims().empty() && m.label_shape.numel() != lab.shape.numel() / std::max<int64_t>(o.batch, 1))
       throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" +
@@ -325,7 +340,7 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
     TensorId y = outs.at(out.layer);
     const Shape& ys = g.tensor(y).shape;
     int64_t rows = o.batch, cols = ys.numel() / std::max<int64_t>(o.batch, 1);
-    LossAttrs a{rows, cols, out.weight / static_cast<float>(o.batch), out.from_logits};
+    LossAttrs a{rows, cols, out.weight / static_cast<float>(o.batch), out.from_logits, soft};
     OpKind k = out.loss == LossKind::softmax_cross_entropy ? OpKind::SoftmaxCrossEntropy
                : out.loss == LossKind::mse ? OpKind::MeanSquaredError : OpKind::BinaryCrossEntropy;
     TensorId target = g.label;

@@ -319,7 +319,7 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
         } else if constexpr (std::is_same_v<A, SoftmaxAttrs>) {
           put(k, a.rows), put(k, a.cols);
         } else if constexpr (std::is_same_v<A, LossAttrs>) {
-          put(k, a.rows), put(k, a.cols), put(k, a.scale), put(k, a.from_logits);
+          put(k, a.rows), put(k, a.cols), put(k, a.scale), put(k, a.from_logits), put(k, a.soft_labels);
         } else if constexpr (std::is_same_v<A, ElementwiseAttrs>) {
           put(k, a.count), put(k, a.alpha), put(k, a.beta);
         } else if constexpr (std::is_same_v<A, ReduceAttrs>) {
@@ -463,7 +463,7 @@ std::vector<OpDesc> build_builtins() {
           const auto& a = attrs_as<LossAttrs>(name, attrs);
           check_dims(name, {{"rows", a.rows}, {"cols", a.cols}});
           const int64_t n = product(name, {a.rows, a.cols});
-          if (k == K::SoftmaxCrossEntropy) return {{n, a.rows}, {1, n}};
+          if (k == K::SoftmaxCrossEntropy) return {{n, a.soft_labels ? n : a.rows}, {1, n}};
           return {{n, n}, {1, n}};
         },
         ref_of<LossAttrs, ref::loss>(k));

@@ -241,6 +241,14 @@ void loss(OpKind kind, const LossAttrs& a, In in, Out out) {
       double sum = 0;
       for (int64_t j = 0; j < a.cols; ++j) sum += std::exp(double(x[j]) - mx);
       const double lse = mx + std::log(sum);
+      if (a.soft_labels) {
+        const float* t = in[1] + r * a.cols;
+        double tsum = 0;
+        for (int64_t j = 0; j < a.cols; ++j) tsum += t[j], total += double(t[j]) * (lse - x[j]);
+        for (int64_t j = 0; j < a.cols; ++j)
+          dx[j] = static_cast<float>(a.scale * (std::exp(double(x[j]) - lse) * tsum - double(t[j])));
+        continue;
+      }
       const float lf = in[1][r];
       const bool ok = lf >= 0.0f && lf < static_cast<float>(a.cols);
       const int64_t label = ok ? static_cast<int64_t>(lf) : -1;

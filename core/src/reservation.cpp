@@ -102,7 +102,7 @@ int64_t to_i64(const std::string& s) {
 std::string to_json(const ReservationHolder& h, const std::string& hardware_id) {
   std::ostringstream os;
   os << "{\"pid\": " << h.pid << ", \"user\": \"" << json_escape(h.user) << "\", \"command\": \"" << json_escape(h.command)
-     << "\", \"device\": \"" << json_escape(h.device) << "\", \"hardware_id\": \"" << json_escape(hardware_id)
+     << "\", \"run\": \"" << json_escape(h.run) << "\", \"device\": \"" << json_escape(h.device) << "\", \"hardware_id\": \"" << json_escape(hardware_id)
      << "\", \"bytes\": " << h.bytes << ", \"start_time\": " << h.start_time << "}\n";
   return os.str();
 }
@@ -113,6 +113,7 @@ ReservationHolder from_json(const std::string& js) {
   if (json_field(js, "pid", v)) h.pid = to_i64(v);
   if (json_field(js, "user", v)) h.user = v;
   if (json_field(js, "command", v)) h.command = v;
+  if (json_field(js, "run", v)) h.run = v;
   if (json_field(js, "device", v)) h.device = v;
   if (json_field(js, "bytes", v)) h.bytes = static_cast<size_t>(std::max<int64_t>(0, to_i64(v)));
   if (json_field(js, "start_time", v)) h.start_time = to_i64(v);
@@ -180,7 +181,7 @@ std::string ReservationHolder::describe() const {
   std::tm tm {};
   if (start_time > 0 && ::localtime_r(&t, &tm)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
   std::ostringstream os;
-  os << "pid " << pid << " (" << (user.empty() ? "unknown user" : user) << ", `" << command << "`, " << format_bytes(bytes)
+  os << "pid " << pid << " (" << (user.empty() ? "unknown user" : user) << (run.empty() ? "" : ", run \"" + run + "\"") << ", `" << command << "`, " << format_bytes(bytes)
      << (device.empty() ? "" : " of " + device) << " since " << when << ")";
   return os.str();
 }
@@ -216,7 +217,8 @@ std::string format_holders(const std::vector<ReservationHolder>& holders) {
   return s;
 }
 
-std::unique_ptr<Reservation> Reservation::acquire(const DeviceInfo& device, size_t bytes, size_t capacity, const std::string& root) {
+std::unique_ptr<Reservation> Reservation::acquire(const DeviceInfo& device, size_t bytes, size_t capacity, const std::string& root,
+                                                  const std::string& run) {
   if (root.empty()) return nullptr;
   const std::string dir = root + "/" + sanitize(device.hardware_id);
   if (!ensure_dir(root) || !ensure_dir(dir))
@@ -240,6 +242,7 @@ std::unique_ptr<Reservation> Reservation::acquire(const DeviceInfo& device, size
   r->holder_.pid = ::getpid();
   r->holder_.user = current_user();
   r->holder_.command = current_command();
+  r->holder_.run = run;
   r->holder_.device = device.label();
   r->holder_.bytes = bytes;
   r->holder_.start_time = static_cast<int64_t>(std::time(nullptr));

@@ -290,6 +290,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.base_dir = cfg_.base_dir();
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
+    ctx.pipeline = which;
     cur = reg_.stage(type)(s, std::move(ctx));
     if (type == "batch") batched = true;
     if (shapes) shapes->push_back({type, cur->example_shape(), cur->label_shape()});
@@ -301,6 +302,7 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.base_dir = cfg_.base_dir();
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
+    ctx.pipeline = which;
     cur = reg_.stage("batch")(empty.root(), std::move(ctx));
   }
   return cur;
@@ -379,40 +381,75 @@ void Session::open_devices(bool reserve) {
     throw ConfigError(cfg_.file() + ": strategy \"" + strategy_->name() + "\" needs " + std::to_string(want) +
                       " devices but only " + std::to_string(order.size()) + " are visible on backend \"" + bname + "\"");
   order.resize(want);
+  // First every device and its limit, so the limits of devices that share one physical memory are checked
+  // together before anything is reserved or allocated.
+  struct Opening {
+    std::unique_ptr<Device> dev;
+    size_t limit = 0;
+    const std::vector<ReservationHolder>* others = nullptr;
+  };
+  std::vector<Opening> opening;
   for (auto idx : order) {
-    auto dev = backend_->open(infos[static_cast<size_t>(idx)].index);  // the backend's own index ("auto" filters its list)
-    const DeviceInfo& info = dev->info();
-    const auto& others = holders[static_cast<size_t>(idx)];
-    const size_t total = info.total_memory, promised = total_bytes(others);
-    AllocatorOptions ao;
+    Opening o;
+    o.dev = backend_->open(infos[static_cast<size_t>(idx)].index);  // the backend's own index ("auto" filters its list)
+    const DeviceInfo& info = o.dev->info();
+    o.others = &holders[static_cast<size_t>(idx)];
+    const size_t total = info.total_memory, promised = total_bytes(*o.others);
     if (!device_.memory_limit.empty()) {
-      ao.limit = parse_memory_size(device_.memory_limit, total);
-      if (ao.limit > total)
-        throw ConfigError(cfg_.file() + ": [device] memory_limit = \"" + device_.memory_limit + "\" (" + format_bytes(ao.limit) +
+      o.limit = parse_memory_size(device_.memory_limit, total);
+      if (o.limit > total)
+        throw ConfigError(cfg_.file() + ": [device] memory_limit = \"" + device_.memory_limit + "\" (" + format_bytes(o.limit) +
                           ") exceeds the " + format_bytes(total) + " of " + info.label() + " (" + info.name + ")");
-      if (reserve) reservations_.push_back(Reservation::acquire(info, ao.limit, total));  // throws naming the holders
     } else {
       // No promise made: bounded by what other jobs have not reserved.
       if (promised >= total)
         throw DeviceError(info.label() + " (" + info.name + "): other Kiln jobs have reserved all of its " + format_bytes(total) +
-                          ":\n" + format_holders(others) + "Choose another device or wait for a holder to finish.");
-      ao.limit = total - promised;
+                          ":\n" + format_holders(*o.others) + "Choose another device or wait for a holder to finish.");
+      o.limit = total - promised;
     }
-    const size_t free_now = dev->query_free_memory();
+    opening.push_back(std::move(o));
+  }
+  // Devices sharing one physical memory (the host CPU backend's logical devices): without memory_limit they split
+  // it equally; an explicit memory_limit (bytes or a share, per device) must fit it summed over them.
+  {
+    size_t sharing = 0;
+    for (const auto& o : opening) sharing += shares_host_memory(o.dev->info());
+    if (sharing > 1 && device_.memory_limit.empty())
+      for (auto& o : opening)
+        if (shares_host_memory(o.dev->info())) o.limit /= sharing;
+    std::vector<std::pair<const DeviceInfo*, size_t>> limits;
+    for (const auto& o : opening) limits.emplace_back(&o.dev->info(), o.limit);
+    const std::string over = shared_memory_overcommit(limits);
+    if (!over.empty()) {
+      const std::string msg = "\"" + device_.memory_limit + "\" " + over;
+      if (auto d = cfg_.root().table("device"); d && d->has("memory_limit")) d->fail("memory_limit", msg);
+      throw ConfigError(cfg_.file() + ": [device] memory_limit " + msg);
+    }
+  }
+  for (auto& o : opening) {
+    const DeviceInfo& info = o.dev->info();
+    const size_t total = info.total_memory;
+    AllocatorOptions ao;
+    ao.limit = o.limit;
+    if (!device_.memory_limit.empty() && reserve)  // throws naming the holders
+      reservations_.push_back(Reservation::acquire(info, ao.limit, total, reservation_root(), name_));
+    const size_t free_now = o.dev->query_free_memory();
     if (!device_.memory_limit.empty() && ao.limit > free_now && reserve) {
       warnings_.push_back("WARNING: the memory limit " + format_bytes(ao.limit) + " on " + info.label() + " is more than the " +
                           format_bytes(free_now) + " the device reports free now (other processes use memory); the run may "
                           "fail when it allocates. Lower [device] memory_limit or set growth = false to claim it at start.");
       std::cerr << "*** " << warnings_.back() << " ***\n";
     }
-    ao.growth = device_.growth;
+    // growth = false claims the whole limit from the device at start; a dry run (`kiln plan`) plans it but claims
+    // nothing, so planning never takes memory another job is using or about to use.
+    ao.growth = device_.growth || !reserve;
     ao.fail_block_request = device_.fail_block_request;
-    allocators_.push_back(std::make_unique<Allocator>(*dev, ao));
+    allocators_.push_back(std::make_unique<Allocator>(*o.dev, ao));
     const size_t i = device_ctx_.size();
     allocators_.back()->set_oom_hint_provider([this, i] { return oom_advice(*this, i); });
-    device_ctx_.push_back(DeviceContext{dev.get(), allocators_.back().get()});
-    others_.push_back(others);
-    opened_.push_back(std::move(dev));
+    device_ctx_.push_back(DeviceContext{o.dev.get(), allocators_.back().get()});
+    others_.push_back(*o.others);
+    opened_.push_back(std::move(o.dev));
   }
 }
 

@@ -68,6 +68,7 @@ namespace {
 struct LabelRules {
   int64_t classes = 0;  // softmax_cross_entropy: integer class index in [0, classes)
   std::string ce_output;
+  bool soft = false;    // softmax_cross_entropy with (classes) labels: probabilities in [0, 1] summing to 1
   bool unit = false;    // binary_cross_entropy: target in [0, 1]
   std::string bce_output;
 };
@@ -81,6 +82,11 @@ LabelRules label_rules(const ModelSpec& m) {
   go.batch = 1;
   go.training = false;
   Graph g = build_graph(m, go);  // only to learn each head's width; nothing is allocated
+  r.soft = g.tensor(g.label).shape.rank() == 2 && [&] {
+    for (const auto& o : m.outputs)
+      if (o.loss == LossKind::softmax_cross_entropy) return true;
+    return false;
+  }();
   for (size_t i = 0; i < m.outputs.size() && i < g.outputs.size(); ++i) {
     const int64_t cols = g.tensor(g.outputs[i]).shape.numel();
     if (m.outputs[i].loss == LossKind::softmax_cross_entropy && (r.classes == 0 || cols < r.classes)) {
@@ -135,10 +141,20 @@ class CheckedStage final : public Stage {
         if (!std::isfinite(v))
           fail(k, "has input value " + num(v) + " at feature " + std::to_string(j) + "; inputs must be finite numbers");
       }
+      if (rules_.soft && yn != rules_.classes)
+        fail(k, "has " + std::to_string(yn) + " label value(s), but output '" + rules_.ce_output +
+                    "' (softmax_cross_entropy) is trained on " + std::to_string(rules_.classes) +
+                    "-wide class probabilities (one-hot): give this pipeline the same labels (e.g. the one_hot map op)");
+      double row_sum = 0;
       for (int64_t j = 0; j < yn; ++j) {
         const float v = b.y.data[static_cast<size_t>(k * yn + j)];
         if (!std::isfinite(v)) fail(k, "has label " + num(v) + "; labels must be finite numbers");
-        if (rules_.classes > 0 && (v < 0 || v >= static_cast<float>(rules_.classes) || v != std::floor(v)))
+        row_sum += v;
+        if (rules_.soft && (v < 0 || v > 1))
+          fail(k, "has label value " + num(v) + " for class " + std::to_string(j) + ", but output '" + rules_.ce_output +
+                      "' (softmax_cross_entropy) takes these " + std::to_string(yn) +
+                      "-wide labels as class probabilities: expected values in [0, 1]");
+        if (rules_.classes > 0 && !rules_.soft && (v < 0 || v >= static_cast<float>(rules_.classes) || v != std::floor(v)))
           fail(k, "has label " + num(v) + ", but output '" + rules_.ce_output + "' (softmax_cross_entropy) has " +
                       std::to_string(rules_.classes) + " classes: expected an integer class index in [0, " +
                       std::to_string(rules_.classes) + ")");
@@ -146,6 +162,11 @@ class CheckedStage final : public Stage {
           fail(k, "has label " + num(v) + ", but output '" + rules_.bce_output +
                       "' (binary_cross_entropy) expects targets in [0, 1]");
       }
+      if (rules_.soft && std::fabs(row_sum - 1.0) > 1e-3)
+        fail(k, "has labels summing to " + num(static_cast<float>(row_sum)) + ", but output '" + rules_.ce_output +
+                    "' (softmax_cross_entropy) takes these " + std::to_string(yn) +
+                    "-wide labels as class probabilities: expected one-hot or probabilities summing to 1 (for several "
+                    "independent labels per example use binary_cross_entropy)");
     }
     seen_ += n;
   }
@@ -309,7 +330,15 @@ Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema
           int64_t best = 0;
           for (int64_t c = 1; c < cols; ++c)
             if (row[c] > row[best]) best = c;
-          correct += best == static_cast<int64_t>(b->y.data[static_cast<size_t>(k)]);
+          const int64_t yn = b->y.shape.numel() / std::max<int64_t>(n, 1);
+          int64_t label = static_cast<int64_t>(b->y.data[static_cast<size_t>(k)]);
+          if (yn > 1) {  // one-hot or class probabilities: the most probable class
+            const float* t = b->y.data.data() + k * yn;
+            label = 0;
+            for (int64_t c = 1; c < yn; ++c)
+              if (t[c] > t[label]) label = c;
+          }
+          correct += best == label;
         } else {  // binary: each column thresholded
           float thr = m.outputs[i].from_logits ? 0.f : 0.5f;
           bool ok = true;

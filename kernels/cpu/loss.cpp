@@ -37,6 +37,16 @@ void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labe
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, xr[j]);
       const float sum = exp_shift_sum(xr, mx, dr, cols);
+      if (a.soft_labels) {  // t_r: one-hot or class probabilities
+        const float* tr = labels + r * cols;
+        const double lse = double(mx) + std::log(double(sum));
+        double tsum = 0, term = 0;
+        for (int64_t j = 0; j < cols; ++j) tsum += tr[j], term += double(tr[j]) * (lse - double(xr[j]));
+        const float k = static_cast<float>(tsum) * scale / sum;
+        for (int64_t j = 0; j < cols; ++j) dr[j] = dr[j] * k - scale * tr[j];
+        acc += term;
+        continue;
+      }
       const float lf = labels[r];
       const bool ok = lf >= 0.f && lf < static_cast<float>(cols);  // NaN labels fail too
       const int64_t label = ok ? static_cast<int64_t>(lf) : -1;

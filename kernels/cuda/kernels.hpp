@@ -71,7 +71,8 @@ void softmax_backward(cudaStream_t s, const float* y, const float* dy, float* dx
 
 // ---- loss.cu: fused loss value + gradient. The value is summed deterministically (fixed order, in double)
 // through `workspace`, which must hold loss_workspace_bytes(kind, rows, cols).
-enum class Loss { softmax_cross_entropy, mse, bce_logits, bce_probs };
+// softmax_cross_entropy_soft: labels are (rows, cols) class probabilities (LossAttrs::soft_labels).
+enum class Loss { softmax_cross_entropy, mse, bce_logits, bce_probs, softmax_cross_entropy_soft };
 size_t loss_workspace_bytes(Loss kind, int64_t rows, int64_t cols);
 void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, float* value, float* grad,
           int64_t rows, int64_t cols, float scale, void* workspace);

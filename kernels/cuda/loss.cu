@@ -13,9 +13,10 @@ int64_t elementwise_partials(int64_t n) {
   return std::clamp<int64_t>((n + kElementsPerBlock - 1) / kElementsPerBlock, 1, kMaxPartials);
 }
 
-// One block per row: row loss into partial[r], gradient written in place.
+// One block per row: row loss into partial[r], gradient written in place. soft: labels are (rows, cols) class
+// probabilities (one-hot included), the row's term sum_j t_j (lse - x_j), dx = scale * (softmax * sum(t) - t).
 __global__ void softmax_xent_kernel(const float* x, const float* labels, float* dx, double* partial, int64_t rows,
-                                    int64_t cols, float scale) {
+                                    int64_t cols, float scale, bool soft) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
     float* dr = dx + r * cols;
@@ -26,6 +27,20 @@ __global__ void softmax_xent_kernel(const float* x, const float* labels, float* 
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) sum += exp(static_cast<double>(xr[j]) - mx);
     sum = block_reduce(sum, SumOp{});
     const double lse = mx + log(sum);
+    if (soft) {
+      const float* tr = labels + r * cols;
+      double tsum = 0, term = 0;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        tsum += static_cast<double>(tr[j]);
+        term += static_cast<double>(tr[j]) * (lse - static_cast<double>(xr[j]));
+      }
+      tsum = block_reduce(tsum, SumOp{});
+      term = block_reduce(term, SumOp{});
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        dr[j] = static_cast<float>(scale * (exp(static_cast<double>(xr[j]) - lse) * tsum - static_cast<double>(tr[j])));
+      if (threadIdx.x == 0) partial[r] = term;
+      continue;
+    }
     const float lf = labels[r];
     const bool ok = lf >= 0.0f && lf < static_cast<float>(cols);  // NaN labels fail both tests
     const int64_t label = ok ? static_cast<int64_t>(lf) : -1;
@@ -71,17 +86,18 @@ __global__ void finish_sum_kernel(const double* partial, int64_t count, double f
 
 size_t loss_workspace_bytes(Loss kind, int64_t rows, int64_t cols) {
   const int64_t partials =
-      kind == Loss::softmax_cross_entropy ? std::max<int64_t>(rows, 1) : elementwise_partials(rows * cols);
+      kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft ? std::max<int64_t>(rows, 1)
+                                                                                    : elementwise_partials(rows * cols);
   return static_cast<size_t>(partials) * sizeof(double);
 }
 
 void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, float* value, float* grad,
           int64_t rows, int64_t cols, float scale, void* workspace) {
   auto* partial = static_cast<double*>(workspace);
-  if (kind == Loss::softmax_cross_entropy) {
+  if (kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft) {
     if (rows > 0 && cols > 0) {
       softmax_xent_kernel<<<static_cast<unsigned>(std::min<int64_t>(rows, 65535)), row_threads(cols), 0, s>>>(
-          pred, target, grad, partial, rows, cols, scale);
+          pred, target, grad, partial, rows, cols, scale, kind == Loss::softmax_cross_entropy_soft);
       KILN_CUDA_LAUNCHED("softmax_xent_kernel");
     }
     // rows x 0 logits: every row has an out-of-range label, like the reference (NaN); no rows: loss 0.

@@ -101,6 +101,27 @@ class RandomCropOp final : public MapOp {
   int64_t h_, w_, pad_;
 };
 
+// x: (C, H, W) -> (C, h, w): the h x w window at the centre (offset (H - h) / 2, (W - w) / 2, rounded down, as
+// tf.image.central_crop and Keras' CenterCrop / RandomCrop at inference do).
+class CenterCropOp final : public MapOp {
+ public:
+  CenterCropOp(int64_t h, int64_t w) : h_(h), w_(w) {}
+  std::string name() const override { return "center_crop"; }
+  void apply(Element& e, CounterRng&) const override {
+    const int64_t c = e.x.shape[0], hin = e.x.shape[1], win = e.x.shape[2];
+    const int64_t oy = (hin - h_) / 2, ox = (win - w_) / 2;
+    HostTensor out(Shape{c, h_, w_}, 0.f);
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t y = 0; y < h_; ++y)
+        std::copy_n(e.x.data.begin() + static_cast<std::ptrdiff_t>((ch * hin + y + oy) * win + ox), w_,
+                    out.data.begin() + static_cast<std::ptrdiff_t>((ch * h_ + y) * w_));
+    e.x = std::move(out);
+  }
+
+ private:
+  int64_t h_, w_;
+};
+
 // Mirrors the last dim (width) with probability p.
 class FlipHorizontalOp final : public MapOp {
  public:
@@ -141,14 +162,30 @@ std::unique_ptr<MapOp> make_scale_op(double factor, const Shape& x, const Shape&
   return op;
 }
 
-std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const Shape& y) {
-  const std::vector<std::string> kinds = {"scale",   "normalize",   "standardize",
-                                          "one_hot", "random_crop", "flip_horizontal"};
+std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const Shape& y, const std::string& pipeline) {
+  const std::vector<std::string> kinds = {"scale",       "normalize",   "standardize",    "one_hot",
+                                          "center_crop", "random_crop", "flip_horizontal"};
   if (!cfg.has("op"))
     cfg.fail("op",
-             "is missing: every map op needs op = one of scale, normalize, standardize, one_hot, "
+             "is missing: every map op needs op = one of scale, normalize, standardize, one_hot, center_crop, "
              "random_crop, flip_horizontal");
   std::string kind = cfg.get_choice("op", kinds, "scale");
+  // Random augmentation is for training: evaluating on randomly cropped or flipped examples makes the test metrics
+  // noisy and different from what the model sees in use. Keras' RandomCrop centre-crops and RandomFlip does
+  // nothing at inference; Kiln asks for that to be written instead of changing the op behind the config's back.
+  if (pipeline == "test" && kind == "random_crop") {
+    auto [h, w] = cfg.get_pair("size", {x.rank() == 3 ? x[1] : 0, x.rank() == 3 ? x[2] : 0});
+    const bool same = x.rank() == 3 && h == x[1] && w == x[2];
+    cfg.fail("op", "random_crop is a training augmentation and [data.test] is for evaluation: " +
+                       (same ? std::string("its crop is the image's own size, so remove the op here (the centre crop of the "
+                                           "padded image is the image itself)")
+                             : "use op = \"center_crop\", size = [" + std::to_string(h) + ", " + std::to_string(w) +
+                                   "] here (what Keras' RandomCrop does at inference)") +
+                       "; keep random_crop in [data.train]");
+  }
+  if (pipeline == "test" && kind == "flip_horizontal")
+    cfg.fail("op", "flip_horizontal is a training augmentation and [data.test] is for evaluation: remove the op here "
+                   "(Keras' RandomFlip does nothing at inference); keep it in [data.train]");
   std::unique_ptr<MapOp> op;
   Shape xo = x, yo = y;
   if (kind == "scale") {
@@ -168,6 +205,16 @@ std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const 
                "one_hot needs a scalar class-index label, but labels here have shape " + y.str() + " (one_hot twice?)");
     op = std::make_unique<OneHotOp>(classes);
     yo = Shape{classes};
+  } else if (kind == "center_crop") {
+    if (x.rank() != 3) cfg.fail("op", "center_crop needs (C, H, W) examples, got shape " + x.str());
+    if (!cfg.has("size")) cfg.fail("size", "is missing: center_crop needs size = [height, width] (or one int for a square)");
+    auto [h, w] = cfg.get_pair("size", {0, 0});
+    if (h < 1 || w < 1 || h > x[1] || w > x[2])
+      cfg.fail("size", "crop " + std::to_string(h) + " x " + std::to_string(w) + " does not fit in the " +
+                           std::to_string(x[1]) + " x " + std::to_string(x[2]) + " image (expected 1.." +
+                           std::to_string(x[1]) + " x 1.." + std::to_string(x[2]) + ")");
+    op = std::make_unique<CenterCropOp>(h, w);
+    xo = Shape{x[0], h, w};
   } else if (kind == "random_crop") {
     auto [h, w] = cfg.get_pair("size", {x.rank() == 3 ? x[1] : 0, x.rank() == 3 ? x[2] : 0});
     int64_t pad = cfg.get_int("padding", 0);

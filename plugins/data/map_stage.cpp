@@ -281,7 +281,7 @@ std::unique_ptr<Stage> make_map(const ConfigNode& cfg, StageContext ctx) {
   std::vector<std::unique_ptr<MapOp>> ops;
   Shape x = ctx.upstream->example_shape(), y = ctx.upstream->label_shape();
   for (const auto& oc : op_cfgs) {
-    ops.push_back(make_map_op(oc, x, y));
+    ops.push_back(make_map_op(oc, x, y, ctx.pipeline));
     x = ops.back()->x_out;
     y = ops.back()->y_out;
   }

@@ -13,6 +13,10 @@
 #include <fstream>
 #include <thread>
 
+#include "kiln/config.hpp"
+#include "kiln/memory_report.hpp"
+#include "kiln/reservation.hpp"
+#include "kiln/session.hpp"
 #include "test_support.hpp"
 
 extern char** environ;
@@ -109,4 +113,110 @@ TEST_CASE("a second kiln train whose reservation does not fit refuses at start a
 
   if (old) ::setenv("KILN_RESERVATION_DIR", saved.c_str(), 1);
   else ::unsetenv("KILN_RESERVATION_DIR");
+}
+
+namespace {
+
+// KILN_RESERVATION_DIR for one test case.
+class ReservationDir {
+ public:
+  explicit ReservationDir(const fs::path& root) {
+    if (const char* old = std::getenv("KILN_RESERVATION_DIR")) saved_ = old, had_ = true;
+    ::setenv("KILN_RESERVATION_DIR", root.c_str(), 1);
+  }
+  ~ReservationDir() {
+    if (had_) ::setenv("KILN_RESERVATION_DIR", saved_.c_str(), 1);
+    else ::unsetenv("KILN_RESERVATION_DIR");
+  }
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("kiln plan reads the reservations of others without taking one and says DOES NOT FIT when train would refuse",
+          "[memory]") {
+  fs::path dir = kiln::test::temp_dir("plan-resv");
+  fs::path root = dir / "reservations";
+  ReservationDir env(root);
+  // Another job (this test process, recorded under its run name) holds 60% of cpu:0.
+  auto cpu = kiln::test::registry().backend("cpu")(kiln::BackendOptions{});
+  const kiln::DeviceInfo d = cpu->enumerate().at(0);
+  auto held = kiln::Reservation::acquire(d, d.total_memory / 100 * 60, d.total_memory, root.string(), "the-holder");
+  REQUIRE(held);
+  REQUIRE(reservation_files(root) == 1);
+
+  // 60% more cannot be reserved: train would refuse, so the plan does not fit (exit 1) and says why and by whom.
+  fs::path cfg = write(dir, "second.toml", holder_config(dir, "second", 8, 0));
+  auto plan = kiln::test::run_app("plan " + cfg.string());
+  INFO(plan.output);
+  CHECK(plan.exit_code == 1);
+  CHECK_THAT(plan.output, Catch::Contains("DOES NOT FIT beside the current reservations"));
+  CHECK_THAT(plan.output, Catch::Contains("`kiln train` would refuse to reserve it"));
+  CHECK_THAT(plan.output, Catch::Contains("pid " + std::to_string(::getpid())));
+  CHECK_THAT(plan.output, Catch::Contains("run \"the-holder\""));
+  CHECK_THAT(plan.output, Catch::Contains("reservations of other Kiln jobs: " + kiln::format_bytes(held->bytes())));
+  CHECK_THAT(plan.output, Catch::Contains("lower [device] memory_limit to at most"));
+  CHECK_THAT(plan.output, !Catch::Contains("verdict: FITS"));
+  CHECK(reservation_files(root) == 1);  // the plan took none
+  // And train agrees.
+  auto train = kiln::test::run_app("train " + cfg.string());
+  CHECK(train.exit_code == 1);
+  CHECK_THAT(train.output, Catch::Contains("cannot reserve"));
+
+  // 30% fits beside the holder: exit 0, the holder still listed.
+  auto small = kiln::test::run_app("plan " + cfg.string() + " --set device.memory_limit='\"30%\"'");
+  INFO(small.output);
+  CHECK(small.exit_code == 0);
+  CHECK_THAT(small.output, Catch::Contains("verdict: FITS"));
+  CHECK_THAT(small.output, Catch::Contains("fits beside them"));
+  CHECK_THAT(small.output, Catch::Contains("run \"the-holder\""));
+  held.reset();
+  CHECK(reservation_files(root) == 0);
+}
+
+TEST_CASE("kiln plan with growth = false on Vulkan claims no device memory and records no reservation", "[memory][vulkan]") {
+  using namespace kiln;
+  if (!test::registry().has_backend("vulkan")) KILN_SKIP("the vulkan backend is not built in this tree");
+  auto vk = test::registry().backend("vulkan")(BackendOptions{});
+  if (vk->enumerate().empty()) KILN_SKIP("no Vulkan device: " << vk->unavailable_reason());
+  fs::path dir = test::temp_dir("plan-vk-growth");
+  fs::path root = dir / "reservations";
+  ReservationDir env(root);
+  std::string text = holder_config(dir, "vk", 8, 0, "growth = false\n");
+  text.replace(text.find("backend = \"cpu\""), 15, "backend = \"vulkan\"");
+  text.replace(text.find("\"60%\""), 5, "\"256MiB\"");
+  fs::path cfg = write(dir, "vk.toml", text);
+
+  // In process, as `kiln plan` does it: the allocator holds nothing from the device after the plan.
+  Session s(Config::load_file(cfg.string()), test::registry());
+  if (auto train = s.make_pipeline("train")) s.model().label_shape = train->label_shape();
+  s.open_devices(/*reserve=*/false);
+  REQUIRE(s.devices().size() == 1);
+  REQUIRE(s.devices()[0].device->info().backend == "vulkan");
+  PlanCheck c = check_plan(s);
+  INFO(c.report);
+  CHECK(c.fits);
+  CHECK_THAT(c.report, Catch::Contains("growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)"));
+  const MemoryStats& st = s.devices()[0].allocator->stats();
+  CHECK(st.reserved == 0);
+  CHECK(st.blocks == 0);
+  CHECK(st.block_requests == 0);
+  CHECK(s.devices()[0].allocator->limit() == (size_t{256} << 20));
+  CHECK(reservation_files(root) == 0);
+
+  // The app: exit 0, nothing recorded.
+  auto plan = test::run_app("plan " + cfg.string());
+  INFO(plan.output);
+  CHECK(plan.exit_code == 0);
+  CHECK_THAT(plan.output, Catch::Contains("`kiln plan` claims nothing"));
+  CHECK(reservation_files(root) == 0);
+
+  // kiln train does claim it (the same session opened with reserve): 256 MiB held up front, and reserved.
+  Session t(Config::load_file(cfg.string()), test::registry());
+  t.open_devices();
+  CHECK(t.devices()[0].allocator->stats().reserved == (size_t{256} << 20));
+  CHECK(reservation_files(root) == 1);
 }

@@ -273,3 +273,39 @@ TEST_CASE("stage configs are validated: unknown keys, bad values, position of so
     REQUIRE_THAT(e.what(), Catch::Contains("bufer"));
   }
 }
+
+TEST_CASE("center_crop takes the window at the centre, deterministically, and checks its size", "[data]") {
+  const std::string synth = R"({type = "synthetic", shape = [2, 5, 6], classes = 10, examples = 8, seed = 3})";
+  auto raw = drain(*build("stages = [" + synth + "]"));
+  auto p = build("stages = [" + synth + R"(, {type = "map", ops = [{op = "center_crop", size = [3, 2]}]}])");
+  REQUIRE(p->example_shape() == Shape({2, 3, 2}));
+  auto s = drain(*p);
+  REQUIRE(s.size() == raw.size());
+  for (size_t i = 0; i < s.size(); ++i)
+    for (int c = 0; c < 2; ++c)
+      for (int y = 0; y < 3; ++y)
+        for (int x = 0; x < 2; ++x)  // offset ((5 - 3) / 2, (6 - 2) / 2) = (1, 2)
+          REQUIRE(s[i].x.data[(c * 3 + y) * 2 + x] == raw[i].x.data[(c * 5 + y + 1) * 6 + x + 2]);
+  CHECK_THROWS_WITH(build("stages = [" + synth + R"(, {type = "map", ops = [{op = "center_crop", size = [6, 2]}]}])"),
+                    Catch::Contains("pipeline.toml:") && Catch::Contains("size") && Catch::Contains("does not fit in the 5 x 6"));
+  CHECK_THROWS_WITH(build("stages = [" + synth + R"(, {type = "map", ops = [{op = "center_crop"}]}])"),
+                    Catch::Contains("size") && Catch::Contains("is missing"));
+}
+
+TEST_CASE("random augmentation in a test pipeline is a config error that says what to write instead", "[data]") {
+  PipelineOptions test;
+  test.pipeline = "test";
+  CHECK_THROWS_WITH(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [3, 3]}]}])", test),
+                    Catch::Contains("pipeline.toml:") && Catch::Contains("op") && Catch::Contains("[data.test]") &&
+                        Catch::Contains("op = \"center_crop\", size = [3, 3]"));
+  CHECK_THROWS_WITH(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [4, 4], padding = 2}]}])", test),
+      Catch::Contains("remove the op here"));
+  CHECK_THROWS_WITH(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal"}]}])", test),
+                    Catch::Contains("flip_horizontal is a training augmentation") && Catch::Contains("remove the op here"));
+  // The evaluation form is accepted there; the augmentation is accepted in training.
+  CHECK_NOTHROW(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "center_crop", size = [3, 3]}]}])", test));
+  PipelineOptions train;
+  train.pipeline = "train";
+  CHECK_NOTHROW(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [3, 3]}, {op = "flip_horizontal"}]}])", train));
+}

@@ -21,6 +21,7 @@ struct PipelineOptions {
   std::string base_dir;
   int64_t global_batch = 0;
   uint64_t seed = 42;
+  std::string pipeline;  // "train" / "test" as in a run's [data.<which>]; "" outside one
 };
 
 // Builds `stages = [...]` (a TOML snippet) stage by stage, exactly as the host does.
@@ -34,6 +35,7 @@ inline std::unique_ptr<Stage> build(const std::string& stages_toml, const Pipeli
     ctx.base_dir = o.base_dir;
     ctx.global_batch = o.global_batch;
     ctx.seed = o.seed;
+    ctx.pipeline = o.pipeline;
     cur = registry().stage(type)(s, std::move(ctx));
   }
   return cur;

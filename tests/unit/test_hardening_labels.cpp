@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "kiln/strategy.hpp"
@@ -180,4 +181,43 @@ TEST_CASE("valid CSV data trains and evaluates with exit code 0 and an accuracy"
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
   CHECK_THAT(ok.output, Catch::Contains("test accuracy"));
+}
+
+TEST_CASE("softmax_cross_entropy trains on the one_hot map op's labels like on class indices, accuracy by argmax",
+          "[hardening][labels]") {
+  auto dir = kiln::test::temp_dir("hard-labels-onehot");
+  const std::string good = write_csv(dir / "good.csv");
+  auto idx = train(config(dir, good, good));
+  INFO(idx.output);
+  REQUIRE(idx.exit_code == 0);
+  const std::string one_hot = ", {type = \"map\", ops = [{op = \"one_hot\", classes = 3}]}";
+  auto hot = train(config(dir, good, good, "softmax_cross_entropy", 3, one_hot));
+  INFO(hot.output);
+  CHECK(hot.exit_code == 0);
+  // The same run (seed, data, math): the same accuracy line.
+  auto acc = [](const std::string& out) {
+    auto p = out.find("final test accuracy");
+    return p == std::string::npos ? std::string("none") : out.substr(p, out.find('\n', p) - p);
+  };
+  CHECK(acc(hot.output) == acc(idx.output));
+  CHECK(acc(hot.output) != "none");
+  // A test pipeline that keeps class indices while training uses one-hot labels is a data error, not a wrong accuracy.
+  auto cfg = config(dir, good, good, "softmax_cross_entropy", 3, one_hot);
+  {
+    std::ifstream in(cfg);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto t = text.find("[data.test]");
+    text = text.substr(0, t) + "[data.test]\nstages = [{type = \"csv\", path = \"" + good + "\"}]\n";
+    std::ofstream(cfg) << text;
+  }
+  auto mixed = train(cfg);
+  INFO(mixed.output);
+  CHECK(mixed.exit_code == 2);
+  CHECK_THAT(mixed.output, Catch::Contains("[data.test]") && Catch::Contains("has 1 label value(s)") &&
+                               Catch::Contains("3-wide class probabilities"));
+  // One-hot labels of the wrong width are refused before training, naming both widths.
+  auto wide = train(config(dir, good, good, "softmax_cross_entropy", 4, one_hot));
+  INFO(wide.output);
+  CHECK(wide.exit_code == 2);
+  CHECK_THAT(wide.output, Catch::Contains("(3,)") && Catch::Contains("(4,)"));  // the data's width and the head's
 }

@@ -241,3 +241,47 @@ TEST_CASE("backend auto takes the highest-priority backend with a usable device,
   CHECK_THAT(config_error("[device]\nthread = 1\n"),
              Catch::Contains("device.thread") && Catch::Contains("did you mean 'threads'"));
 }
+
+TEST_CASE("limits of logical CPU devices sharing the host's memory must fit it together", "[memory][parallel]") {
+  EnvVar off("KILN_RESERVATION_DIR", "off");
+  const std::string dp = "[strategy]\ntype = \"data_parallel\"\n";
+  auto open = [&](const std::string& device, const std::string& strategy) {
+    auto s = std::make_unique<Session>(Config::load_string(kBase + "[device]\nvirtual_devices = 2\n" + device + strategy, "mem.toml"),
+                                       test::registry());
+    s->open_devices(false);
+    return s;
+  };
+  auto cpu = test::registry().backend("cpu")(BackendOptions{});
+  const size_t host = cpu->enumerate().at(0).total_memory;
+  // 60% on each of two devices is 120% of one memory: refused, naming the key (with its line), each device and its
+  // limit, the sum and the physical total, and what would fit.
+  try {
+    open("memory_limit = \"60%\"\n", dp);
+    FAIL("two 60% limits on one host memory were accepted");
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK_THAT(m, Catch::Contains("mem.toml:") && Catch::Contains("device.memory_limit") && Catch::Contains("\"60%\""));
+    const std::string each = format_bytes(parse_memory_size("60%", host));
+    CHECK_THAT(m, Catch::Contains("cpu:0 " + each + " + cpu:1 " + each));
+    CHECK_THAT(m, Catch::Contains("(120% of it)"));
+    CHECK_THAT(m, Catch::Contains("the host's " + format_bytes(host) + " of physical memory"));
+    CHECK_THAT(m, Catch::Contains("(\"50%\") per device for 2 devices"));
+  }
+  // Bytes likewise: two limits of 0.6 x the host each.
+  const std::string bytes = std::to_string(host / 10 * 6);
+  CHECK_THROWS_WITH(open("memory_limit = " + bytes + "\n", dp), Catch::Contains("device.memory_limit") && Catch::Contains("120% of it"));
+  // 50% each fits exactly.
+  auto half = open("memory_limit = \"50%\"\n", dp);
+  REQUIRE(half->devices().size() == 2);
+  CHECK(half->devices()[0].allocator->limit() + half->devices()[1].allocator->limit() <= host);
+  // Without memory_limit the devices split the host's memory instead of each claiming all of it.
+  auto split = open("", dp);
+  REQUIRE(split->devices().size() == 2);
+  CHECK(split->devices()[0].allocator->limit() == host / 2);
+  CHECK(split->devices()[1].allocator->limit() == host / 2);
+  // One device opened (strategy single) may take 60%: nothing shares it.
+  auto single = open("memory_limit = \"60%\"\n", "");
+  REQUIRE(single->devices().size() == 1);
+  CHECK(single->devices()[0].allocator->limit() == parse_memory_size("60%", host));
+}

@@ -24,6 +24,14 @@ const char* memory_tag_name(MemoryTag t);
 size_t parse_memory_size(const std::string& text, size_t device_total);
 std::string format_bytes(size_t bytes);  // "1.17 GiB"
 
+// Whether the device's memory is the host's physical memory, shared with every other such device: the logical
+// devices of the host CPU backend (type cpu, host addressable) all are.
+bool shares_host_memory(const DeviceInfo& d);
+// Limits of devices that share one physical memory must fit in it together (as one device's limit must fit the
+// device's total). "" when they do, else why not: "gives the 2 devices that share the host's memory 14.12 GiB each:
+// cpu:0 14.12 GiB + cpu:1 14.12 GiB = 28.24 GiB (120% of it), more than ..., at most 11.77 GiB (\"50%\") each".
+std::string shared_memory_overcommit(const std::vector<std::pair<const DeviceInfo*, size_t>>& limits);
+
 struct AllocatorOptions {
   size_t limit = 0;               // hard cap on bytes reserved from the device; 0 = device total
   bool growth = true;             // take blocks on demand; false reserves `limit` at start

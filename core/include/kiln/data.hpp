@@ -60,6 +60,7 @@ struct StageContext {
   std::string base_dir;             // relative file paths resolve against it
   int64_t global_batch = 0;         // [train] batch_size
   uint64_t seed = 0;                // [run] seed
+  std::string pipeline;             // "train" or "test" ([data.<which>]); "" outside a run's pipelines
 };
 
 using StageFactory = std::function<std::unique_ptr<Stage>(const ConfigNode& cfg, StageContext ctx)>;

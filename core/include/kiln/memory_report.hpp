@@ -22,7 +22,9 @@ struct LayerRow {
 
 std::vector<LayerRow> layer_table(const ModelSpec& m);
 std::string format_layer_table(const std::vector<LayerRow>& rows);
-std::string format_device_plan(const DevicePlan& p, size_t limit);
+// `blocked` (non-empty): why the run cannot start even though the step fits the limit (the limit does not fit
+// beside other Kiln jobs' reservations); the verdict then says DOES NOT FIT and gives it.
+std::string format_device_plan(const DevicePlan& p, size_t limit, const std::string& blocked = "");
 // The largest global batch whose plan fits every device's limit (0 if not even 1 fits). Starts probing at `hint`.
 int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<size_t>& limits, int64_t hint);
 // "3.12 GiB (3.35 GB)": binary and decimal, since drivers and people use both.
@@ -32,7 +34,8 @@ std::string format_bytes_both(size_t bytes);
 struct PlanCheck {
   std::vector<DevicePlan> plans;
   std::vector<size_t> limits;  // per plan
-  bool fits = true;
+  bool fits = true;             // every plan fits its limit and every limit fits beside others' reservations
+  bool blocked = false;         // some limit does not fit beside other Kiln jobs' reservations (train would refuse)
   size_t worst_need = 0;       // the largest plan total that exceeds its limit (0 when everything fits)
   std::string report;          // layer table, per-device breakdown and verdict, largest batch, advice
 };

@@ -59,6 +59,9 @@ enum class OpKind : uint16_t {
   // Fused forward+backward sparse softmax cross-entropy from logits. in: logits(rows, cols), labels(rows) holding
   // class indices as floats in [0, cols). out: loss(1) = scale * sum_r -log softmax(x_r)[label_r];
   // dlogits(rows, cols) = scale * (softmax(x_r) - onehot(label_r)). An out-of-range label gives a NaN loss.
+  // With LossAttrs::soft_labels the labels are t(rows, cols), one-hot or class probabilities (PyTorch's
+  // CrossEntropyLoss with probability targets): loss = scale * sum_r sum_j t_rj (lse_r - x_rj);
+  // dlogits = scale * (softmax(x_r) * sum_j t_rj - t_r).
   SoftmaxCrossEntropy,
   // Fused MSE. in: pred(rows, cols), target(rows, cols). out: loss(1) = scale/cols * sum (p-t)^2;
   // dpred = scale/cols * 2 (p - t).
@@ -161,6 +164,7 @@ struct LossAttrs {
   int64_t rows = 0, cols = 0;
   float scale = 1.f;  // loss weight / batch size
   bool from_logits = true;  // BinaryCrossEntropy only
+  bool soft_labels = false;  // SoftmaxCrossEntropy only: labels are (rows, cols) class probabilities, not indices
 };
 // Add, Mul, Axpby, Scale, Fill, Copy.
 struct ElementwiseAttrs {

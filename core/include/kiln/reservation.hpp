@@ -20,10 +20,12 @@ struct ReservationHolder {
   int64_t pid = 0;
   std::string user;
   std::string command;      // the holder's command line (shortened)
+  std::string run;          // the holder's [run] name, when it recorded one
   std::string device;       // label when it reserved, e.g. "cuda:1"
   size_t bytes = 0;
   int64_t start_time = 0;   // seconds since the epoch
-  std::string describe() const;  // "pid 4242 (alice, `kiln train big.toml`, 2.00 GiB since 2024-05-01 12:00:03)"
+  // "pid 4242 (alice, run \"big\", `kiln train big.toml`, 2.00 GiB of cuda:0 since 2024-05-01 12:00:03)"
+  std::string describe() const;
 };
 
 // The reservation directory, or "" when reservations are disabled.
@@ -38,9 +40,10 @@ size_t total_bytes(const std::vector<ReservationHolder>& holders);
 class Reservation {
  public:
   // Checks, under the directory lock, that `bytes` plus every live reservation of others fits `capacity`
-  // (normally the device's total memory), then records it. Throws DeviceError naming the holders otherwise.
+  // (normally the device's total memory), then records it with the run's name `run` (may be empty). Throws
+  // DeviceError naming the holders otherwise.
   static std::unique_ptr<Reservation> acquire(const DeviceInfo& device, size_t bytes, size_t capacity,
-                                              const std::string& root = reservation_root());
+                                              const std::string& root = reservation_root(), const std::string& run = "");
   ~Reservation();
   Reservation(const Reservation&) = delete;
   Reservation& operator=(const Reservation&) = delete;

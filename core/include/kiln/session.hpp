@@ -58,7 +58,9 @@ class Session {
   // Opens the configured devices (with allocators) through the backend. "auto" takes the first backend by
   // Backend::priority() with a usable device. Throws DeviceError/ConfigError.
   // With `reserve`, an explicit memory_limit is recorded as a cooperative reservation (see reservation.hpp) and
-  // refused when other Kiln jobs' reservations leave too little; `kiln plan` opens without reserving.
+  // refused when other Kiln jobs' reservations leave too little. Without `reserve` (`kiln plan`) it is a dry run:
+  // nothing is recorded, and growth = false is planned but not applied (the allocators claim nothing up front);
+  // check_plan compares the limit with the reservations of others instead.
   void open_devices(bool reserve = true);
   // Live reservations of other Kiln jobs on opened device i, as seen when it was opened.
   const std::vector<ReservationHolder>& reservations_of_others(size_t i) const { return others_.at(i); }
