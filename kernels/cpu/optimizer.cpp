@@ -36,21 +36,18 @@ void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* 
   const double t = static_cast<double>(a.step);
   const float step_size = static_cast<float>(double(a.lr) / (1.0 - std::pow(double(a.beta1), t)));
   const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(double(a.beta2), t)));
-  const float keep = static_cast<float>(1.0 - double(a.lr) * double(a.decoupled_decay));  // AdamW
-  const bool decoupled = a.decoupled_decay != 0.f;
+  // AdamW's decay, fused into the one pass over w: keep is exactly 1 for plain Adam (w * 1 is w, bit for bit).
+  const float keep = static_cast<float>(1.0 - double(a.lr) * double(a.decoupled_decay));
   parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
-    if (decoupled) {
-#pragma omp simd
-      for (int64_t i = b; i < e; ++i) w[i] *= keep;
-    }
 #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
-      const float gp = g[i] + wd * w[i];
+      const float wi = w[i] * keep;
+      const float gp = g[i] + wd * wi;
       const float mn = b1 * m[i] + (1.f - b1) * gp;
       const float vn = b2 * v[i] + (1.f - b2) * gp * gp;
       m[i] = mn;
       v[i] = vn;
-      w[i] -= step_size * mn / (std::sqrt(vn * inv_bc2) + eps);
+      w[i] = wi - step_size * mn / (std::sqrt(vn * inv_bc2) + eps);
     }
   });
 }
