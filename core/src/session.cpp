@@ -137,6 +137,13 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     t->finish();
   }
   if (train_.output_dir.empty()) train_.output_dir = "runs/" + name_;
+  if (auto l = root.table("log")) {
+    train_.log_every_steps = l->get_int("every_steps", 0);
+    if (train_.log_every_steps < 0)
+      l->fail("every_steps", "expected 0 (epoch records only) or a positive number of steps, got " +
+                                 std::to_string(train_.log_every_steps));
+    l->finish();
+  }
 
   auto m = root.table("model");
   if (!m) root.fail("model", "missing [model] table (input_shape and layers)");

@@ -33,6 +33,22 @@ std::string json_num(double v) {
   return os.str();
 }
 
+// A JSON string literal (names come from the user's TOML).
+std::string json_str(const std::string& v) {
+  std::string o = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else o += c;
+  }
+  return o + "\"";
+}
+
 }  // namespace
 
 // Declared in session.hpp (config-time data checks name the source too).
@@ -458,6 +474,22 @@ TrainReport Trainer::run() {
       ++batches;
       ++step;
       double el = secs(t0, Clock::now());
+      if (ts.log_every_steps > 0 && step % ts.log_every_steps == 0) {
+        // One record per logged step: the loss of this step (each head's, weighted, beside the total), the learning
+        // rate it used, the epoch's throughput so far and the device memory in use (the first device's allocator).
+        metrics << "{\"event\":\"step\",\"epoch\":" << epoch + 1 << ",\"step\":" << step << ",\"loss\":" << json_num(r.total_loss);
+        const auto& outs = s_.model().outputs;
+        if (outs.size() > 1 && r.losses.size() == outs.size()) {
+          metrics << ",\"losses\":{";
+          for (size_t h = 0; h < outs.size(); ++h) metrics << (h ? "," : "") << json_str(outs[h].layer) << ":" << json_num(r.losses[h]);
+          metrics << "}";
+        }
+        metrics << ",\"learning_rate\":" << json_num(sc.lr)
+                << ",\"examples_per_s\":" << json_num(el > 0 ? static_cast<double>(examples) / el : 0);
+        if (!s_.devices().empty() && s_.devices().front().allocator)
+          metrics << ",\"device_memory_in_use\":" << s_.devices().front().allocator->stats().in_use;
+        metrics << "}\n";
+      }
       prog.update(batches, loss_sum / static_cast<double>(examples), static_cast<double>(examples) / el, el / static_cast<double>(batches));
       b = std::move(nb);
     }

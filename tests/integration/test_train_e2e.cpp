@@ -201,3 +201,34 @@ TEST_CASE("device prefetch changes no value: the same losses and accuracy with i
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.output, Catch::Contains("device_prefetch"));
 }
+
+TEST_CASE("[log] every_steps writes step records whose losses make up the epoch's train loss", "[e2e][log]") {
+  auto dir = kiln::test::temp_dir("steplog");
+  // 1000 examples at batch 32: 31 batches of 32 and one of 8 per epoch.
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 1000) + "[log]\nevery_steps = 1\n");
+  auto r = kiln::test::run_app("train " + cfg + " --set train.epochs=2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto lines = lines_of((dir / "out" / "metrics.jsonl").string());
+  REQUIRE(lines.size() == 2 * 32 + 2);
+  double weighted = 0;
+  for (int i = 0; i < 32; ++i) {
+    const std::string& l = lines[static_cast<size_t>(i)];
+    REQUIRE_THAT(l, Catch::StartsWith("{\"event\":\"step\",\"epoch\":1,"));
+    CHECK(json_field(l, "step") == i + 1);
+    CHECK(json_field(l, "learning_rate") == Approx(2e-3));
+    CHECK(json_field(l, "device_memory_in_use") > 0);
+    weighted += json_field(l, "loss") * (i < 31 ? 32 : 8);
+  }
+  REQUIRE_THAT(lines[32], Catch::StartsWith("{\"event\":\"epoch\",\"epoch\":1,"));
+  CHECK(weighted / 1000 == Approx(json_field(lines[32], "train_loss")).epsilon(1e-5));
+  CHECK(json_field(lines[33], "step") == 33);  // steps count on across epochs
+
+  auto every5 = write(dir, "every5.toml", mlp_config((dir / "out5").string(), "", 1000) + "[log]\nevery_steps = 5\n");
+  REQUIRE(kiln::test::run_app("train " + every5 + " --set train.epochs=1").exit_code == 0);
+  CHECK(lines_of((dir / "out5" / "metrics.jsonl").string()).size() == 6 + 1);  // steps 5, 10, ..., 30 and the epoch
+  auto bad = write(dir, "bad.toml", mlp_config((dir / "bad").string(), "", 1000) + "[log]\nevery_steps = -1\n");
+  r = kiln::test::run_app("train " + bad);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("every_steps") && Catch::Contains("bad.toml"));
+}

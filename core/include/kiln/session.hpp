@@ -41,6 +41,8 @@ struct TrainSettings {
   std::string memory_policy = "strict";
   // Copy the next batch into a second device input buffer while the current step runs (strategies that support it).
   bool device_prefetch = true;
+  // [log] every_steps: a "step" record in metrics.jsonl every this many steps (0 = epoch records only).
+  int64_t log_every_steps = 0;
 };
 
 // Memory settings of [memory] that are not graph savers (those live in ModelSpec::savers).
