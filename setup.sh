@@ -85,7 +85,8 @@ case "$what" in
     install_missing
     build
     echo "== training samples/fashion_mnist_mlp.toml on the CPU"
-    "$BUILD_DIR/bin/kiln" train samples/fashion_mnist_mlp.toml
+    # --overwrite: running the sample again starts it over (kiln train refuses to overwrite a run silently)
+    "$BUILD_DIR/bin/kiln" train samples/fashion_mnist_mlp.toml --overwrite
     ;;
   test)
     install_missing

@@ -56,9 +56,15 @@ int cmd_train(const Options& o) {
   load_plugins(o, loader, reg, o.config);
   auto overrides = o.overrides;
   if (o.resume) overrides.push_back("train.resume=true");
+  if (o.overwrite) overrides.push_back("train.overwrite=true");
   Config cfg = Config::load_file(o.config, overrides);
   Session s(cfg, reg);
-  Trainer t(s, std::cout);
+  RunInfo info;
+  info.command = o.command_line;
+  for (const auto& p : loader.plugins())
+    if (p.error.empty() && p.descriptor.name)
+      info.plugins.push_back(std::string(p.descriptor.name) + " " + (p.descriptor.version ? p.descriptor.version : "?") + " " + p.path);
+  Trainer t(s, std::cout, std::move(info));
   auto rep = t.run();
   std::cout << "done: " << rep.steps << " steps in " << std::fixed << std::setprecision(1) << rep.seconds << " s";
   if (!rep.epochs.empty() && rep.epochs.back().test_accuracy >= 0)

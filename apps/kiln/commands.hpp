@@ -13,6 +13,8 @@ struct Options {
   std::vector<std::string> overrides;
   std::vector<std::string> plugin_dirs;
   bool resume = false;
+  bool overwrite = false;
+  std::string command_line;  // argv joined, for the run's record (run.json)
   bool sweep = false;
   std::string sweep_out;
   std::string backend;

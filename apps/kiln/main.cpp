@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   train->add_option("config", o.config, "The run's TOML file")->required();
   train->add_option("--set", o.overrides, "Override a config value: --set train.epochs=1 (repeatable)");
   train->add_flag("--resume", o.resume, "Continue from the run's last checkpoint");
+  train->add_flag("--overwrite", o.overwrite, "Start over in an output directory that holds an earlier run (else refused)");
 
   auto* plan = app.add_subcommand("plan", "Show the per-layer table and the step's memory before anything is allocated");
   plan->add_option("config", o.config, "The run's TOML file")->required();
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   conf->add_option("--tolerances", o.tolerance_dir, "Directory of <backend>.toml tolerance files (default: the installed ones)");
   conf->add_flag("--validation", o.validation, "Vulkan: run with the Khronos validation layer and fail on any message");
 
+  for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -416,6 +416,12 @@ Config Config::load_string(const std::string& text, const std::string& name, con
 
 ConfigNode Config::root() const { return ConfigNode(doc_, &doc_->root, ""); }
 const std::string& Config::file() const { return doc_->file; }
+std::string Config::resolved_text() const {
+  std::ostringstream os;
+  os << toml::toml_formatter(doc_->root);
+  return os.str();
+}
+
 std::string Config::base_dir() const {
   auto p = std::filesystem::path(doc_->file).parent_path();
   return p.empty() ? "." : p.string();

@@ -132,6 +132,10 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     train_.checkpoint_every = t->get_int("checkpoint_every", 1);
     if (train_.checkpoint_every < 0) t->fail("checkpoint_every", "expected 0 (never) or a number of epochs");
     train_.resume = t->get_bool("resume", false);
+    train_.overwrite = t->get_bool("overwrite", false);
+    if (train_.resume && train_.overwrite)
+      t->fail("overwrite", "is true and so is resume (--overwrite and --resume): continue the run in the output directory, or "
+                           "start it over, not both");
     train_.memory_policy = t->get_choice("memory_policy", {"strict", "fit", "none"}, "strict");
     train_.device_prefetch = t->get_bool("device_prefetch", true);
     t->finish();

@@ -18,6 +18,8 @@
 #include "kiln/graph.hpp"
 #include "kiln/memory_report.hpp"
 #include "kiln/model.hpp"
+#include "kiln/plugin.hpp"
+#include "run_dir.hpp"
 
 namespace kiln {
 
@@ -31,22 +33,6 @@ std::string json_num(double v) {
   std::ostringstream os;
   os << std::setprecision(8) << v;
   return os.str();
-}
-
-// A JSON string literal (names come from the user's TOML).
-std::string json_str(const std::string& v) {
-  std::string o = "\"";
-  for (char c : v) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else o += c;
-  }
-  return o + "\"";
 }
 
 }  // namespace
@@ -373,7 +359,7 @@ Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema
   return e;
 }
 
-Trainer::Trainer(Session& s, std::ostream& out) : s_(s), out_(out) {}
+Trainer::Trainer(Session& s, std::ostream& out, RunInfo info) : s_(s), out_(out), info_(std::move(info)) {}
 
 TrainReport Trainer::run() {
   const auto& ts = s_.train();
@@ -394,6 +380,18 @@ TrainReport Trainer::run() {
   if (sched.kind == ScheduleKind::cosine && sched.total_steps == 0 && per_epoch > 0)
     sched.total_steps = std::max<int64_t>(per_epoch * ts.epochs - sched.warmup_steps, 1);  // the rest of the run
 
+  // The run directory belongs to this process until it ends (a second `kiln train` of the same run is refused, naming
+  // this one), and an earlier run in it is refused before any device memory is taken.
+  create_output_dir(ts.output_dir, dir_key);
+  RunLock lock(ts.output_dir, dir_key, info_.command.empty() ? "kiln train " + s_.config().file() : info_.command);
+  const PriorRun prior = inspect_run_dir(ts.output_dir);
+  if (!ts.resume && !ts.overwrite && prior.exists())
+    throw ConfigError(ts.output_dir + " already holds a run (" +
+                      (prior.checkpoint ? std::string("checkpoint.kiln, ") : std::string()) + "metrics.jsonl with " +
+                      std::to_string(prior.metric_lines) + " records); it is not overwritten silently: pass --resume (or [train] "
+                      "resume = true) to continue it, --overwrite (or [train] overwrite = true) to start it over, or give "
+                      "this run another [run] name or output directory (" + dir_key + ")");
+
   s_.open_devices();
   // Say what the run uses before it uses it: backend, device and memory limit of every device (issue 15 item 14).
   for (const DeviceContext& d : s_.devices()) {
@@ -412,19 +410,46 @@ TrainReport Trainer::run() {
   auto runner = s_.strategy().create(rctx);
   if (!runner->report().empty()) out_ << runner->report();
 
-  create_output_dir(ts.output_dir, dir_key);
   const std::string ckpt_path = ts.output_dir + "/checkpoint.kiln";
   const std::string metrics_path = ts.output_dir + "/metrics.jsonl";
   int64_t start_epoch = 0, step = 0;
-  std::error_code exists_ec;
-  if (ts.resume && std::filesystem::exists(ckpt_path, exists_ec)) {
+  bool resumed = false;
+  if (ts.resume && prior.checkpoint) {
     Checkpoint c = load_checkpoint(ckpt_path);
     runner->load_state(c.tensors);
     start_epoch = c.epoch;
     step = c.step;
+    resumed = true;
     out_ << "resumed from " << ckpt_path << " at epoch " << start_epoch << ", step " << step << "\n";
+    // Records written after that checkpoint (the run was stopped before its next one) are written again below.
+    if (int64_t dropped = trim_metrics(metrics_path, step); dropped > 0)
+      out_ << "metrics.jsonl: dropped " << dropped << " record(s) written after the checkpoint's step " << step
+           << "; this run writes them again\n";
+  } else if (ts.resume) {
+    out_ << "nothing to resume: " << ts.output_dir << " holds no checkpoint.kiln"
+         << (prior.metric_lines > 0 ? " (its metrics.jsonl is started over)" : "") << "; starting a new run\n";
+  } else if (prior.exists()) {
+    std::error_code ec;
+    std::filesystem::remove(ckpt_path, ec);  // --overwrite: nothing of the old run may be resumed into the new one
+    out_ << "overwriting the earlier run in " << ts.output_dir << "\n";
   }
-  std::ofstream metrics(metrics_path, start_epoch > 0 ? std::ios::app : std::ios::trunc);
+  {
+    std::ostringstream rj;
+    rj << "{\"kiln_version\":" << json_string(KILN_VERSION_STRING) << ",\"plugin_api\":" << kApiVersion
+       << ",\"config_file\":" << json_string(s_.config().file()) << ",\"command\":" << json_string(info_.command)
+       << ",\"run\":" << json_string(s_.run_name()) << ",\"seed\":" << s_.seed() << ",\"resumed_at_step\":"
+       << (resumed ? std::to_string(step) : std::string("null")) << ",\"plugins\":[";
+    for (size_t i = 0; i < info_.plugins.size(); ++i) rj << (i ? "," : "") << json_string(info_.plugins[i]);
+    rj << "],\"devices\":[";
+    for (size_t i = 0; i < s_.devices().size(); ++i) {
+      const DeviceInfo& d = s_.devices()[i].device->info();
+      rj << (i ? "," : "") << "{\"device\":" << json_string(d.label()) << ",\"name\":" << json_string(d.name)
+         << ",\"memory_limit\":" << (s_.devices()[i].allocator ? std::to_string(s_.devices()[i].allocator->limit()) : "null") << "}";
+    }
+    rj << "],\"strategy\":" << json_string(s_.strategy().name()) << "}";
+    write_run_record(ts.output_dir, s_.config().resolved_text(), rj.str());
+  }
+  std::ofstream metrics(metrics_path, resumed ? std::ios::app : std::ios::trunc);
   if (!metrics)
     throw Error(metrics_path + ": cannot open the metrics file for writing (the output directory comes from " + dir_key +
                 ")");
@@ -481,7 +506,7 @@ TrainReport Trainer::run() {
         const auto& outs = s_.model().outputs;
         if (outs.size() > 1 && r.losses.size() == outs.size()) {
           metrics << ",\"losses\":{";
-          for (size_t h = 0; h < outs.size(); ++h) metrics << (h ? "," : "") << json_str(outs[h].layer) << ":" << json_num(r.losses[h]);
+          for (size_t h = 0; h < outs.size(); ++h) metrics << (h ? "," : "") << json_string(outs[h].layer) << ":" << json_num(r.losses[h]);
           metrics << "}";
         }
         metrics << ",\"learning_rate\":" << json_num(sc.lr)

@@ -232,3 +232,94 @@ TEST_CASE("[log] every_steps writes step records whose losses make up the epoch'
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("every_steps") && Catch::Contains("bad.toml"));
 }
+
+namespace {
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+}  // namespace
+
+TEST_CASE("a run directory is never overwritten silently: --resume, --overwrite, and what each says", "[e2e][rundir]") {
+  auto dir = kiln::test::temp_dir("rundir");
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
+  auto first = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const auto ckpt = dir / "out" / "checkpoint.kiln";
+  const std::string ckpt_bytes = slurp(ckpt), metrics_bytes = slurp(dir / "out" / "metrics.jsonl");
+  REQUIRE(!ckpt_bytes.empty());
+
+  // The run directory says what ran: the resolved config (with --set applied) and run.json.
+  CHECK_THAT(slurp(dir / "out" / "config.toml"), Catch::Contains("epochs = 1"));
+  const std::string run_json = slurp(dir / "out" / "run.json");
+  CHECK_THAT(run_json, Catch::Contains("\"kiln_version\":") && Catch::Contains("\"device\":\"cpu:0\"") &&
+                           Catch::Contains("--set train.epochs=1") && Catch::Contains("\"plugins\":[\"cpu "));
+
+  auto again = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
+  CHECK(again.exit_code == 2);
+  CHECK_THAT(again.output, Catch::Contains("already holds a run") && Catch::Contains("--resume") && Catch::Contains("--overwrite"));
+  CHECK(slurp(ckpt) == ckpt_bytes);  // nothing of the earlier run was touched
+  CHECK(slurp(dir / "out" / "metrics.jsonl") == metrics_bytes);
+
+  auto both = kiln::test::run_app("train " + cfg + " --resume --overwrite");
+  CHECK(both.exit_code == 2);
+  CHECK_THAT(both.output, Catch::Contains("not both"));
+
+  auto over = kiln::test::run_app("train " + cfg + " --set train.epochs=1 --overwrite");
+  INFO(over.output);
+  CHECK(over.exit_code == 0);
+  CHECK_THAT(over.output, Catch::Contains("overwriting the earlier run"));
+  CHECK(lines_of((dir / "out" / "metrics.jsonl").string()).size() == 1);
+
+  auto fresh = write(dir, "fresh.toml", mlp_config((dir / "fresh").string(), "", 300));
+  auto nothing = kiln::test::run_app("train " + fresh + " --set train.epochs=1 --resume");
+  CHECK(nothing.exit_code == 0);
+  CHECK_THAT(nothing.output, Catch::Contains("nothing to resume") && Catch::Contains("starting a new run"));
+}
+
+TEST_CASE("after a resume metrics.jsonl holds each epoch once, even when records were written after the checkpoint", "[e2e][rundir]") {
+  auto dir = kiln::test::temp_dir("trim");
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
+  // What a run killed after writing a record but before its next checkpoint leaves: a later record and a cut line.
+  {
+    std::ofstream m(dir / "out" / "metrics.jsonl", std::ios::app);
+    m << "{\"event\":\"epoch\",\"epoch\":2,\"step\":20,\"train_loss\":0.5}\n{\"event\":\"step\",\"epo";
+  }
+  auto r = kiln::test::run_app("train " + cfg + " --set train.epochs=2 --resume");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("dropped 2 record(s)"));
+  auto lines = lines_of((dir / "out" / "metrics.jsonl").string());
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[0], Catch::Contains("\"epoch\":1,"));
+  CHECK_THAT(lines[1], Catch::Contains("\"epoch\":2,"));
+  CHECK(json_field(lines[1], "step") == 20);  // 300 examples at batch 32: 10 steps per epoch
+  CHECK_THAT(slurp(dir / "out" / "run.json"), Catch::Contains("\"resumed_at_step\":10"));
+}
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+TEST_CASE("a run belongs to one process: a second kiln train of a locked run is refused naming the holder", "[e2e][rundir]") {
+  auto dir = kiln::test::temp_dir("lock");
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
+  std::filesystem::create_directories(dir / "out");
+  // This test process plays the running holder: it takes the lock as kiln train does and writes its line.
+  const std::string lock = (dir / "out" / ".kiln.lock").string();
+  int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  const std::string who = "pid " + std::to_string(::getpid()) + "\nstarted now\ncommand kiln train run.toml\n";
+  REQUIRE(::write(fd, who.data(), who.size()) == static_cast<ssize_t>(who.size()));
+  auto r = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("in use by another kiln process") && Catch::Contains("pid " + std::to_string(::getpid())));
+  CHECK_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+  ::close(fd);  // the holder ends: the run is free again
+  auto after = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
+  INFO(after.output);
+  CHECK(after.exit_code == 0);
+}

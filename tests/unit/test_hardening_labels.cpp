@@ -43,7 +43,8 @@ std::string config(const fs::path& dir, const std::string& train_csv, const std:
   return cfg.string();
 }
 
-kiln::test::AppResult train(const std::string& cfg) { return kiln::test::run_app("train " + cfg); }
+// --overwrite: several runs of one test share a run directory.
+kiln::test::AppResult train(const std::string& cfg) { return kiln::test::run_app("train " + cfg + " --overwrite"); }
 
 }  // namespace
 

@@ -134,9 +134,10 @@ TEST_CASE("a data_parallel run on 2 and 4 logical CPU devices reaches the single
 TEST_CASE("a model_parallel run of a two-branch model reaches the unsplit model's accuracy", "[parallel]") {
   auto dir = test::temp_dir("par-session");
   auto single = train_run(run_config("", "", kTwoBranch, (dir / "single").string()));
+  int run = 0;
   for (const char* strategy : {"[strategy]\ntype = \"model_parallel\"\n", "[strategy]\ntype = \"model_parallel\"\nmicro_batches = 4\n"}) {
     CAPTURE(strategy);
-    auto mp = train_run(run_config("virtual_devices = 3\n", strategy, kTwoBranch, (dir / "mp").string()));
+    auto mp = train_run(run_config("virtual_devices = 3\n", strategy, kTwoBranch, (dir / ("mp" + std::to_string(run++))).string()));
     CHECK(mp.report.epochs.back().test_accuracy == Approx(single.report.epochs.back().test_accuracy).margin(0.01));
     CHECK_THAT(mp.log, Catch::Contains("model_parallel: 3 device(s)") && Catch::Contains("layer a (dense)"));
   }

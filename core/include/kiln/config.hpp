@@ -67,6 +67,8 @@ class Config {
   const std::string& file() const;
   // Directory of the config file; relative data paths resolve against it.
   std::string base_dir() const;
+  // The configuration as resolved (the file with every --set override applied), as TOML text.
+  std::string resolved_text() const;
 
  private:
   std::shared_ptr<ConfigDocument> doc_;

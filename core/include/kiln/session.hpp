@@ -36,6 +36,7 @@ struct TrainSettings {
   std::string output_dir;         // metrics.jsonl and checkpoints; default runs/<name>
   int64_t checkpoint_every = 1;   // epochs; 0 = never
   bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists
+  bool overwrite = false;         // start over in an output_dir that holds an earlier run (else refused)
   // "strict": refuse up front if the plan does not fit; "fit": turn on memory savers (recomputation) until it
   // fits, else refuse; "none": no up-front check (an allocation that does not fit fails with OutOfMemory).
   std::string memory_policy = "strict";

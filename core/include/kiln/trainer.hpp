@@ -44,14 +44,22 @@ struct Checkpoint {
 void save_checkpoint(const std::string& path, const Checkpoint& c);
 Checkpoint load_checkpoint(const std::string& path);  // throws DataError naming the file and what is wrong
 
+// What the host adds to the run's record (run.json in the output directory): its command line and the plugins it
+// loaded ("name version path").
+struct RunInfo {
+  std::string command;
+  std::vector<std::string> plugins;
+};
+
 class Trainer {
  public:
-  Trainer(Session& s, std::ostream& out);
+  Trainer(Session& s, std::ostream& out, RunInfo info = {});
   TrainReport run();
 
  private:
   Session& s_;
   std::ostream& out_;
+  RunInfo info_;
 };
 
 }  // namespace kiln

@@ -1,0 +1,147 @@
+// A run's output directory: one process at a time (flock), what an earlier run left, metrics trimmed on resume, and
+// the record of what ran.
+#include "run_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+
+namespace {
+
+std::string now_utc() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Writes `text` to `path` through a temporary name unique to this process, flushed to disk, then renamed.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(tmp + ": cannot write: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(tmp + ": write failed: " + std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(path + ": cannot put the file in place (renaming " + tmp + "): " + std::strerror(e));
+  }
+}
+
+}  // namespace
+
+RunLock::RunLock(const std::string& dir, const std::string& key, const std::string& command) {
+  const std::string path = dir + "/.kiln.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno) + " (the directory comes from " + key + ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    std::string holder;
+    {
+      std::ifstream f(path);
+      std::getline(f, holder, '\0');
+    }
+    ::close(fd_);
+    fd_ = -1;
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    for (auto& c : holder)
+      if (c == '\n') c = ',';
+    if (e == EWOULDBLOCK)
+      throw Error(dir + ": this run is in use by another kiln process (" + (holder.empty() ? std::string("holder unknown") : holder) +
+                  "); two processes must not write one run. Wait for it to end, stop it, or give this run another "
+                  "[run] name or output directory (" + key + ")");
+    throw Error(path + ": cannot lock the run directory: " + std::strerror(e));
+  }
+  std::string who = "pid " + std::to_string(::getpid()) + "\nstarted " + now_utc() + "\ncommand " + command + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    ssize_t n = ::pwrite(fd_, who.data(), who.size(), 0);
+    (void)n;  // the lock is what matters; the text only names the holder
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock; the file stays (removing it would race with a new holder)
+}
+
+PriorRun inspect_run_dir(const std::string& dir) {
+  PriorRun p;
+  std::error_code ec;
+  p.checkpoint = std::filesystem::exists(dir + "/checkpoint.kiln", ec);
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string l; std::getline(f, l);)
+    if (!l.empty()) ++p.metric_lines;
+  return p;
+}
+
+int64_t trim_metrics(const std::string& path, int64_t step) {
+  std::ifstream f(path);
+  if (!f) return 0;
+  static const std::regex re("\"step\":([0-9]+)");
+  std::string kept;
+  int64_t dropped = 0;
+  for (std::string l; std::getline(f, l);) {
+    std::smatch m;
+    // A line cut short by a kill (no closing brace) or past the checkpoint's step is dropped.
+    if (l.empty() || l.back() != '}' || !std::regex_search(l, m, re) || std::stoll(m[1]) > step) {
+      if (!l.empty()) ++dropped;
+      continue;
+    }
+    kept += l + "\n";
+  }
+  f.close();
+  if (dropped > 0) write_atomically(path, kept);
+  return dropped;
+}
+
+void write_run_record(const std::string& dir, const std::string& resolved_config, const std::string& run_json) {
+  write_atomically(dir + "/config.toml", "# The configuration of this run as resolved (--set overrides applied), written by kiln train.\n" +
+                                              resolved_config + "\n");
+  write_atomically(dir + "/run.json", run_json + "\n");
+}
+
+std::string json_string(const std::string& v) {
+  std::string o = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else {
+      o += c;
+    }
+  }
+  return o + "\"";
+}
+
+}  // namespace kiln
