@@ -74,9 +74,9 @@ cat "$OUT/cuda_step_$gpu.txt"
 # Both samples trained on the GPU (needs /usr/share/datasets/fashion-mnist: pack_for_gpu.sh --data).
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   { header
-    run "$B/bin/kiln" train samples/fashion_mnist_mlp.toml --set device.backend=cuda --set 'train.progress="lines"' \
+    run "$B/bin/kiln" train samples/fashion_mnist_mlp.toml --overwrite --set device.backend=cuda --set 'train.progress="lines"' \
       --set 'train.output_dir="/tmp/kiln-gpu-mlp"'
-    run "$B/bin/kiln" train samples/fashion_mnist_cnn.toml --set device.backend=cuda --set 'train.progress="lines"' \
+    run "$B/bin/kiln" train samples/fashion_mnist_cnn.toml --overwrite --set device.backend=cuda --set 'train.progress="lines"' \
       --set 'train.output_dir="/tmp/kiln-gpu-cnn"'
   } > "$OUT/cuda_accuracy_$gpu.txt"
   grep -E "^done|^\(exit" "$OUT/cuda_accuracy_$gpu.txt"

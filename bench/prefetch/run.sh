@@ -10,7 +10,7 @@ cfg=bench/prefetch/synthetic_latency.toml
 pre=$(mktemp --suffix=.toml)
 trap 'rm -f "$pre"' EXIT
 sed 's/  { type = "batch" },/  { type = "batch" },\n  { type = "prefetch", depth = 4 },/' "$cfg" >"$pre"
-spb() { "$B/bin/kiln" train "$@" | grep -oE '[0-9.]+ s/batch' | head -1; }
+spb() { "$B/bin/kiln" train --overwrite "$@" | grep -oE '[0-9.]+ s/batch' | head -1; }
 echo "compute only (latency 0):            $(spb "$cfg" --set 'data.train.stages[0].latency_ms=0')"
 echo "load only (flatten + dense 10):      $(spb bench/prefetch/load_only.toml)"
 echo "compute + load, no prefetch:         $(spb "$cfg")"

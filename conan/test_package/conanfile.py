@@ -45,7 +45,7 @@ class KilnTestPackageConan(ConanFile):
                 raise ConanException(f"test_package: `kiln plugins` does not list '{want}'")
         run_dir = os.path.join(self.build_folder, "run")
         config = os.path.join(self.source_folder, "tiny.toml")
-        trained = self._kiln(f'train "{config}" --set train.output_dir=\'"{run_dir}"\'')
+        trained = self._kiln(f'train "{config}" --overwrite --set train.output_dir=\'"{run_dir}"\'')
         m = re.search(r"final test accuracy ([0-9.]+)", trained)
         if not m:
             raise ConanException("test_package: the run with the plugin's layer printed no final test accuracy")
