@@ -7,6 +7,7 @@
 #include "commands.hpp"
 #include "kiln/error.hpp"
 #include "kiln/plugin.hpp"
+#include "kiln/trainer.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Kiln: a deep-learning training framework built from plugins, configured from TOML"};
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
     if (devices->parsed()) return kiln::app::cmd_devices(o);
     if (conf->parsed()) return kiln::app::cmd_conformance(o);
     return kiln::app::cmd_plugins(o);
+  } catch (const kiln::Interrupted& e) {  // SIGINT / SIGTERM: the step finished and a checkpoint was written
+    std::cerr << "kiln: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const kiln::ConfigError& e) {
     std::cerr << "kiln: config error: " << e.what() << "\n";
     return 2;

@@ -131,6 +131,14 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     train_.output_dir = t->get_string("output_dir", "");
     train_.checkpoint_every = t->get_int("checkpoint_every", 1);
     if (train_.checkpoint_every < 0) t->fail("checkpoint_every", "expected 0 (never) or a number of epochs");
+    train_.checkpoint_every_steps = t->get_int("checkpoint_every_steps", 0);
+    if (train_.checkpoint_every_steps < 0)
+      t->fail("checkpoint_every_steps", "expected 0 (off) or a positive number of steps, got " + std::to_string(train_.checkpoint_every_steps));
+    train_.checkpoint_every_minutes = t->get_float("checkpoint_every_minutes", 0.0);
+    if (!(train_.checkpoint_every_minutes >= 0) || train_.checkpoint_every_minutes > 1e7)
+      t->fail("checkpoint_every_minutes", "expected 0 (off) or a positive number of minutes");
+    train_.max_steps = t->get_int("max_steps", 0);
+    if (train_.max_steps < 0) t->fail("max_steps", "expected 0 (no cap) or a positive number of steps");
     train_.resume = t->get_bool("resume", false);
     train_.overwrite = t->get_bool("overwrite", false);
     if (train_.resume && train_.overwrite)

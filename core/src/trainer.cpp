@@ -1,12 +1,15 @@
 // The training loop.
 #include "kiln/trainer.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -64,6 +67,156 @@ std::string describe_source(const Config& cfg, const std::string& split) {
 }
 
 namespace {
+
+// ---- Mid-epoch position (Checkpoint::data_state) ----
+
+constexpr char kPositionMagic[8] = {'K', 'P', 'O', 'S', 'I', 'T', 'N', '1'};
+
+// Where a run stopped inside an epoch: the epoch's running sums, the train pipeline's saved state, and the batch the
+// pipeline had already delivered (one batch of lookahead) but no step had used yet.
+struct Position {
+  int64_t batches = 0, examples = 0;
+  double loss_sum = 0;
+  StageState pipeline;
+  std::optional<Element> pending;
+};
+
+struct PosWriter {
+  std::vector<uint8_t> buf;
+  void raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    buf.insert(buf.end(), b, b + n);
+  }
+  void u64(uint64_t v) { raw(&v, sizeof v); }
+  void f64(double v) { raw(&v, sizeof v); }
+  void tensor(const HostTensor& t) {
+    u64(t.shape.rank());
+    for (int64_t d : t.shape.dims()) u64(static_cast<uint64_t>(d));
+    u64(t.data.size());
+    raw(t.data.data(), t.data.size() * sizeof(float));
+  }
+};
+
+struct PosReader {
+  const std::vector<uint8_t>& buf;
+  const std::string& path;
+  size_t pos = 0;
+  void need(uint64_t n) {
+    if (n > buf.size() - pos)
+      throw DataError(path + ": the checkpoint's mid-epoch position is damaged (it ends at byte " + std::to_string(pos) +
+                      " of " + std::to_string(buf.size()) + ")");
+  }
+  void raw(void* p, size_t n) {
+    need(n);
+    std::memcpy(p, buf.data() + pos, n);
+    pos += n;
+  }
+  uint64_t u64() {
+    uint64_t v;
+    raw(&v, sizeof v);
+    return v;
+  }
+  double f64() {
+    double v;
+    raw(&v, sizeof v);
+    return v;
+  }
+  HostTensor tensor() {
+    const uint64_t rank = u64();
+    need(rank * 8);
+    std::vector<int64_t> dims;
+    for (uint64_t i = 0; i < rank; ++i) dims.push_back(static_cast<int64_t>(u64()));
+    HostTensor t;
+    t.shape = Shape(std::move(dims));
+    const uint64_t n = u64();
+    need(n * sizeof(float));
+    if (!t.shape.fits() || static_cast<uint64_t>(t.shape.numel()) != n)
+      throw DataError(path + ": the checkpoint's pending batch has " + std::to_string(n) + " values for its shape");
+    t.data.resize(n);
+    raw(t.data.data(), n * sizeof(float));
+    return t;
+  }
+};
+
+std::vector<uint8_t> encode_position(const Position& p) {
+  PosWriter w;
+  w.raw(kPositionMagic, sizeof kPositionMagic);
+  w.u64(static_cast<uint64_t>(p.batches));
+  w.u64(static_cast<uint64_t>(p.examples));
+  w.f64(p.loss_sum);
+  w.u64(p.pipeline.size());
+  w.raw(p.pipeline.data(), p.pipeline.size());
+  w.u64(p.pending ? 1 : 0);
+  if (p.pending) {
+    w.tensor(p.pending->x);
+    w.tensor(p.pending->y);
+    w.u64(static_cast<uint64_t>(p.pending->batch));
+  }
+  return std::move(w.buf);
+}
+
+Position decode_position(const std::vector<uint8_t>& b, const std::string& path) {
+  PosReader r{b, path};
+  char magic[8];
+  r.raw(magic, sizeof magic);
+  if (std::memcmp(magic, kPositionMagic, sizeof magic) != 0)
+    throw DataError(path + ": the checkpoint's mid-epoch position is not one this Kiln writes");
+  Position p;
+  p.batches = static_cast<int64_t>(r.u64());
+  p.examples = static_cast<int64_t>(r.u64());
+  p.loss_sum = r.f64();
+  const uint64_t n = r.u64();
+  r.need(n);
+  p.pipeline.assign(b.begin() + static_cast<std::ptrdiff_t>(r.pos), b.begin() + static_cast<std::ptrdiff_t>(r.pos + n));
+  r.pos += n;
+  if (r.u64() != 0) {
+    Element e;
+    e.x = r.tensor();
+    e.y = r.tensor();
+    e.batch = static_cast<int64_t>(r.u64());
+    p.pending = std::move(e);
+  }
+  if (r.pos != b.size()) throw DataError(path + ": the checkpoint's mid-epoch position has trailing bytes");
+  return p;
+}
+
+// ---- SIGINT / SIGTERM: finish the step, checkpoint, exit ----
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void kiln_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) {  // the second signal stops at once
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  static const char msg[] = "\nkiln: stopping after the current step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
+  ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)n;
+}
+
+// Installs the handlers for the duration of a run and puts the previous ones back.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = kiln_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
 
 // What the model's losses accept as labels, checked on every batch before it reaches a device: a bad label
 // would otherwise become a NaN loss (training) or a meaningless accuracy (evaluation) far from its cause.
@@ -414,13 +567,17 @@ TrainReport Trainer::run() {
   const std::string metrics_path = ts.output_dir + "/metrics.jsonl";
   int64_t start_epoch = 0, step = 0;
   bool resumed = false;
+  std::optional<Position> resume_at;  // a mid-epoch checkpoint's position inside epoch start_epoch
   if (ts.resume && prior.checkpoint) {
     Checkpoint c = load_checkpoint(ckpt_path);
     runner->load_state(c.tensors);
     start_epoch = c.epoch;
     step = c.step;
     resumed = true;
-    out_ << "resumed from " << ckpt_path << " at epoch " << start_epoch << ", step " << step << "\n";
+    if (!c.data_state.empty()) resume_at = decode_position(c.data_state, ckpt_path);
+    out_ << "resumed from " << ckpt_path << " at epoch " << start_epoch + (resume_at ? 1 : 0) << ", step " << step;
+    if (resume_at) out_ << " (mid-epoch: " << resume_at->batches << " batches of epoch " << start_epoch + 1 << " done)";
+    out_ << "\n";
     // Records written after that checkpoint (the run was stopped before its next one) are written again below.
     if (int64_t dropped = trim_metrics(metrics_path, step); dropped > 0)
       out_ << "metrics.jsonl: dropped " << dropped << " record(s) written after the checkpoint's step " << step
@@ -456,6 +613,28 @@ TrainReport Trainer::run() {
 
   TrainReport report;
   auto t_run = Clock::now();
+  StopSignals signals;
+  auto last_checkpoint = Clock::now();
+  auto write_checkpoint = [&](Checkpoint& c) {
+    c.tensors = runner->save_state();
+    try {
+      save_checkpoint(ckpt_path, c);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (the output directory comes from " + dir_key + ")");
+    }
+    last_checkpoint = Clock::now();
+  };
+  // [train] checkpoint_every_steps / checkpoint_every_minutes: due after the step just done.
+  auto checkpoint_due = [&] {
+    return (ts.checkpoint_every_steps > 0 && step % ts.checkpoint_every_steps == 0) ||
+           (ts.checkpoint_every_minutes > 0 && secs(last_checkpoint, Clock::now()) >= 60 * ts.checkpoint_every_minutes);
+  };
+  if (ts.max_steps > 0 && step >= ts.max_steps) {
+    out_ << "nothing to train: the run is at step " << step << " and [train] max_steps is " << ts.max_steps
+         << " (raise it, or set it to 0, to continue)\n";
+    report.steps = step;
+    return report;
+  }
   for (int64_t epoch = start_epoch; epoch < ts.epochs; ++epoch) {
     train_data->reset(static_cast<uint64_t>(epoch));
     Progress prog(out_, ts.progress, epoch + 1, ts.epochs, per_epoch);
@@ -463,6 +642,15 @@ TrainReport Trainer::run() {
     em.epoch = epoch + 1;
     double loss_sum = 0, wait = 0;
     int64_t batches = 0, examples = 0;
+    std::optional<Element> pending;  // a resumed position's batch that the pipeline had already delivered
+    if (resume_at) {
+      train_data->restore(resume_at->pipeline);
+      batches = resume_at->batches;
+      examples = resume_at->examples;
+      loss_sum = resume_at->loss_sum;
+      pending = std::move(resume_at->pending);
+      resume_at.reset();
+    }
     auto t0 = Clock::now();
     // One batch of lookahead: batch k+1 is handed to runner->prefetch() before step k runs, so its copy into the
     // device's second input buffer overlaps step k ([train] device_prefetch).
@@ -473,7 +661,10 @@ TrainReport Trainer::run() {
       wait += secs(tw, Clock::now());
       return e;
     };
-    std::optional<Element> b = more(0) ? pull() : std::nullopt;
+    // A resumed position starts with the batch its pipeline had already delivered (copied in its step, like an
+    // epoch's first batch).
+    std::optional<Element> b = pending ? std::move(pending) : more(batches) ? pull() : std::nullopt;
+    pending.reset();
     while (b) {
       std::optional<Element> nb;
       if (more(batches + 1)) {
@@ -517,6 +708,41 @@ TrainReport Trainer::run() {
       }
       prog.update(batches, loss_sum / static_cast<double>(examples), static_cast<double>(examples) / el, el / static_cast<double>(batches));
       b = std::move(nb);
+      // A mid-epoch checkpoint after this step: asked for by a signal, by max_steps, or due by steps or minutes. It
+      // holds the position inside the epoch (the pipeline's state and the batch already pulled), so a resumed run
+      // continues with exactly the batches this one would have trained on.
+      const int stop_signal = g_stop_signal.load();
+      const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;
+      if ((stop_signal != 0 || at_max || checkpoint_due()) && b) {
+        Position here;
+        here.batches = batches;
+        here.examples = examples;
+        here.loss_sum = loss_sum;
+        here.pipeline = train_data->save();
+        here.pending = b;
+        Checkpoint c;
+        c.epoch = epoch;
+        c.step = step;
+        c.data_state = encode_position(here);
+        metrics.flush();
+        write_checkpoint(c);
+      }
+      if ((stop_signal != 0 || at_max) && b) {
+        prog.finish();
+        metrics.flush();
+        const std::string resume_cmd = "kiln train " + s_.config().file() + " --resume";
+        if (stop_signal != 0) {
+          std::ostringstream os;
+          os << "stopped by " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step " << step << " (epoch "
+             << epoch + 1 << ", batch " << batches << "); checkpoint written to " << ckpt_path << "; resume with: " << resume_cmd;
+          throw Interrupted(os.str(), stop_signal);
+        }
+        out_ << "stopped at max_steps = " << ts.max_steps << " (epoch " << epoch + 1 << ", batch " << batches
+             << "); checkpoint written to " << ckpt_path << "; continue with: " << resume_cmd << " --set train.max_steps=0\n";
+        report.seconds = secs(t_run, Clock::now());
+        report.steps = step;
+        return report;
+      }
     }
     em.seconds = secs(t0, Clock::now());
     em.train_loss = examples ? loss_sum / static_cast<double>(examples) : 0;
@@ -548,16 +774,25 @@ TrainReport Trainer::run() {
             << ",\"s_per_batch\":" << json_num(em.s_per_batch) << ",\"input_wait_fraction\":" << json_num(em.input_wait_fraction)
             << "}\n" << std::flush;
     report.epochs.push_back(em);
-    if (ts.checkpoint_every > 0 && ((epoch + 1) % ts.checkpoint_every == 0 || epoch + 1 == ts.epochs)) {
+    const int stop_signal = g_stop_signal.load();
+    const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;
+    if ((ts.checkpoint_every > 0 && ((epoch + 1) % ts.checkpoint_every == 0 || epoch + 1 == ts.epochs)) ||
+        ((stop_signal != 0 || at_max) && epoch + 1 < ts.epochs) || checkpoint_due()) {
       Checkpoint c;
       c.epoch = epoch + 1;
       c.step = step;
-      c.tensors = runner->save_state();
-      try {
-        save_checkpoint(ckpt_path, c);
-      } catch (const Error& e) {
-        throw Error(std::string(e.what()) + " (the output directory comes from " + dir_key + ")");
-      }
+      write_checkpoint(c);
+    }
+    if ((stop_signal != 0 || at_max) && epoch + 1 < ts.epochs) {
+      const std::string resume_cmd = "kiln train " + s_.config().file() + " --resume";
+      if (stop_signal != 0)
+        throw Interrupted("stopped by " + std::string(stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after epoch " +
+                              std::to_string(epoch + 1) + " (step " + std::to_string(step) + "); checkpoint written to " +
+                              ckpt_path + "; resume with: " + resume_cmd,
+                          stop_signal);
+      out_ << "stopped at max_steps = " << ts.max_steps << " after epoch " << epoch + 1 << "; checkpoint written to "
+           << ckpt_path << "; continue with: " << resume_cmd << " --set train.max_steps=0\n";
+      break;
     }
   }
   report.seconds = secs(t_run, Clock::now());

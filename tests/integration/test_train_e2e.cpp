@@ -323,3 +323,89 @@ TEST_CASE("a run belongs to one process: a second kiln train of a locked run is 
   INFO(after.output);
   CHECK(after.exit_code == 0);
 }
+
+namespace {
+// The numbers of each epoch record (losses, accuracy), without its timings.
+std::vector<std::string> epoch_values(const std::string& metrics_path) {
+  std::vector<std::string> v;
+  std::regex re("\"(train_loss|test_loss|test_accuracy|step)\":([-0-9.eE+]+|null)");
+  for (const auto& l : lines_of(metrics_path)) {
+    if (l.find("\"event\":\"epoch\"") == std::string::npos) continue;
+    std::string s;
+    for (auto it = std::sregex_iterator(l.begin(), l.end(), re); it != std::sregex_iterator(); ++it) s += (*it)[0].str() + " ";
+    v.push_back(s);
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("a run stopped mid-epoch (max_steps) and resumed ends bit-identical to an uninterrupted run", "[e2e][resume]") {
+  auto dir = kiln::test::temp_dir("midepoch");
+  // 1000 examples at batch 32 (32 steps per epoch, the last of 8), shuffled: the position inside the epoch matters.
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "full").string(), "", 1000));
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=2").exit_code == 0);
+  const std::string full = slurp(dir / "full" / "checkpoint.kiln");
+  REQUIRE(!full.empty());
+  for (int stop_at : {13, 45}) {  // inside epoch 1; inside epoch 2
+    CAPTURE(stop_at);
+    const std::string out = (dir / ("cut" + std::to_string(stop_at))).string();
+    const std::string set_out = " --set train.epochs=2 --set 'train.output_dir=\"" + out + "\"'";
+    auto cut = kiln::test::run_app("train " + cfg + set_out + " --set train.max_steps=" + std::to_string(stop_at));
+    INFO(cut.output);
+    REQUIRE(cut.exit_code == 0);
+    CHECK_THAT(cut.output, Catch::Contains("stopped at max_steps = " + std::to_string(stop_at)) && Catch::Contains("--resume"));
+    auto rest = kiln::test::run_app("train " + cfg + set_out + " --resume");
+    INFO(rest.output);
+    REQUIRE(rest.exit_code == 0);
+    CHECK_THAT(rest.output, Catch::Contains("mid-epoch"));
+    // The same weights, optimizer state and EMA, bit for bit, and the same epoch losses and accuracy.
+    CHECK(slurp(std::filesystem::path(out) / "checkpoint.kiln") == full);
+    CHECK(epoch_values(out + "/metrics.jsonl") == epoch_values((dir / "full" / "metrics.jsonl").string()));
+  }
+}
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <thread>
+
+TEST_CASE("SIGTERM finishes the step, writes a checkpoint, exits 143, and the resumed run ends as an uninterrupted one",
+          "[e2e][resume][signals]") {
+  auto dir = kiln::test::temp_dir("sigterm");
+  // Long enough (6000 examples x 3 epochs, a wider layer) that the signal lands mid-run; step records show progress.
+  std::string cfg_text = mlp_config((dir / "run").string(), "", 6000) + "[log]\nevery_steps = 1\n";
+  cfg_text = std::regex_replace(cfg_text, std::regex("units = 64"), "units = 512");
+  auto cfg = write(dir, "run.toml", cfg_text);
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code == 0);
+
+  const std::string log = (dir / "cut.log").string();
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(KILN_APP) + " train " + cfg + " > " + log + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait (at most 60 s) until a few steps are done, then ask the run to stop.
+  const auto metrics = (dir / "run" / "metrics.jsonl").string();
+  for (int i = 0; i < 6000 && lines_of(metrics).size() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string out = slurp(log);
+  INFO(out);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 143);
+  CHECK_THAT(out, Catch::Contains("stopped by SIGTERM after") && Catch::Contains("checkpoint written to") &&
+                      Catch::Contains("--resume"));
+  auto rest = kiln::test::run_app("train " + cfg + " --resume");
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  CHECK(slurp(dir / "run" / "checkpoint.kiln") == slurp(dir / "full" / "checkpoint.kiln"));
+  // Every step record once, in order, after the kill and the resume.
+  int64_t expect = 1;
+  for (const auto& l : lines_of(metrics))
+    if (l.find("\"event\":\"step\"") != std::string::npos) CHECK(json_field(l, "step") == expect++);
+  CHECK(expect - 1 == 3 * 188);  // 6000 examples at batch 32: 188 steps per epoch
+}

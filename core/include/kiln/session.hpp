@@ -35,6 +35,9 @@ struct TrainSettings {
   std::string progress = "auto";  // "auto" | "bar" | "lines" | "none"
   std::string output_dir;         // metrics.jsonl and checkpoints; default runs/<name>
   int64_t checkpoint_every = 1;   // epochs; 0 = never
+  int64_t checkpoint_every_steps = 0;     // also a mid-epoch checkpoint every this many steps (0 = off)
+  double checkpoint_every_minutes = 0;    // also one when this many minutes passed since the last (0 = off)
+  int64_t max_steps = 0;          // stop after this many global steps, mid-epoch if need be, with a checkpoint (0 = no cap)
   bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists
   bool overwrite = false;         // start over in an output_dir that holds an earlier run (else refused)
   // "strict": refuse up front if the plan does not fit; "fit": turn on memory savers (recomputation) until it

@@ -38,11 +38,24 @@ Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema
 struct Checkpoint {
   int64_t epoch = 0;       // epochs completed
   int64_t step = 0;        // global steps completed
+  // Empty at an epoch's end. Mid-epoch: the position inside epoch `epoch` (0-based) that a resumed run continues
+  // from: the train pipeline's saved state, the batch it had already delivered, and the epoch's running sums.
   std::vector<uint8_t> data_state;
   std::map<std::string, HostTensor> tensors;
 };
 void save_checkpoint(const std::string& path, const Checkpoint& c);
 Checkpoint load_checkpoint(const std::string& path);  // throws DataError naming the file and what is wrong
+
+// Thrown by Trainer::run when SIGINT or SIGTERM stopped the run after a step and a checkpoint: the message says where
+// and how to resume; exit_code() is 128 + the signal (130, 143).
+class Interrupted : public Error {
+ public:
+  Interrupted(std::string msg, int signal) : Error(std::move(msg)), signal_(signal) {}
+  int exit_code() const { return 128 + signal_; }
+
+ private:
+  int signal_;
+};
 
 // What the host adds to the run's record (run.json in the output directory): its command line and the plugins it
 // loaded ("name version path").
