@@ -1,5 +1,9 @@
 // Checkpoints: one binary file with a checksum, written to a temporary name and renamed, so a crash mid-write
 // never leaves a damaged checkpoint in place of the last good one.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,15 +17,6 @@ namespace kiln {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'K', 'P', '1'};
-
-struct Writer {
-  std::string buf;
-  template <class T>
-  void put(const T& v) {
-    buf.append(reinterpret_cast<const char*>(&v), sizeof(T));
-  }
-  void bytes(const void* p, size_t n) { buf.append(static_cast<const char*>(p), n); }
-};
 
 uint64_t fnv(const char* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -52,39 +47,111 @@ struct Reader {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const Checkpoint& c) {
-  Writer w;
-  w.bytes(kMagic, sizeof kMagic);
-  w.put<int64_t>(c.epoch);
-  w.put<int64_t>(c.step);
-  w.put<uint64_t>(c.data_state.size());
-  w.bytes(c.data_state.data(), c.data_state.size());
-  w.put<uint64_t>(c.tensors.size());
-  for (const auto& [name, t] : c.tensors) {
-    w.put<uint32_t>(static_cast<uint32_t>(name.size()));
-    w.bytes(name.data(), name.size());
-    w.put<uint32_t>(static_cast<uint32_t>(t.shape.rank()));
-    for (auto d : t.shape.dims()) w.put<int64_t>(d);
-    w.bytes(t.data.data(), t.bytes());
+namespace {
+
+// Streams the checkpoint to a file descriptor through a 1 MiB buffer, hashing as it goes (FNV-1a over every byte
+// before the trailing checksum), so no copy of the whole file is built in memory.
+class FileWriter {
+ public:
+  FileWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) { buf_.reserve(kChunk); }
+  template <class T>
+  void put(const T& v) {
+    bytes(&v, sizeof(T));
   }
-  w.put<uint64_t>(fnv(w.buf.data(), w.buf.size()));
+  void bytes(const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    hash(c, n);
+    if (buf_.size() + n <= kChunk) {
+      buf_.append(c, n);
+      return;
+    }
+    flush();
+    if (n >= kChunk) {
+      out(c, n);
+      return;
+    }
+    buf_.append(c, n);
+  }
+  // The checksum of everything written so far, written last (not hashed).
+  void finish() {
+    const uint64_t h = h_;
+    buf_.append(reinterpret_cast<const char*>(&h), sizeof h);
+    flush();
+  }
+
+ private:
+  static constexpr size_t kChunk = 1 << 20;
+  void hash(const char* p, size_t n) {
+    uint64_t h = h_;
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
+    h_ = h;
+  }
+  void flush() {
+    out(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  void out(const char* p, size_t n) {
+    while (n > 0) {
+      ssize_t k = ::write(fd_, p, n);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) throw Error(path_ + ": write failed: " + std::strerror(errno) + " (disk full?)");
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+  int fd_;
+  std::string path_;
+  std::string buf_;
+  uint64_t h_ = 1469598103934665603ull;
+};
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
   auto dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(path + ": cannot create the checkpoint's directory '" + dir.string() + "': " + ec.message());
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(tmp + ": cannot write checkpoint");
-    f.write(w.buf.data(), static_cast<std::streamsize>(w.buf.size()));
-    f.flush();
-    if (!f) throw Error(tmp + ": write failed (disk full?)");
+  // A temporary name of this process's own: two writers never share one (the run lock keeps them apart anyway).
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(tmp + ": cannot write checkpoint: " + std::strerror(errno));
+  try {
+    FileWriter w(fd, tmp);
+    w.bytes(kMagic, sizeof kMagic);
+    w.put<int64_t>(c.epoch);
+    w.put<int64_t>(c.step);
+    w.put<uint64_t>(c.data_state.size());
+    w.bytes(c.data_state.data(), c.data_state.size());
+    w.put<uint64_t>(c.tensors.size());
+    for (const auto& [name, t] : c.tensors) {
+      w.put<uint32_t>(static_cast<uint32_t>(name.size()));
+      w.bytes(name.data(), name.size());
+      w.put<uint32_t>(static_cast<uint32_t>(t.shape.rank()));
+      for (auto d : t.shape.dims()) w.put<int64_t>(d);
+      w.bytes(t.data.data(), t.bytes());
+    }
+    w.finish();
+    // On disk before it takes the checkpoint's name: a crash after the rename never finds a file the kernel had not
+    // written yet.
+    if (::fsync(fd) != 0) throw Error(tmp + ": fsync failed: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
+  ::close(fd);
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     const std::string why = ec.message();
     std::filesystem::remove(tmp, ec);
     throw Error(path + ": cannot put the checkpoint in place (renaming " + tmp + "): " + why);
+  }
+  // The rename itself is durable once the directory is synced.
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
 }
 

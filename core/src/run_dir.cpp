@@ -13,7 +13,10 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <sstream>
+#include <toml++/toml.h>
 
 #include "kiln/error.hpp"
 
@@ -125,6 +128,56 @@ void write_run_record(const std::string& dir, const std::string& resolved_config
   write_atomically(dir + "/config.toml", "# The configuration of this run as resolved (--set overrides applied), written by kiln train.\n" +
                                               resolved_config + "\n");
   write_atomically(dir + "/run.json", run_json + "\n");
+}
+
+namespace {
+
+void flatten(const toml::node& n, const std::string& key, std::map<std::string, std::string>& out) {
+  if (const auto* t = n.as_table()) {
+    for (const auto& [k, v] : *t) flatten(v, key.empty() ? std::string(k.str()) : key + "." + std::string(k.str()), out);
+  } else if (const auto* a = n.as_array(); a && !a->empty() && a->is_array_of_tables()) {
+    for (size_t i = 0; i < a->size(); ++i) flatten(*a->get(i), key + "[" + std::to_string(i) + "]", out);
+  } else {
+    std::ostringstream os;
+    if (const auto* arr = n.as_array()) os << *arr;
+    else if (const auto* tb = n.as_table()) os << *tb;
+    else n.visit([&](const auto& v) { os << v; });
+    out[key] = os.str();
+  }
+}
+
+// Keys a resumed run may change: how long and how it runs, what it evaluates on and logs, where it runs.
+bool may_change_on_resume(const std::string& key) {
+  static const char* const prefixes[] = {
+      "train.epochs", "train.max_steps", "train.resume", "train.overwrite", "train.progress", "train.checkpoint_every",
+      "train.keep_checkpoints", "train.evaluate", "train.output_dir", "train.device_prefetch", "train.memory_policy",
+      "log.", "device.", "memory.", "plugins.", "data.test", "run.name"};
+  for (const char* p : prefixes)
+    if (key.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> resume_incompatible_keys(const std::string& saved, const std::string& now) {
+  std::map<std::string, std::string> a, b;
+  try {
+    flatten(toml::parse(saved), "", a);
+  } catch (const toml::parse_error&) {
+    return {"config.toml: the saved configuration does not parse, so it cannot be compared"};
+  }
+  flatten(toml::parse(now), "", b);
+  std::vector<std::string> out;
+  auto keys = a;
+  for (const auto& [k, v] : b) keys.emplace(k, v);
+  for (const auto& [k, unused] : keys) {
+    (void)unused;
+    if (may_change_on_resume(k)) continue;
+    auto ia = a.find(k), ib = b.find(k);
+    const std::string va = ia == a.end() ? "(absent)" : ia->second, vb = ib == b.end() ? "(absent)" : ib->second;
+    if (va != vb) out.push_back(k + ": " + va + " -> " + vb);
+  }
+  return out;
 }
 
 std::string json_string(const std::string& v) {

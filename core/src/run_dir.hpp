@@ -37,6 +37,12 @@ int64_t trim_metrics(const std::string& path, int64_t step);
 // version, the config file, the command, the plugins and devices), each atomically.
 void write_run_record(const std::string& dir, const std::string& resolved_config, const std::string& run_json);
 
+// The keys whose values differ between the configuration a run was started with (`saved`, its config.toml) and the
+// one resuming it (`now`), as "key: old -> new" lines, leaving out the keys that may change on a resume (epochs,
+// max_steps, checkpointing, progress, evaluation data, device and memory settings, logging: docs/user_guide.md).
+// A key present on one side only shows "(absent)" on the other.
+std::vector<std::string> resume_incompatible_keys(const std::string& saved, const std::string& now);
+
 // A JSON string literal.
 std::string json_string(const std::string& v);
 

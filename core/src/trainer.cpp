@@ -569,6 +569,20 @@ TrainReport Trainer::run() {
   bool resumed = false;
   std::optional<Position> resume_at;  // a mid-epoch checkpoint's position inside epoch start_epoch
   if (ts.resume && prior.checkpoint) {
+    // The run continues only with the model, data and optimizer it was started with (config.toml of the run).
+    std::ifstream saved_cfg(ts.output_dir + "/config.toml");
+    if (saved_cfg) {
+      const std::string saved((std::istreambuf_iterator<char>(saved_cfg)), std::istreambuf_iterator<char>());
+      const auto changed = resume_incompatible_keys(saved, s_.config().resolved_text());
+      if (!changed.empty()) {
+        std::string list;
+        for (const auto& c : changed) list += "\n  " + c;
+        throw ConfigError(s_.config().file() + ": cannot resume the run in " + ts.output_dir + ": these keys differ from " +
+                          ts.output_dir + "/config.toml, the configuration it was started with:" + list +
+                          "\nResume with the same values, or start over with --overwrite (keys that may change on a resume "
+                          "are listed in docs/user_guide.md, \"Stopping and resuming\")");
+      }
+    }
     Checkpoint c = load_checkpoint(ckpt_path);
     runner->load_state(c.tensors);
     start_epoch = c.epoch;

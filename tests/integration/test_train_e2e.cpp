@@ -409,3 +409,21 @@ TEST_CASE("SIGTERM finishes the step, writes a checkpoint, exits 143, and the re
     if (l.find("\"event\":\"step\"") != std::string::npos) CHECK(json_field(l, "step") == expect++);
   CHECK(expect - 1 == 3 * 188);  // 6000 examples at batch 32: 188 steps per epoch
 }
+
+TEST_CASE("--resume with a changed model or optimizer is refused with the differing keys; epochs may change", "[e2e][resume]") {
+  auto dir = kiln::test::temp_dir("cfgdiff");
+  auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
+  const std::string ckpt = slurp(dir / "out" / "checkpoint.kiln");
+  auto r = kiln::test::run_app("train " + cfg + " --resume --set train.epochs=2 --set optimizer.learning_rate=0.01 "
+                               "--set model.layers[1].units=32");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("cannot resume") && Catch::Contains("optimizer.learning_rate: 0.002 -> 0.01") &&
+                           Catch::Contains("model.layers[1].units: 64 -> 32") && Catch::Contains("--overwrite"));
+  CHECK_FALSE(Catch::Contains("train.epochs").match(r.output));
+  CHECK(slurp(dir / "out" / "checkpoint.kiln") == ckpt);
+  auto ok = kiln::test::run_app("train " + cfg + " --resume --set train.epochs=2 --set 'train.progress=\"none\"'");
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+}
