@@ -133,7 +133,7 @@ TEST_CASE("text source: UTF-8 characters, a byte vocabulary, and the tokens sour
   const std::string path = write_text("text_utf8", text);
   auto chars = td::build("stages = [{type = \"text\", path = \"" + path + "\", block_size = 4, sampling = \"sequential\"}]");
   const Vocabulary v = parse_vocabulary(chars->vocabulary(), "vocab");
-  CHECK(v.tokens.size() == 16);  // distinct characters, not bytes
+  CHECK(v.tokens.size() == 15);  // distinct characters (h é l o space w ö r d , ç a v ? x), not bytes
   std::string decoded;
   chars->reset(0);
   auto e = chars->next();
@@ -141,8 +141,8 @@ TEST_CASE("text source: UTF-8 characters, a byte vocabulary, and the tokens sour
   for (float id : e->x.data) decoded += v.decode(static_cast<int64_t>(id));
   CHECK(decoded == "héll");
   CHECK(v.encode("wörld", "prompt").size() == 5);
-  CHECK_THROWS_WITH(v.encode("hello Z", "--prompt"), Catch::Contains("--prompt") && Catch::Contains("'Z'") &&
-                                                         Catch::Contains("position 6"));
+  CHECK_THROWS_WITH(v.encode("hola Z", "--prompt"), Catch::Contains("--prompt") && Catch::Contains("'Z'") &&
+                                                         Catch::Contains("position 5"));
 
   auto bytes = td::build("stages = [{type = \"text\", path = \"" + path + "\", vocab = \"bytes\", block_size = 4, "
                          "sampling = \"sequential\"}]");
