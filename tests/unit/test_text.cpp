@@ -77,8 +77,10 @@ TEST_CASE("text source: nanoGPT's shakespeare_char vocabulary (65 sorted charact
     CHECK(e->y.data == ids_of(text.substr(static_cast<size_t>(k * 8 + 1), 8), chars));
   }
   // The val split starts at int(n * 0.9); [data.test] reads it by default.
+  td::PipelineOptions test_pipeline;
+  test_pipeline.pipeline = "test";
   auto val = td::build("stages = [{type = \"text\", path = \"" + kShakespeare + "\", block_size = 8, sampling = \"sequential\"}]",
-                       {.pipeline = "test"});
+                       test_pipeline);
   CHECK(val->size_hint() == (int64_t(text.size()) - cut - 1) / 8);
   val->reset(0);
   auto first = val->next();
@@ -92,7 +94,9 @@ TEST_CASE("text source: random windows are seeded, aligned with their next-token
   for (int i = 0; i < 300; ++i) text += static_cast<char>('a' + (i * 7) % 26);
   const std::string path = write_text("text_random", text);
   const std::string cfg = "stages = [{type = \"text\", path = \"" + path + "\", block_size = 5, examples_per_epoch = 40}]";
-  auto a = td::build(cfg), b = td::build(cfg), other = td::build(cfg, {.seed = 7});
+  td::PipelineOptions seven;
+  seven.seed = 7;
+  auto a = td::build(cfg), b = td::build(cfg), other = td::build(cfg, seven);
   const auto ea = td::epoch(*a, 0), eb = td::epoch(*b, 0), e1 = td::epoch(*a, 1), eo = td::epoch(*other, 0);
   REQUIRE(ea.size() == 40);
   CHECK(td::same(ea, eb));   // same seed, same windows
