@@ -99,3 +99,54 @@ TEST_CASE("kiln trains a character model on tiny Shakespeare and kiln sample pri
   CHECK(missing.exit_code == 2);
   CHECK_THAT(missing.output, Catch::Contains("none.kiln") && Catch::Contains("does not exist"));
 }
+
+TEST_CASE("a model with two heads reports each head's loss and accuracy in the epoch line and metrics", "[e2e][heads]") {
+  const auto dir = kiln::test::temp_dir("heads_e2e");
+  const auto cfg = dir / "heads.toml";
+  std::ofstream(cfg) << R"([run]
+seed = 3
+[model]
+input_shape = [6]
+[[model.layers]]
+name = "trunk"
+type = "dense"
+units = 16
+activation = "relu"
+[[model.layers]]
+name = "digit"
+type = "dense"
+units = 3
+[[model.layers]]
+name = "score"
+type = "dense"
+units = 3
+inputs = ["trunk"]
+[[model.outputs]]
+layer = "digit"
+loss = "softmax_cross_entropy"
+[[model.outputs]]
+layer = "score"
+loss = "softmax_cross_entropy"
+weight = 0.5
+[train]
+epochs = 1
+batch_size = 16
+progress = "lines"
+output_dir = ")" << (dir / "run").string() << R"("
+[data.train]
+stages = [{type = "synthetic", shape = [6], examples = 128, classes = 3}]
+[data.test]
+stages = [{type = "synthetic", shape = [6], examples = 64, classes = 3, seed = 9}]
+)";
+  auto r = kiln::test::run_app("train " + cfg.string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("(digit: train loss ") && Catch::Contains("; score: train loss ") &&
+                           Catch::Contains("test accuracy"));
+  CHECK_THAT(r.output, Catch::Matches("(.|\n)*batch 8/8  loss [0-9.]+ .* digit [0-9.]+  score [0-9.]+(.|\n)*"));
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  std::string line;
+  std::getline(metrics, line);
+  CHECK_THAT(line, Catch::Contains("\"train_losses\":{\"digit\":") && Catch::Contains("\"test_losses\":{\"digit\":") &&
+                       Catch::Contains("\"test_accuracies\":{\"digit\":") && Catch::Contains("\"score\":"));
+}
