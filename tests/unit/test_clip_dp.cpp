@@ -53,3 +53,19 @@ TEST_CASE("data_parallel clips the all-reduced gradient: the weights and norms o
   CHECK_THROWS_WITH(sharded->create(context(m, o, two_more.ctx(), 16)),
                     Catch::Contains("sharded") && Catch::Contains("clip_norm"));
 }
+
+TEST_CASE("clip_norm is refused when the parameters live on several devices (model_parallel)", "[clip_norm][parallel]") {
+  ModelSpec m = model_from(kMlp);
+  OptimizerSpec o = optimizer_from("[optimizer]\ntype = \"sgd\"\nclip_norm = 1.0\n");
+  GraphOptions go;
+  go.batch = 4;
+  go.optimizer = &o;
+  int next = 0;
+  go.place = [&](const LayerSpec&) { return next++; };  // one layer per device
+  CHECK_THROWS_WITH(build_graph(m, go), Catch::Contains("clip_norm") && Catch::Contains("model_parallel"));
+  next = 0;
+  go.place = [](const LayerSpec&) { return 1; };  // everything on one device: clipped there
+  const Graph g = build_graph(m, go);
+  REQUIRE(g.grad_sq != kNoTensor);
+  CHECK(g.tensor(g.grad_sq).device == 1);
+}
