@@ -33,13 +33,19 @@ TEST_CASE("data_parallel clips the all-reduced gradient: the weights and norms o
   auto single = strategy("[strategy]\ntype = \"single\"\n")->create(context(m, o, one.ctx(), 16));
   for (int s = 0; s < 4; ++s) ref_norms.push_back(single->train_step(random_batch(16, m.input_shape, 3, 100u + s), {s, 0.5f}).grad_norm);
   const auto ref = single->save_state();
-  CpuDevices two(2);
-  auto dp = strategy("[strategy]\ntype = \"data_parallel\"\n")->create(context(m, o, two.ctx(), 16));
-  for (int s = 0; s < 4; ++s) norms.push_back(dp->train_step(random_batch(16, m.input_shape, 3, 100u + s), {s, 0.5f}).grad_norm);
-  CHECK(max_abs_diff(dp->save_state(), ref) < 1e-6);
-  for (size_t i = 0; i < norms.size(); ++i) {
-    CHECK(ref_norms[i] > 0.05f);  // clipping was active
-    CHECK(norms[i] == Approx(ref_norms[i]).epsilon(1e-5));
+  // One bucket, and a bucket per gradient (reduced while backward runs): the clip waits for every reduction.
+  for (const char* bucket : {"1MiB", "16"}) {
+    CAPTURE(bucket);
+    CpuDevices two(2);
+    auto dp = strategy(std::string("[strategy]\ntype = \"data_parallel\"\nbucket_size = \"") + bucket + "\"\n")
+                  ->create(context(m, o, two.ctx(), 16));
+    norms.clear();
+    for (int s = 0; s < 4; ++s) norms.push_back(dp->train_step(random_batch(16, m.input_shape, 3, 100u + s), {s, 0.5f}).grad_norm);
+    CHECK(max_abs_diff(dp->save_state(), ref) < 1e-6);
+    for (size_t i = 0; i < norms.size(); ++i) {
+      CHECK(ref_norms[i] > 0.05f);  // clipping was active
+      CHECK(norms[i] == Approx(ref_norms[i]).epsilon(1e-5));
+    }
   }
   // Without clipping the result differs: the test would notice clipping that did nothing.
   OptimizerSpec plain = optimizer_from("[optimizer]\ntype = \"sgd\"\nlearning_rate = 0.5\n");
