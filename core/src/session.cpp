@@ -298,6 +298,11 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     const bool source = !ctx.upstream;
     cur = reg_.stage(type)(s, std::move(ctx));
     if (source && which == "train") vocab_ = cur->vocabulary();  // saved with the run (vocab.json)
+    // Ids must mean the same tokens in both pipelines (a vocabulary is built from its own file).
+    if (source && which == "test" && !vocab_.empty() && !cur->vocabulary().empty() && cur->vocabulary() != vocab_)
+      s.fail("path", "this text source's vocabulary differs from [data.train]'s, so the same id would stand for "
+                     "different characters; read the same file (split = \"val\" holds out its last val_fraction) or "
+                     "files with the same set of characters");
     if (type == "batch") batched = true;
     if (shapes) shapes->push_back({type, cur->example_shape(), cur->label_shape()});
   }

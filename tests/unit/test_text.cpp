@@ -12,6 +12,7 @@
 #include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/sample.hpp"
+#include "kiln/session.hpp"
 #include "kiln/single_runner.hpp"
 #include "test_data_support.hpp"
 #include "test_support.hpp"
@@ -373,4 +374,25 @@ TEST_CASE("clip_norm: the global norm op pair on the reference, PyTorch's coeffi
   const Graph g = build_graph(m, go);
   CHECK(g.grad_sq == kNoTensor);
   for (const Node& n : g.nodes()) CHECK(n.kind != OpKind::SumSquares);
+}
+
+TEST_CASE("a test text source with another vocabulary than the training one is a config error", "[text]") {
+  const auto dir = test::temp_dir("text_vocab_mismatch");
+  std::ofstream(dir / "a.txt") << std::string(200, 'a') + "bcd";
+  std::ofstream(dir / "b.txt") << std::string(200, 'a') + "xyz";
+  const std::string model = "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 4\ndim = 2\n"
+                            "[[model.layers]]\ntype = \"dense\"\nunits = 4\n";
+  auto session_error = [&](const std::string& test_file) {
+    const std::string toml = model + "[data.train]\nstages = [{type = \"text\", path = \"" + (dir / "a.txt").string() +
+                             "\", block_size = 4}]\n[data.test]\nstages = [{type = \"text\", path = \"" +
+                             (dir / test_file).string() + "\", block_size = 4, split = \"train\"}]\n";
+    try {
+      Session s(Config::load_string(toml, "run.toml"), test::registry());
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(session_error("b.txt"), Catch::Contains("run.toml:13") && Catch::Contains("data.test.stages[0].path") && Catch::Contains("vocabulary differs"));
+  CHECK(session_error("a.txt") == "");
 }
