@@ -5,6 +5,7 @@
 
 #include "kiln/plugin.hpp"
 #include "kiln/plugin_loader.hpp"
+#include "kiln/sample.hpp"
 
 namespace kiln::app {
 
@@ -33,5 +34,6 @@ int cmd_plan(const Options& o);
 int cmd_devices(const Options& o);
 int cmd_plugins(const Options& o);
 int cmd_conformance(const Options& o);
+int cmd_sample(const Options& o, const SampleOptions& so);  // sample_cmd.cpp
 
 }  // namespace kiln::app

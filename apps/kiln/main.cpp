@@ -1,4 +1,4 @@
-// kiln: train, plan, devices, plugins, conformance. Exit codes: 0 ok, 1 runtime failure, 2 usage/config error.
+// kiln: train, plan, sample, devices, plugins, conformance. Exit codes: 0 ok, 1 runtime failure, 2 usage/config error.
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iomanip>
@@ -33,6 +33,17 @@ int main(int argc, char** argv) {
   auto* devices = app.add_subcommand("devices", "List backends, their devices and memory");
   devices->add_option("--backend", o.backend, "Only this backend");
 
+  kiln::SampleOptions so;
+  auto* sample = app.add_subcommand("sample", "Generate text from a trained character model (nanoGPT's sample.py)");
+  sample->add_option("config", o.config, "The run's TOML file")->required();
+  sample->add_option("--set", o.overrides, "Override a config value (repeatable)");
+  sample->add_option("--checkpoint", so.checkpoint, "Checkpoint to load (default: the run's output_dir/checkpoint.kiln)");
+  sample->add_option("--prompt", so.prompt, "Text to start from (default: a newline)");
+  sample->add_option("--tokens", so.tokens, "How many tokens to generate (default 500)");
+  sample->add_option("--temperature", so.temperature, "Divide the logits by this before sampling (default 0.8)");
+  sample->add_option("--top-k", so.top_k, "Sample among the k most likely tokens only; 0 = all (default 200)");
+  sample->add_option("--seed", so.seed, "Seed of the sampling (default 1337)");
+
   app.add_subcommand("plugins", "List plugins: what loaded, versions, what each provides, and why any failed");
 
   auto* conf = app.add_subcommand("conformance", "Check a backend's ops against the reference implementation");
@@ -56,6 +67,7 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return kiln::app::cmd_plan(o);
     if (devices->parsed()) return kiln::app::cmd_devices(o);
     if (conf->parsed()) return kiln::app::cmd_conformance(o);
+    if (sample->parsed()) return kiln::app::cmd_sample(o, so);
     return kiln::app::cmd_plugins(o);
   } catch (const kiln::Interrupted& e) {  // SIGINT / SIGTERM: the step finished and a checkpoint was written
     std::cerr << "kiln: " << e.what() << "\n";

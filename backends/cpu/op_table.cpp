@@ -111,6 +111,12 @@ struct CpuKernels {
     layer_norm_backward(a, in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0), out(c, 1),
                         a.bias ? out(c, 2) : nullptr, d.pool_);
   }
+  static void sum_sq(CpuDevice& d, const OpCall& c) {
+    sum_squares(at<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.partials_.data(), d.pool_);
+  }
+  static void clip(CpuDevice& d, const OpCall& c) {
+    clip_by_global_norm(at<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool_);
+  }
 
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
@@ -150,6 +156,8 @@ struct CpuKernels {
       {OpKind::EmbeddingBackward, embed_bwd},
       {OpKind::LayerNormForward, ln_fwd},
       {OpKind::LayerNormBackward, ln_bwd},
+      {OpKind::SumSquares, sum_sq},
+      {OpKind::ClipByGlobalNorm, clip},
   };
 };
 

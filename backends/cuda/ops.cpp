@@ -275,6 +275,14 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
       return k::layer_norm_backward(s, in(0), in(1), in(2), in(3), in(4), out(0), out(1), a.bias ? out(2) : nullptr,
                                     a.rows, a.cols);
     }
+    case OpKind::SumSquares: {
+      const auto& a = std::get<ElementwiseAttrs>(c.attrs);
+      return k::sum_squares(s, in(0), out(0), a.count, a.alpha, a.beta);
+    }
+    case OpKind::ClipByGlobalNorm: {
+      const auto& a = std::get<ElementwiseAttrs>(c.attrs);
+      return k::clip_by_global_norm(s, in(0), out(0), a.count, a.alpha);
+    }
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

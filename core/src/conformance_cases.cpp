@@ -366,6 +366,30 @@ void optimizer_cases(Table& t) {
   }
 }
 
+// Gradient clipping by global norm: the sum of squares accumulates over many tensors (beta = 1) and must stay right
+// at lengths past what one shader invocation may loop over; the scale clips (max_norm below the norm) or not.
+void clip_cases(Table& t) {
+  for (int64_t s : {1, 63, 64, 65, 257, 10007}) {
+    const std::string v = n(s);
+    t.add(v + ".int", OpKind::SumSquares, ElementwiseAttrs{s, 1.f, 0.f}, {kI}, {kOut}, Check::reduction, true);
+    t.add(v + ".accumulate.int", OpKind::SumSquares, ElementwiseAttrs{s, 1.f, 1.f}, {kI}, {kI}, Check::reduction, true);
+    t.add(v + ".alpha0.5.beta2", OpKind::SumSquares, ElementwiseAttrs{s, 0.5f, 2.f}, {kF}, {kF}, Check::reduction,
+          false);
+    for (float mx : {0.5f, 1.f, 10.f})
+      t.add(v + ".max" + (mx == 0.5f ? std::string("0.5") : n(int64_t(mx))), OpKind::ClipByGlobalNorm,
+            ElementwiseAttrs{s, mx, 0.f}, {uni(0.25f, 4.f)}, {kF}, Check::elementwise, false);
+  }
+  // 64 * 32768 elements and more: several dispatches on Vulkan; 0/1 squares keep the f32 sums exact.
+  t.add("2100000.int", OpKind::SumSquares, ElementwiseAttrs{2100000, 1.f, 0.f}, {ints(-1, 1)}, {kOut},
+        Check::reduction, true);
+  t.add("4200001.accumulate.int", OpKind::SumSquares, ElementwiseAttrs{4200001, 1.f, 1.f}, {ints(-1, 1)},
+        {ints(0, 3)}, Check::reduction, true)
+      .large = true;
+  t.add("3000001.max1", OpKind::ClipByGlobalNorm, ElementwiseAttrs{3000001, 1.f, 0.f}, {uni(0.25f, 4.f)}, {kF},
+        Check::elementwise, false)
+      .large = true;
+}
+
 // Small float cases on which every gradient rule is checked by finite differences (op_gradcheck.cpp); they also
 // run on every backend like any case. Inputs from spread() keep clear of relu's kink and max-pool ties.
 void gradient_cases(Table& t) {
@@ -570,6 +594,7 @@ std::vector<OpCase> build() {
   optimizer_cases(t);
   layer_norm_cases(t);
   embedding_cases(t);
+  clip_cases(t);
   long_loop_cases(t);
   return std::move(t.cases);
 }

@@ -142,6 +142,9 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
   require(c, "momentum", o.momentum >= 0 && o.momentum < 1, "expected a number in [0, 1)");
   o.ema_decay = c.get_float("ema", 0.0);
   if (!(o.ema_decay >= 0 && o.ema_decay < 1)) c.fail("ema", "expected a decay in [0, 1), e.g. 0.999 (0 turns EMA off)");
+  o.clip_norm = c.get_float("clip_norm", 0.0);
+  require(c, "clip_norm", o.clip_norm >= 0 && std::isfinite(o.clip_norm),
+          "expected a non-negative, finite maximum gradient norm, e.g. 1.0 (0 turns clipping off)");
   if (auto s = c.table("schedule")) {
     auto k = s->get_choice("type", {"constant", "exponential", "step", "cosine"}, "constant");
     o.schedule.kind = k == "constant" ? ScheduleKind::constant
@@ -277,6 +280,45 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
   }
 }
 
+// torch.nn.utils.clip_grad_norm_ before the optimizer: s = sum of every gradient's squares (accumulated in one
+// (1) tensor), then every gradient *= min(1, clip / (sqrt(s) + 1e-6)). Update-phase nodes, so a data-parallel
+// runner clips the all-reduced gradient.
+void append_clip(Graph& g, double clip) {
+  if (g.param_grads.empty()) return;
+  const int dev = g.tensor(g.param_grads.front().first).device;
+  for (auto [param, grad] : g.param_grads)
+    if (g.tensor(param).device != dev)
+      throw ConfigError("[optimizer] clip_norm: the parameters live on several devices (model_parallel), and the global "
+                        "gradient norm is computed on one; remove clip_norm or use the single or data_parallel strategy");
+  TensorInfo t;
+  t.shape = Shape{1};
+  t.role = TensorRole::activation;
+  t.layer = "clip_norm";
+  t.name = "grad_norm_sq";
+  t.device = dev;
+  g.grad_sq = g.add_tensor(std::move(t));
+  auto node = [&](OpKind k, ElementwiseAttrs a, TensorId in, TensorId out, const std::string& layer) {
+    Node n;
+    n.kind = k;
+    n.attrs = a;
+    n.in = {in};
+    n.out = {out};
+    n.layer = layer;
+    n.device = dev;
+    n.phase = Phase::update;
+    g.add_node(std::move(n));
+  };
+  bool first = true;
+  for (auto [param, grad] : g.param_grads) {
+    node(OpKind::SumSquares, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, first ? 0.f : 1.f}, grad, g.grad_sq,
+         g.tensor(param).layer);
+    first = false;
+  }
+  for (auto [param, grad] : g.param_grads)
+    node(OpKind::ClipByGlobalNorm, ElementwiseAttrs{g.tensor(param).shape.numel(), static_cast<float>(clip), 0.f},
+         g.grad_sq, grad, g.tensor(param).layer);
+}
+
 }  // namespace
 
 Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
@@ -308,45 +350,75 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
         ti.role = TensorRole::ema;
         ti.name += "/ema";
       }
-  // Labels: class indices (N) when any head is a classifier, else targets shaped like the first head's output.
-  // A classifier also takes (N, classes) labels, one-hot (the one_hot map op) or class probabilities, when the
-  // data's labels are that wide.
+  // Labels: class indices when any head is a classifier, else targets shaped like the first head's output. A
+  // classifier's logits are (N, classes), or (N, T, classes) for a sequence (a class per position, nanoGPT's
+  // per-token targets): the labels are then (N) or (N, T) class indices, or one value per class (one-hot, from the
+  // one_hot map op, or class probabilities) when the data's labels are that wide.
   bool any_ce = false;
   for (const auto& out : m.outputs) any_ce = any_ce || out.loss == LossKind::softmax_cross_entropy;
+  const int64_t nb = std::max<int64_t>(o.batch, 1);
   bool soft = false;
-  if (any_ce && !m.label_shape.dims().empty() && m.label_shape.numel() > 1) {
-    for (const auto& out : m.outputs) {
-      if (out.loss != LossKind::softmax_cross_entropy) continue;
-      const int64_t classes = g.tensor(outs.at(out.layer)).shape.numel() / std::max<int64_t>(o.batch, 1);
-      if (m.label_shape.numel() != classes)
+  Shape ce_logits;  // the first classifier's logits, which decide the labels' layout
+  for (const auto& out : m.outputs) {
+    if (out.loss != LossKind::softmax_cross_entropy) continue;
+    const Shape& ys = g.tensor(outs.at(out.layer)).shape;
+    if (ys.rank() < 2)
+      throw ConfigError("output '" + out.layer + "': softmax_cross_entropy needs (batch, classes) or (batch, positions, "
+                        "classes) logits, got " + ys.str());
+    const int64_t classes = ys[ys.rank() - 1], positions = ys.numel() / nb / std::max<int64_t>(classes, 1);
+    const int64_t labels = m.label_shape.numel();
+    const bool given = !m.label_shape.dims().empty() || positions > 1;
+    std::vector<int64_t> pos_dims(ys.dims().begin() + 1, ys.dims().end() - 1);
+    const Shape idx_shape(pos_dims);  // () for one class per example, (T) for a sequence
+    if (ce_logits.dims().empty()) {
+      ce_logits = ys;
+      soft = given && labels == positions * classes && labels != positions;
+      if (given && !m.label_shape.dims().empty() && labels != positions && !soft)
         throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" + out.layer +
-                          "' (softmax_cross_entropy) has " + std::to_string(classes) + " classes: expected a class index " +
-                          "(shape " + Shape{}.str() + ") or " + std::to_string(classes) + " class probabilities (shape " +
-                          Shape{classes}.str() + ", e.g. from the one_hot map op)");
+                          "' (softmax_cross_entropy) has " + std::to_string(classes) + " classes" +
+                          (positions > 1 ? " at each of " + std::to_string(positions) + " positions" : "") +
+                          ": expected class indices (shape " + idx_shape.str() + ") or " + std::to_string(classes) +
+                          " class probabilities per position (shape " + ys.tail().str() + ", e.g. from the one_hot map op)");
+    } else if (ce_logits.numel() / ce_logits[ce_logits.rank() - 1] != positions * nb ||
+               (soft && ce_logits[ce_logits.rank() - 1] != classes)) {
+      throw ConfigError("output '" + out.layer + "' (softmax_cross_entropy, logits " + ys.str() +
+                        ") cannot share the data's one label tensor with the first classifier (logits " +
+                        ce_logits.str() + "): every classifier must have as many positions" +
+                        std::string(soft ? " and classes" : ""));
     }
-    soft = true;
   }
   TensorInfo lab;
   lab.name = "label";
   lab.role = TensorRole::label;
-  lab.shape = soft ? Shape{o.batch, m.label_shape.numel()} : any_ce ? Shape{o.batch} : g.tensor(outs.at(m.outputs[0].layer)).shape;
+  if (any_ce) {
+    std::vector<int64_t> d = ce_logits.dims();
+    if (!soft) d.pop_back();  // class indices: one per position
+    lab.shape = Shape(d);
+  } else {
+    lab.shape = g.tensor(outs.at(m.outputs[0].layer)).shape;
+  }
   if (!m.label_shape.dims().empty() || !any_ce) {
-    if (!m.label_shape.dims().empty() && m.label_shape.numel() != lab.shape.numel() / std::max<int64_t>(o.batch, 1))
+    if (!m.label_shape.dims().empty() && m.label_shape.numel() != lab.shape.numel() / nb)
       throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" +
                         m.outputs[0].layer + "' with its loss needs " + lab.shape.tail().str());
   }
+  g.soft_labels = soft;
   g.label = g.add_tensor(lab);
   for (const auto& out : m.outputs) {
     TensorId y = outs.at(out.layer);
     const Shape& ys = g.tensor(y).shape;
-    int64_t rows = o.batch, cols = ys.numel() / std::max<int64_t>(o.batch, 1);
-    LossAttrs a{rows, cols, out.weight / static_cast<float>(o.batch), out.from_logits, soft};
+    int64_t rows = o.batch, cols = ys.numel() / nb;
     OpKind k = out.loss == LossKind::softmax_cross_entropy ? OpKind::SoftmaxCrossEntropy
                : out.loss == LossKind::mse ? OpKind::MeanSquaredError : OpKind::BinaryCrossEntropy;
-    TensorId target = g.label;
+    // A sequence classifier averages over every position of every example (PyTorch's F.cross_entropy on
+    // logits.view(-1, V)): rows = batch * positions, scale = weight / rows.
     if (k == OpKind::SoftmaxCrossEntropy) {
-      if (ys.rank() != 2) throw ConfigError("output '" + out.layer + "': softmax_cross_entropy needs (batch, classes) logits, got " + ys.str());
-    } else {
+      cols = ys[ys.rank() - 1];
+      rows = ys.numel() / std::max<int64_t>(cols, 1);
+    }
+    LossAttrs a{rows, cols, out.weight / static_cast<float>(rows), out.from_logits, soft};
+    TensorId target = g.label;
+    if (k != OpKind::SoftmaxCrossEntropy) {
       if (g.tensor(g.label).shape.numel() != ys.numel())
         throw ConfigError("output '" + out.layer + "': " + std::string(op_name(k)) + " needs targets shaped like the output " +
                           ys.tail().str() + ", but the labels are " + g.tensor(g.label).shape.tail().str());
@@ -377,6 +449,7 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
   if (o.training) {
     append_backward(g);
     if (!o.optimizer) throw Error("build_graph: a training graph needs an optimizer");
+    if (o.optimizer->clip_norm > 0) append_clip(g, o.optimizer->clip_norm);
     append_updates(g, *o.optimizer);
   }
   apply_memory_savers(g, m.savers, o.training);  // [memory] in_place / recompute / memory_policy

@@ -614,6 +614,19 @@ std::vector<OpDesc> build_builtins() {
     }
     set(k, std::move(d));
   }
+  // Gradient clipping by global norm: a sum of squares accumulated over every gradient, then one scale each.
+  set(K::SumSquares, desc<ElementwiseAttrs>("sum_squares",
+                                            [](const OpAttrs& a) -> OpArity {
+                                              const int64_t n = counted<ElementwiseAttrs>("sum_squares", a);
+                                              return {{n}, {1}};
+                                            },
+                                            ref_of<ElementwiseAttrs, ref::sum_squares>()));
+  set(K::ClipByGlobalNorm, desc<ElementwiseAttrs>("clip_by_global_norm",
+                                                  [](const OpAttrs& a) -> OpArity {
+                                                    const int64_t n = counted<ElementwiseAttrs>("clip_by_global_norm", a);
+                                                    return {{1}, {n}};
+                                                  },
+                                                  ref_of<ElementwiseAttrs, ref::clip_by_global_norm>()));
   for (size_t i = 0; i < t.size(); ++i)
     if (t[i].name.empty() || !t[i].arity || !t[i].reference)
       throw Error("internal: built-in op kind " + std::to_string(i) + " has no complete table entry");

@@ -160,6 +160,7 @@ Liveness analyze_liveness(const Graph& g, const PlanOptions& o) {
   }
   for (auto t : o.keep_alive) L.last[static_cast<size_t>(g.root(t))] = end;
   for (auto t : g.losses) L.last[static_cast<size_t>(g.root(t))] = end;
+  if (g.grad_sq != kNoTensor) L.last[static_cast<size_t>(g.grad_sq)] = end;  // read back as the gradient norm
   for (auto t : g.outputs) L.last[static_cast<size_t>(g.root(t))] = end;
   for (auto t : {g.input, g.label})
     if (t != kNoTensor) L.used[static_cast<size_t>(t)] = L.used[static_cast<size_t>(t)] || o.device == g.tensor(t).device;

@@ -21,6 +21,9 @@ void rmsprop(const RmspropAttrs& a, In in, Out out);
 void ema(const EmaAttrs& a, In in, Out out);
 void embedding(OpKind k, const EmbeddingAttrs& a, In in, Out out);
 void layer_norm(OpKind k, const LayerNormAttrs& a, In in, Out out);
+// reference_clip.cpp: gradient clipping by global norm.
+void sum_squares(const ElementwiseAttrs& a, In in, Out out);
+void clip_by_global_norm(const ElementwiseAttrs& a, In in, Out out);
 
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);

@@ -269,8 +269,12 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
     const int64_t width = out.numel(), labels = y.numel();
     std::string expected;
     if (o.loss == LossKind::softmax_cross_entropy) {
-      if (labels == 1 || labels == width) continue;  // a class index, or one-hot over the head's classes
-      expected = "a class index (shape " + Shape{}.str() + ") or one-hot labels of shape " + Shape{width}.str();
+      // A class index per position (one for (classes) logits, T for a sequence's (T, classes)), or one-hot labels.
+      const int64_t classes = out.rank() ? out[out.rank() - 1] : 1, positions = width / std::max<int64_t>(classes, 1);
+      if (labels == positions || labels == width) continue;
+      const Shape idx(std::vector<int64_t>(out.dims().begin(), out.dims().end() - (out.rank() ? 1 : 0)));
+      expected = (positions > 1 ? "a class index per position (shape " : "a class index (shape ") + idx.str() +
+                 ") or one-hot labels of shape " + out.str();
     } else {
       if (labels == width) continue;
       expected = "targets shaped like the output, " + out.str();
@@ -310,7 +314,14 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
     ctx.pipeline = which;
+    const bool source = !ctx.upstream;
     cur = reg_.stage(type)(s, std::move(ctx));
+    if (source && which == "train") vocab_ = cur->vocabulary();  // saved with the run (vocab.json)
+    // Ids must mean the same tokens in both pipelines (a vocabulary is built from its own file).
+    if (source && which == "test" && !vocab_.empty() && !cur->vocabulary().empty() && cur->vocabulary() != vocab_)
+      s.fail("path", "this text source's vocabulary differs from [data.train]'s, so the same id would stand for "
+                     "different characters; read the same file (split = \"val\" holds out its last val_fraction) or "
+                     "files with the same set of characters");
     if (type == "batch") batched = true;
     if (shapes) shapes->push_back({type, cur->example_shape(), cur->label_shape()});
   }

@@ -73,6 +73,7 @@ StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalar
   }
   if (!std::isfinite(r.total_loss)) return r;
   ex.run_range(bwd, ex.size(), s, slot);
+  if (ex.graph().grad_sq != kNoTensor) r.grad_norm = std::sqrt(ex.read_scalar(ex.graph().grad_sq));
   return r;
 }
 

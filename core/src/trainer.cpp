@@ -75,8 +75,9 @@ constexpr char kPositionMagic[8] = {'K', 'P', 'O', 'S', 'I', 'T', 'N', '1'};
 // Where a run stopped inside an epoch: the epoch's running sums, the train pipeline's saved state, and the batch the
 // pipeline had already delivered (one batch of lookahead) but no step had used yet.
 struct Position {
-  int64_t batches = 0, examples = 0;
-  double loss_sum = 0;
+  int64_t batches = 0, examples = 0, norms = 0;
+  double loss_sum = 0, norm_sum = 0;
+  std::vector<double> head_sum;
   StageState pipeline;
   std::optional<Element> pending;
 };
@@ -144,6 +145,10 @@ std::vector<uint8_t> encode_position(const Position& p) {
   w.u64(static_cast<uint64_t>(p.batches));
   w.u64(static_cast<uint64_t>(p.examples));
   w.f64(p.loss_sum);
+  w.f64(p.norm_sum);
+  w.u64(static_cast<uint64_t>(p.norms));
+  w.u64(p.head_sum.size());
+  for (double h : p.head_sum) w.f64(h);
   w.u64(p.pipeline.size());
   w.raw(p.pipeline.data(), p.pipeline.size());
   w.u64(p.pending ? 1 : 0);
@@ -165,6 +170,11 @@ Position decode_position(const std::vector<uint8_t>& b, const std::string& path)
   p.batches = static_cast<int64_t>(r.u64());
   p.examples = static_cast<int64_t>(r.u64());
   p.loss_sum = r.f64();
+  p.norm_sum = r.f64();
+  p.norms = static_cast<int64_t>(r.u64());
+  const uint64_t heads = r.u64();
+  r.need(heads * 8);
+  for (uint64_t i = 0; i < heads; ++i) p.head_sum.push_back(r.f64());
   const uint64_t n = r.u64();
   r.need(n);
   p.pipeline.assign(b.begin() + static_cast<std::ptrdiff_t>(r.pos), b.begin() + static_cast<std::ptrdiff_t>(r.pos + n));
@@ -237,13 +247,11 @@ LabelRules label_rules(const ModelSpec& m) {
   go.batch = 1;
   go.training = false;
   Graph g = build_graph(m, go);  // only to learn each head's width; nothing is allocated
-  r.soft = g.tensor(g.label).shape.rank() == 2 && [&] {
-    for (const auto& o : m.outputs)
-      if (o.loss == LossKind::softmax_cross_entropy) return true;
-    return false;
-  }();
+  r.soft = g.soft_labels;
   for (size_t i = 0; i < m.outputs.size() && i < g.outputs.size(); ++i) {
-    const int64_t cols = g.tensor(g.outputs[i]).shape.numel();
+    const Shape& os = g.tensor(g.outputs[i]).shape;
+    // A classifier's classes are its logits' last dim ((1, classes), or (1, T, classes) for a sequence).
+    const int64_t cols = m.outputs[i].loss == LossKind::softmax_cross_entropy ? os[os.rank() - 1] : os.numel();
     if (m.outputs[i].loss == LossKind::softmax_cross_entropy && (r.classes == 0 || cols < r.classes)) {
       r.classes = cols;
       r.ce_output = m.outputs[i].layer;
@@ -296,14 +304,20 @@ class CheckedStage final : public Stage {
         if (!std::isfinite(v))
           fail(k, "has input value " + num(v) + " at feature " + std::to_string(j) + "; inputs must be finite numbers");
       }
-      if (rules_.soft && yn != rules_.classes)
+      if (rules_.soft && yn % rules_.classes != 0)
         fail(k, "has " + std::to_string(yn) + " label value(s), but output '" + rules_.ce_output +
                     "' (softmax_cross_entropy) is trained on " + std::to_string(rules_.classes) +
                     "-wide class probabilities (one-hot): give this pipeline the same labels (e.g. the one_hot map op)");
+      // Soft labels: rows of `classes` values (one row per position of a sequence), each summing to 1.
+      const int64_t row_w = rules_.soft ? rules_.classes : yn;
       double row_sum = 0;
       for (int64_t j = 0; j < yn; ++j) {
         const float v = b.y.data[static_cast<size_t>(k * yn + j)];
         if (!std::isfinite(v)) fail(k, "has label " + num(v) + "; labels must be finite numbers");
+        if (rules_.soft && j % row_w == 0 && j > 0) {
+          check_row_sum(k, row_sum, yn);
+          row_sum = 0;
+        }
         row_sum += v;
         if (rules_.soft && (v < 0 || v > 1))
           fail(k, "has label value " + num(v) + " for class " + std::to_string(j) + ", but output '" + rules_.ce_output +
@@ -317,13 +331,17 @@ class CheckedStage final : public Stage {
           fail(k, "has label " + num(v) + ", but output '" + rules_.bce_output +
                       "' (binary_cross_entropy) expects targets in [0, 1]");
       }
-      if (rules_.soft && std::fabs(row_sum - 1.0) > 1e-3)
-        fail(k, "has labels summing to " + num(static_cast<float>(row_sum)) + ", but output '" + rules_.ce_output +
-                    "' (softmax_cross_entropy) takes these " + std::to_string(yn) +
-                    "-wide labels as class probabilities: expected one-hot or probabilities summing to 1 (for several "
-                    "independent labels per example use binary_cross_entropy)");
+      if (rules_.soft) check_row_sum(k, row_sum, yn);
     }
     seen_ += n;
+  }
+
+  void check_row_sum(int64_t k, double row_sum, int64_t yn) const {
+    if (std::fabs(row_sum - 1.0) > 1e-3)
+      fail(k, "has labels summing to " + num(static_cast<float>(row_sum)) + ", but output '" + rules_.ce_output +
+                  "' (softmax_cross_entropy) takes these " + std::to_string(yn) +
+                  "-wide labels as class probabilities: expected one-hot or probabilities summing to 1 (for several "
+                  "independent labels per example use binary_cross_entropy)");
   }
 
   static std::string num(float v) {
@@ -405,21 +423,23 @@ class Progress {
     none_ = mode == "none";
     every_ = std::max<int64_t>(1, total > 0 ? total / 10 : 100);
   }
-  void update(int64_t done, double loss, double ex_per_s, double s_per_batch, bool force = false) {
+  // `extra`: per-head losses and the gradient norm, when there are any.
+  void update(int64_t done, double loss, double ex_per_s, double s_per_batch, bool force = false,
+              const std::string& extra = {}) {
     if (none_) return;
     if (!bar_ && done == last_printed_) return;  // the forced line at the epoch's end may repeat the last one
     char stats[200];
     // Slow models run below one example per second: show what is there instead of "0 examples/s".
     std::snprintf(stats, sizeof stats, ex_per_s >= 10 ? "loss %.4f  %.0f examples/s  %.4f s/batch" : "loss %.4f  %.3g examples/s  %.4f s/batch",
                   loss, ex_per_s, s_per_batch);
-    std::string eta;
+    std::string eta = extra;
     if (total_ > 0 && done < total_ && s_per_batch > 0) {
       const double left = static_cast<double>(total_ - done) * s_per_batch;
       char e[64];
       if (left >= 3600) std::snprintf(e, sizeof e, "  eta %dh%02dm", static_cast<int>(left / 3600), static_cast<int>(left / 60) % 60);
       else if (left >= 60) std::snprintf(e, sizeof e, "  eta %dm%02ds", static_cast<int>(left / 60), static_cast<int>(left) % 60);
       else std::snprintf(e, sizeof e, "  eta %.0fs", left);
-      eta = e;
+      eta += e;
     }
     if (bar_) {
       const int width = 30;
@@ -451,10 +471,9 @@ class Progress {
 Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema) {
   pipeline.reset(0);
   Evaluation e;
-  int64_t correct = 0;
-  bool classify = false;
-  for (const auto& o : m.outputs) classify = classify || o.loss != LossKind::mse;
-  double loss_sum = 0;
+  const size_t heads = m.outputs.size();
+  std::vector<double> loss_sum(heads, 0.0);
+  std::vector<int64_t> correct(heads, 0), counted(heads, 0);  // per head: right predictions, predictions
   int64_t batches = 0;
   while (auto b = pipeline.next()) {
     EvalResult res = r.eval_batch(*b, use_ema);
@@ -472,42 +491,52 @@ Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema
          << ". No accuracy is reported for data that gives a non-finite loss.";
       throw NumericError(os.str());
     }
-    for (float l : res.losses) loss_sum += l;
+    for (size_t i = 0; i < res.losses.size() && i < heads; ++i) loss_sum[i] += res.losses[i];
     e.examples += b->batch;
-    // Accuracy of the first classification head.
-    for (size_t i = 0; i < m.outputs.size(); ++i) {
+    const int64_t n = std::max<int64_t>(b->batch, 1);
+    for (size_t i = 0; i < heads && i < res.outputs.size(); ++i) {
       if (m.outputs[i].loss == LossKind::mse) continue;
       const HostTensor& out = res.outputs[i];
-      int64_t n = b->batch, cols = out.shape.numel() / std::max<int64_t>(n, 1);
-      for (int64_t k = 0; k < n; ++k) {
-        const float* row = out.data.data() + k * cols;
-        if (m.outputs[i].loss == LossKind::softmax_cross_entropy) {
+      if (m.outputs[i].loss == LossKind::softmax_cross_entropy) {
+        // One prediction per row of the logits' last dim: per example, or per position of a sequence (per token).
+        const int64_t cols = out.shape[out.shape.rank() - 1], rows = out.shape.numel() / std::max<int64_t>(cols, 1);
+        const int64_t yw = b->y.shape.numel() / std::max<int64_t>(rows, 1);  // 1: class indices; cols: probabilities
+        for (int64_t k = 0; k < rows; ++k) {
+          const float* row = out.data.data() + k * cols;
           int64_t best = 0;
           for (int64_t c = 1; c < cols; ++c)
             if (row[c] > row[best]) best = c;
-          const int64_t yn = b->y.shape.numel() / std::max<int64_t>(n, 1);
           int64_t label = static_cast<int64_t>(b->y.data[static_cast<size_t>(k)]);
-          if (yn > 1) {  // one-hot or class probabilities: the most probable class
-            const float* t = b->y.data.data() + k * yn;
+          if (yw > 1) {  // one-hot or class probabilities: the most probable class
+            const float* t = b->y.data.data() + k * yw;
             label = 0;
-            for (int64_t c = 1; c < yn; ++c)
+            for (int64_t c = 1; c < yw; ++c)
               if (t[c] > t[label]) label = c;
           }
-          correct += best == label;
-        } else {  // binary: each column thresholded
-          float thr = m.outputs[i].from_logits ? 0.f : 0.5f;
+          correct[i] += best == label;
+        }
+        counted[i] += rows;
+      } else {  // binary: each column thresholded, an example right when all are
+        const int64_t cols = out.shape.numel() / n;
+        const float thr = m.outputs[i].from_logits ? 0.f : 0.5f;
+        for (int64_t k = 0; k < n; ++k) {
+          const float* row = out.data.data() + k * cols;
           bool ok = true;
           for (int64_t c = 0; c < cols; ++c)
             ok = ok && ((row[c] > thr) == (b->y.data[static_cast<size_t>(k * cols + c)] > 0.5f));
-          correct += ok;
+          correct[i] += ok;
         }
+        counted[i] += n;
       }
-      break;
     }
   }
   if (e.examples > 0) {
-    e.loss = loss_sum / static_cast<double>(e.examples);
-    if (classify) e.accuracy = static_cast<double>(correct) / static_cast<double>(e.examples);
+    for (size_t i = 0; i < heads; ++i) {
+      e.losses.push_back(loss_sum[i] / static_cast<double>(e.examples));
+      e.loss += e.losses.back();
+      e.accuracies.push_back(counted[i] > 0 ? static_cast<double>(correct[i]) / static_cast<double>(counted[i]) : -1);
+      if (e.accuracy < 0 && counted[i] > 0) e.accuracy = e.accuracies.back();
+    }
   }
   return e;
 }
@@ -620,6 +649,18 @@ TrainReport Trainer::run() {
     rj << "],\"strategy\":" << json_string(s_.strategy().name()) << "}";
     write_run_record(ts.output_dir, s_.config().resolved_text(), rj.str());
   }
+  // A text source's vocabulary goes with the run, so `kiln sample` decodes what the model writes.
+  if (!s_.vocabulary().empty()) {
+    const std::string vpath = ts.output_dir + "/vocab.json", tmp = vpath + ".tmp";
+    {
+      std::ofstream v(tmp, std::ios::trunc);
+      v << s_.vocabulary() << "\n";
+      if (!v) throw Error(tmp + ": cannot write the vocabulary (the output directory comes from " + dir_key + ")");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, vpath, ec);
+    if (ec) throw Error(vpath + ": cannot write the vocabulary: " + ec.message());
+  }
   std::ofstream metrics(metrics_path, resumed ? std::ios::app : std::ios::trunc);
   if (!metrics)
     throw Error(metrics_path + ": cannot open the metrics file for writing (the output directory comes from " + dir_key +
@@ -654,17 +695,31 @@ TrainReport Trainer::run() {
     Progress prog(out_, ts.progress, epoch + 1, ts.epochs, per_epoch);
     EpochMetrics em;
     em.epoch = epoch + 1;
-    double loss_sum = 0, wait = 0;
-    int64_t batches = 0, examples = 0;
+    double loss_sum = 0, wait = 0, norm_sum = 0;
+    int64_t batches = 0, examples = 0, norms = 0;
+    std::vector<double> head_sum(s_.model().outputs.size(), 0.0);
     std::optional<Element> pending;  // a resumed position's batch that the pipeline had already delivered
     if (resume_at) {
       train_data->restore(resume_at->pipeline);
       batches = resume_at->batches;
       examples = resume_at->examples;
       loss_sum = resume_at->loss_sum;
+      norm_sum = resume_at->norm_sum;
+      norms = resume_at->norms;
+      if (resume_at->head_sum.size() == head_sum.size()) head_sum = resume_at->head_sum;
       pending = std::move(resume_at->pending);
       resume_at.reset();
     }
+    // Per-head losses (several outputs) and the gradient norm ([optimizer] clip_norm), for the progress line.
+    auto extra = [&]() {
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(4);
+      if (head_sum.size() > 1 && examples > 0)
+        for (size_t i = 0; i < head_sum.size(); ++i)
+          os << "  " << s_.model().outputs[i].layer << " " << head_sum[i] / static_cast<double>(examples);
+      if (norms > 0) os << "  grad_norm " << norm_sum / static_cast<double>(norms);
+      return os.str();
+    };
     auto t0 = Clock::now();
     // One batch of lookahead: batch k+1 is handed to runner->prefetch() before step k runs, so its copy into the
     // device's second input buffer overlaps step k ([train] device_prefetch).
@@ -700,6 +755,9 @@ TrainReport Trainer::run() {
         throw NumericError(os.str());
       }
       loss_sum += r.total_loss * static_cast<double>(b->batch);
+      for (size_t i = 0; i < r.losses.size() && i < head_sum.size(); ++i)
+        head_sum[i] += static_cast<double>(r.losses[i]) * static_cast<double>(b->batch);
+      if (r.grad_norm >= 0) norm_sum += r.grad_norm, ++norms;
       examples += b->batch;
       ++batches;
       ++step;
@@ -714,13 +772,15 @@ TrainReport Trainer::run() {
           for (size_t h = 0; h < outs.size(); ++h) metrics << (h ? "," : "") << json_string(outs[h].layer) << ":" << json_num(r.losses[h]);
           metrics << "}";
         }
+        if (r.grad_norm >= 0) metrics << ",\"grad_norm\":" << json_num(r.grad_norm);
         metrics << ",\"learning_rate\":" << json_num(sc.lr)
                 << ",\"examples_per_s\":" << json_num(el > 0 ? static_cast<double>(examples) / el : 0);
         if (!s_.devices().empty() && s_.devices().front().allocator)
           metrics << ",\"device_memory_in_use\":" << s_.devices().front().allocator->stats().in_use;
         metrics << "}\n";
       }
-      prog.update(batches, loss_sum / static_cast<double>(examples), static_cast<double>(examples) / el, el / static_cast<double>(batches));
+      prog.update(batches, loss_sum / static_cast<double>(examples), static_cast<double>(examples) / el,
+                  el / static_cast<double>(batches), false, extra());
       b = std::move(nb);
       // A mid-epoch checkpoint after this step: asked for by a signal, by max_steps, or due by steps or minutes. It
       // holds the position inside the epoch (the pipeline's state and the batch already pulled), so a resumed run
@@ -732,6 +792,9 @@ TrainReport Trainer::run() {
         here.batches = batches;
         here.examples = examples;
         here.loss_sum = loss_sum;
+        here.norm_sum = norm_sum;
+        here.norms = norms;
+        here.head_sum = head_sum;
         here.pipeline = train_data->save();
         here.pending = b;
         Checkpoint c;
@@ -763,17 +826,40 @@ TrainReport Trainer::run() {
     em.examples_per_s = em.seconds > 0 ? static_cast<double>(examples) / em.seconds : 0;
     em.s_per_batch = batches ? em.seconds / static_cast<double>(batches) : 0;
     em.input_wait_fraction = em.seconds > 0 ? wait / em.seconds : 0;
-    prog.update(batches, em.train_loss, em.examples_per_s, em.s_per_batch, true);
+    em.grad_norm = norms > 0 ? norm_sum / static_cast<double>(norms) : -1;
+    for (double h : head_sum) em.train_losses.push_back(examples ? h / static_cast<double>(examples) : 0);
+    prog.update(batches, em.train_loss, em.examples_per_s, em.s_per_batch, true, extra());
     prog.finish();
     if (test_data) {
       Evaluation ev = evaluate(*runner, *test_data, s_.model(), s_.optimizer().ema_decay > 0);
       em.test_loss = ev.loss;
       em.test_accuracy = ev.accuracy;
+      em.test_losses = ev.losses;
+      em.test_accuracies = ev.accuracies;
     }
+    const auto& heads = s_.model().outputs;
+    auto per_head = [&](const std::vector<double>& v, bool skip_negative) {  // {"digit": 0.31, "parity": 0.05}
+      std::string j = "{";
+      for (size_t i = 0; i < v.size() && i < heads.size(); ++i) {
+        if (j.size() > 1) j += ",";
+        j += "\"" + heads[i].layer + "\":" + (skip_negative && v[i] < 0 ? std::string("null") : json_num(v[i]));
+      }
+      return j + "}";
+    };
     std::ostringstream line;
     line << "epoch " << em.epoch << "/" << ts.epochs << ": train loss " << std::fixed << std::setprecision(4) << em.train_loss;
     if (em.test_loss >= 0) line << ", test loss " << em.test_loss;
     if (em.test_accuracy >= 0) line << ", test accuracy " << em.test_accuracy;
+    if (heads.size() > 1) {
+      line << " (";
+      for (size_t i = 0; i < heads.size(); ++i) {
+        line << (i ? "; " : "") << heads[i].layer << ": train loss " << em.train_losses[i];
+        if (i < em.test_losses.size()) line << ", test loss " << em.test_losses[i];
+        if (i < em.test_accuracies.size() && em.test_accuracies[i] >= 0) line << ", test accuracy " << em.test_accuracies[i];
+      }
+      line << ")";
+    }
+    if (em.grad_norm >= 0) line << ", grad_norm " << em.grad_norm;
     line << std::setprecision(1) << ", " << em.seconds << " s, " << std::setprecision(0) << em.examples_per_s << " examples/s, "
          << std::setprecision(4) << em.s_per_batch << " s/batch, input-bound: " << std::setprecision(0)
          << em.input_wait_fraction * 100 << "% of step time";
@@ -785,8 +871,15 @@ TrainReport Trainer::run() {
             << ",\"test_loss\":" << (em.test_loss >= 0 ? json_num(em.test_loss) : "null")
             << ",\"test_accuracy\":" << (em.test_accuracy >= 0 ? json_num(em.test_accuracy) : "null")
             << ",\"seconds\":" << json_num(em.seconds) << ",\"examples_per_s\":" << json_num(em.examples_per_s)
-            << ",\"s_per_batch\":" << json_num(em.s_per_batch) << ",\"input_wait_fraction\":" << json_num(em.input_wait_fraction)
-            << "}\n" << std::flush;
+            << ",\"s_per_batch\":" << json_num(em.s_per_batch) << ",\"input_wait_fraction\":" << json_num(em.input_wait_fraction);
+    if (em.grad_norm >= 0) metrics << ",\"grad_norm\":" << json_num(em.grad_norm);
+    if (heads.size() > 1) {
+      metrics << ",\"train_losses\":" << per_head(em.train_losses, false);
+      if (!em.test_losses.empty())
+        metrics << ",\"test_losses\":" << per_head(em.test_losses, false)
+                << ",\"test_accuracies\":" << per_head(em.test_accuracies, true);
+    }
+    metrics << "}\n" << std::flush;
     report.epochs.push_back(em);
     const int stop_signal = g_stop_signal.load();
     const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;

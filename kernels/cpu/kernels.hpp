@@ -74,6 +74,10 @@ void adam_update(const AdamAttrs& a, const float* g, float* w, float* m, float* 
 void rmsprop_update(const RmspropAttrs& a, const float* g, float* w, float* sq, float* buf, ThreadPool& pool);
 void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& pool);
 
+// clip.cpp: gradient clipping by global norm (partials: the device's per-thread sums, as the losses use).
+void sum_squares(const ElementwiseAttrs& a, const float* x, float* y, double* partials, ThreadPool& pool);
+void clip_by_global_norm(const ElementwiseAttrs& a, const float* s, float* x, ThreadPool& pool);
+
 // embedding.cpp
 void embedding_forward(const EmbeddingAttrs& a, const float* ids, const float* table, float* y, ThreadPool& pool);
 void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* dy, float* dtable, ThreadPool& pool);

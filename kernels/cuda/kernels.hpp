@@ -95,4 +95,8 @@ void rmsprop(cudaStream_t s, const float* g, float* w, float* sq, float* buf, in
              const RmspropParams* dev);
 void ema(cudaStream_t s, const float* w, float* shadow, int64_t n, const EmaParams& p, const EmaParams* dev);
 
+// clip.cu: gradient clipping by global norm. y = alpha * sum x^2 + beta * y; x *= min(1, max_norm / (sqrt(s) + 1e-6)).
+void sum_squares(cudaStream_t s, const float* x, float* y, int64_t n, float alpha, float beta);
+void clip_by_global_norm(cudaStream_t s, const float* sumsq, float* x, int64_t n, float max_norm);
+
 }  // namespace kiln::cuda::kernels

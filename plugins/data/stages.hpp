@@ -13,6 +13,8 @@ std::unique_ptr<Stage> make_idx(const ConfigNode& cfg, StageContext ctx);
 std::unique_ptr<Stage> make_cifar10(const ConfigNode& cfg, StageContext ctx);
 std::unique_ptr<Stage> make_csv(const ConfigNode& cfg, StageContext ctx);
 std::unique_ptr<Stage> make_synthetic(const ConfigNode& cfg, StageContext ctx);
+std::unique_ptr<Stage> make_text(const ConfigNode& cfg, StageContext ctx);    // text_source.cpp
+std::unique_ptr<Stage> make_tokens(const ConfigNode& cfg, StageContext ctx);  // text_source.cpp
 
 // Transforming stages (ctx.upstream required).
 std::unique_ptr<Stage> make_map(const ConfigNode& cfg, StageContext ctx);

@@ -159,6 +159,8 @@ class DataParallelRunner final : public Runner {
       each_replica(lane, [&](size_t r) { update(r, *ex[r], s, false); });
       each_replica(lane, [&](size_t r) { update(r, *ex[r], s, true); });
     });
+    // Every replica clipped the same all-reduced gradient: replica 0's norm is the global one.
+    if (ex[0]->graph().grad_sq != kNoTensor) res.grad_norm = std::sqrt(ex[0]->read_scalar(ex[0]->graph().grad_sq));
     for (size_t r = 0; r < ex.size(); ++r) stats_[r].examples += rows[r], ++stats_[r].steps;
     ++steps_;
     step_seconds_ += since(t_step);

@@ -35,6 +35,11 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
                       std::to_string(ctx.global_batch / n * n) + " or " +
                       std::to_string((ctx.global_batch / n + 1) * n) +
                       "), or set uneven = true to give replicas different shares and weight their gradients by them");
+  // Sharded updates run outside the graph's update phase, so the clipping nodes would run after them.
+  if (o.sharded && ctx.optimizer && ctx.optimizer->clip_norm > 0)
+    throw ConfigError(o.where + ": optimizer_state = \"sharded\" does not support [optimizer] clip_norm yet (each replica "
+                      "updates only its slices); use optimizer_state = \"replicated\" (the default), which clips the "
+                      "all-reduced gradient, or remove clip_norm");
   auto rows = split_rows(ctx.global_batch, n);
   bool overlap = o.overlap;  // the runner reduces after backward unless every device is host memory
   for (int d : dev) overlap = overlap && ctx.devices.at(static_cast<size_t>(d)).device->info().host_addressable;

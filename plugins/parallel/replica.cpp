@@ -40,9 +40,12 @@ std::vector<Bucket> make_buckets(const Graph& g, const MemoryPlan& p, size_t buc
       throw Error("data_parallel: the gradient of '" + g.tensor(param).name + "' is not in the gradients region");
     size_t writer = 0;
     bool found = false;
-    for (size_t i = 0; i < g.nodes().size(); ++i)
+    // The last backward node writing it: update-phase nodes (clip_norm's scale) run after every reduction.
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      if (g.nodes()[i].phase == Phase::update) continue;
       for (auto t : g.nodes()[i].out)
         if (g.root(t) == r) writer = i, found = true;
+    }
     if (!found) throw Error("data_parallel: no node writes the gradient of '" + g.tensor(param).name + "'");
     grads.push_back({p.offset[static_cast<size_t>(r)], aligned_size(g.tensor(r).bytes()), writer});
   }

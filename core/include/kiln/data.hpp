@@ -52,6 +52,9 @@ class Stage {
   virtual StageState save() const = 0;
   virtual void restore(const StageState& s) = 0;
   virtual void collect_stats(std::vector<StageStats>& out) const { (void)out; }
+  // A text source's vocabulary as a JSON object (what token id i stands for), saved with the run as vocab.json so
+  // `kiln sample` can decode ids; "" for every other stage. Only a pipeline's first stage (the source) is asked.
+  virtual std::string vocabulary() const { return {}; }
 };
 
 // Context a stage factory receives.

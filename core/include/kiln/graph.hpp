@@ -79,6 +79,11 @@ class Graph {
   std::vector<TensorId> outputs;           // model outputs (logits/predictions), per head
   std::vector<std::string> output_names;
   std::vector<std::pair<TensorId, TensorId>> param_grads;  // (parameter, gradient)
+  // clip_norm: the sum of squares of every gradient, (1), written in the update phase and alive to the step's end
+  // (runners read it back as the gradient norm); kNoTensor without clipping.
+  TensorId grad_sq = kNoTensor;
+  // softmax_cross_entropy heads take class probabilities (one value per class) rather than class indices.
+  bool soft_labels = false;
   int64_t batch = 0;
   // The planner may run ops whose contract says "may alias" in place (MemorySavers::inplace).
   bool inplace = false;

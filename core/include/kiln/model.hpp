@@ -51,6 +51,9 @@ struct OptimizerSpec {
   DecayParams decay_params = DecayParams::all;
   ScheduleSpec schedule;
   double ema_decay = 0;  // 0 = no EMA
+  // Gradient clipping by global L2 norm over every parameter (PyTorch's clip_grad_norm_, Keras' global_clipnorm),
+  // computed on the device before the update; 0 = off.
+  double clip_norm = 0;
   double learning_rate_at(int64_t step) const;  // step is 0-based
   size_t state_tensors_per_param() const;       // adam(w) 2, rmsprop 1 or 2, sgd 0 or 1
 };

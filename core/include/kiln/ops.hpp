@@ -122,6 +122,12 @@ enum class OpKind : uint16_t {
   // dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)); dgamma[c] = sum_r dy * xhat; dbeta[c] = sum_r dy.
   // in: x, gamma, mean, rstd, dy; out: dx(rows, cols), dgamma(cols)[, dbeta(cols)].
   LayerNormBackward,
+  // Sum of squares (gradient clipping by global norm): y = alpha * sum_i x_i^2 + beta * y, summed in double on the
+  // reference. in: x(count); out: y(1) (read when beta != 0: a global norm accumulates over many tensors).
+  SumSquares,
+  // Scales x by PyTorch's clip_grad_norm_ coefficient from a sum of squares s (SumSquares over every gradient):
+  // x *= min(1, alpha / (sqrt(s) + 1e-6)), alpha = the maximum norm. in: s(1); out: x(count) (read-write).
+  ClipByGlobalNorm,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
@@ -166,7 +172,7 @@ struct LossAttrs {
   bool from_logits = true;  // BinaryCrossEntropy only
   bool soft_labels = false;  // SoftmaxCrossEntropy only: labels are (rows, cols) class probabilities, not indices
 };
-// Add, Mul, Axpby, Scale, Fill, Copy.
+// Add, Mul, Axpby, Scale, Fill, Copy, SumSquares, ClipByGlobalNorm.
 struct ElementwiseAttrs {
   int64_t count = 0;
   float alpha = 1.f, beta = 1.f;

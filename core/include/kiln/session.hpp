@@ -92,6 +92,8 @@ class Session {
   const Config& config() const { return cfg_; }
   Registry& registry() { return reg_; }
   std::vector<std::string> warnings() const { return warnings_; }
+  // The [data.train] source's vocabulary (Stage::vocabulary, JSON); "" when it has none.
+  const std::string& vocabulary() const { return vocab_; }
 
  private:
   struct StageShapes {
@@ -123,6 +125,7 @@ class Session {
   std::vector<std::unique_ptr<Reservation>> reservations_;  // released after the allocators
   MemorySettings memory_;
   std::vector<std::string> warnings_;
+  mutable std::string vocab_;  // recorded when the train pipeline is first built
 };
 
 // Where a pipeline's data comes from, for messages:

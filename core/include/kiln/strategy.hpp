@@ -30,6 +30,7 @@ struct StepScalars {
 struct StepResult {
   std::vector<float> losses;  // per output, weighted
   float total_loss = 0.f;
+  float grad_norm = -1.f;  // [optimizer] clip_norm: the global gradient norm before clipping; -1 without clipping
 };
 
 struct EvalResult {

@@ -18,6 +18,10 @@ struct EpochMetrics {
   double examples_per_s = 0;
   double s_per_batch = 0;
   double input_wait_fraction = 0;  // share of the epoch's time spent waiting for the input pipeline
+  double grad_norm = -1;           // [optimizer] clip_norm: mean global gradient norm (before clipping) of the epoch
+  std::vector<double> train_losses;     // per output (several heads), weighted as in the total
+  std::vector<double> test_losses;      // per output
+  std::vector<double> test_accuracies;  // per output; -1 for an mse head
 };
 
 struct TrainReport {
@@ -27,10 +31,13 @@ struct TrainReport {
 };
 
 // Evaluation over a whole pipeline: mean loss per output and, for classification heads, accuracy.
+// Sequence heads (logits (N, T, classes), labels (N, T)) count every position: accuracy is per token.
 struct Evaluation {
   double loss = 0;
-  double accuracy = -1;
+  double accuracy = -1;  // the first classification head's
   int64_t examples = 0;
+  std::vector<double> losses;      // per output
+  std::vector<double> accuracies;  // per output; -1 for an mse head
 };
 Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema);
 

@@ -1,0 +1,302 @@
+// Sources for language models, as nanoGPT prepares and reads its data:
+//  - `text`: a UTF-8 file (plain or gzip) read into memory; vocabulary = the sorted distinct characters
+//    (data/shakespeare_char/prepare.py) or the 256 byte values; the first (1 - val_fraction) of the tokens are the
+//    train split, the rest the val split (int(n * 0.9), as prepare.py cuts);
+//  - `tokens`: a flat little-endian uint16 file of token ids (prepare.py's train.bin / val.bin), read a window at a
+//    time (memory stays bounded whatever its size).
+// Both yield windows of block_size tokens x = data[i : i+T] and their next tokens y = data[i+1 : i+T+1] (ids as
+// floats, shapes (T) and (T)), at seeded random offsets (train.py's get_batch: a fresh uniform offset in
+// [0, n - T) per example) or sequentially (offsets 0, T, 2T, ...).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "byte_reader.hpp"
+#include "common.hpp"
+#include "stages.hpp"
+
+namespace kiln::data {
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"') o += "\\\"";
+    else if (c == '\\') o += "\\\\";
+    else if (c == '\n') o += "\\n";
+    else if (c == '\t') o += "\\t";
+    else if (c == '\r') o += "\\r";
+    else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+std::string utf8_encode(uint32_t cp) {
+  std::string o;
+  if (cp < 0x80) {
+    o += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    o += static_cast<char>(0xc0 | (cp >> 6));
+    o += static_cast<char>(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    o += static_cast<char>(0xe0 | (cp >> 12));
+    o += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    o += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    o += static_cast<char>(0xf0 | (cp >> 18));
+    o += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+    o += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    o += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+  return o;
+}
+
+// Strict UTF-8 (what Python's open(...).read() accepts): no overlong forms, surrogates or values past U+10FFFF.
+std::vector<uint32_t> decode_utf8(const std::string& bytes, const ByteReader& r) {
+  std::vector<uint32_t> out;
+  out.reserve(bytes.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    uint32_t cp = 0;
+    size_t len = 0;
+    if (c < 0x80) cp = c, len = 1;
+    else if ((c & 0xe0) == 0xc0) cp = c & 0x1f, len = 2;
+    else if ((c & 0xf0) == 0xe0) cp = c & 0x0f, len = 3;
+    else if ((c & 0xf8) == 0xf0) cp = c & 0x07, len = 4;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (p[i + k] & 0xc0) == 0x80;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[len] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    if (!ok) {
+      char b[8];
+      std::snprintf(b, sizeof b, "0x%02x", c);
+      r.fail("byte offset " + std::to_string(i) + " (byte " + b + "): not valid UTF-8; vocab = \"chars\" reads UTF-8 " +
+             "text, use vocab = \"bytes\" for any other file");
+    }
+    out.push_back(cp);
+    i += len;
+  }
+  return out;
+}
+
+enum class Sampling : uint8_t { random, sequential };
+
+// Windows over n tokens: example k of epoch e starts at hash(seed, e, k) % (n - T) (random) or k * T (sequential).
+class WindowSource : public Stage {
+ public:
+  WindowSource(std::string name, int64_t tokens, int64_t block, Sampling sampling, int64_t examples, uint64_t seed)
+      : name_(std::move(name)), n_(tokens), t_(block), sampling_(sampling), examples_(examples), seed_(seed) {}
+
+  std::string name() const override { return name_; }
+  Shape example_shape() const override { return {t_}; }
+  Shape label_shape() const override { return {t_}; }
+  int64_t size_hint() const override { return examples_; }
+  void reset(uint64_t epoch) override {
+    epoch_ = epoch;
+    pos_ = 0;
+  }
+
+  std::optional<Element> next() override {
+    if (pos_ >= examples_) return std::nullopt;
+    ScopedTimer timer(stats_.busy_seconds);
+    const auto k = static_cast<uint64_t>(pos_);
+    const int64_t at = sampling_ == Sampling::random
+                           ? static_cast<int64_t>(hash_key(seed_, 0x746578 /* "tex" */, epoch_, k) %
+                                                  static_cast<uint64_t>(n_ - t_))
+                           : pos_ * t_;
+    window_.resize(static_cast<size_t>(t_ + 1));
+    read(at, window_);
+    Element e;
+    e.x = HostTensor(Shape{t_});
+    e.y = HostTensor(Shape{t_});
+    for (int64_t j = 0; j < t_; ++j) {
+      e.x.data[static_cast<size_t>(j)] = static_cast<float>(window_[static_cast<size_t>(j)]);
+      e.y.data[static_cast<size_t>(j)] = static_cast<float>(window_[static_cast<size_t>(j + 1)]);
+    }
+    ++pos_;
+    ++stats_.elements;
+    return e;
+  }
+
+  StageState save() const override { return save_position(name(), static_cast<uint64_t>(pos_)); }
+  void restore(const StageState& s) override {
+    pos_ = static_cast<int64_t>(restore_position(s, name(), static_cast<uint64_t>(examples_), "windows"));
+  }
+  void collect_stats(std::vector<StageStats>& out) const override {
+    out.push_back(stats_);
+    out.back().name = name();
+  }
+
+ protected:
+  // Tokens [at, at + out.size()) of the split.
+  virtual void read(int64_t at, std::vector<uint32_t>& out) = 0;
+
+ private:
+  std::string name_;
+  int64_t n_, t_;
+  Sampling sampling_;
+  int64_t examples_;
+  uint64_t seed_;
+  uint64_t epoch_ = 0;
+  int64_t pos_ = 0;
+  std::vector<uint32_t> window_;
+  StageStats stats_;
+};
+
+class TextSource final : public WindowSource {
+ public:
+  TextSource(std::vector<uint32_t> ids, std::string vocab_json, int64_t block, Sampling sampling, int64_t examples,
+             uint64_t seed)
+      : WindowSource("text", static_cast<int64_t>(ids.size()), block, sampling, examples, seed),
+        ids_(std::move(ids)),
+        vocab_(std::move(vocab_json)) {}
+  std::string vocabulary() const override { return vocab_; }
+
+ private:
+  void read(int64_t at, std::vector<uint32_t>& out) override {
+    std::copy_n(ids_.begin() + at, out.size(), out.begin());
+  }
+  std::vector<uint32_t> ids_;  // the split's token ids
+  std::string vocab_;
+};
+
+class TokensSource final : public WindowSource {
+ public:
+  TokensSource(std::unique_ptr<ByteReader> r, int64_t tokens, int64_t vocab, int64_t block, Sampling sampling,
+               int64_t examples, uint64_t seed)
+      : WindowSource("tokens", tokens, block, sampling, examples, seed), r_(std::move(r)), vocab_(vocab) {}
+
+ private:
+  void read(int64_t at, std::vector<uint32_t>& out) override {
+    bytes_.resize(out.size() * 2);
+    r_->seek(static_cast<uint64_t>(at) * 2);
+    r_->read_exact(bytes_.data(), bytes_.size(), "a window of " + std::to_string(out.size()) + " tokens");
+    for (size_t j = 0; j < out.size(); ++j) {
+      out[j] = static_cast<uint32_t>(bytes_[2 * j]) | (static_cast<uint32_t>(bytes_[2 * j + 1]) << 8);  // little-endian
+      if (out[j] >= static_cast<uint32_t>(vocab_))
+        r_->fail("token " + std::to_string(at + static_cast<int64_t>(j)) + " (byte offset " +
+                 std::to_string((at + static_cast<int64_t>(j)) * 2) + ") is id " + std::to_string(out[j]) +
+                 ", not below vocab_size = " + std::to_string(vocab_) + "; was the file written with another tokenizer?");
+    }
+  }
+  std::unique_ptr<ByteReader> r_;
+  int64_t vocab_;
+  std::vector<unsigned char> bytes_;
+};
+
+struct WindowKeys {
+  int64_t block = 0;
+  Sampling sampling = Sampling::random;
+  int64_t examples = 0;  // 0: one epoch tiles the split once, (n - 1) / block_size windows
+  uint64_t seed = 0;
+};
+
+WindowKeys read_window_keys(const ConfigNode& cfg, const StageContext& ctx) {
+  WindowKeys k;
+  k.block = cfg.get_int("block_size");
+  if (k.block < 1 || k.block > (int64_t{1} << 24))
+    cfg.fail("block_size", "expected the context length in tokens, 1 to 16777216, found " + std::to_string(k.block));
+  k.sampling = cfg.get_choice("sampling", {"random", "sequential"}, "random") == "random" ? Sampling::random
+                                                                                          : Sampling::sequential;
+  k.examples = cfg.get_int("examples_per_epoch", 0);
+  if (k.examples < 0)
+    cfg.fail("examples_per_epoch", "expected a positive number of windows (0 or omitted: (tokens - 1) / block_size)");
+  k.seed = static_cast<uint64_t>(cfg.get_int("seed", static_cast<int64_t>(ctx.seed)));
+  return k;
+}
+
+// Windows per epoch: the split's (n - 1) / T unless examples_per_epoch says otherwise (sequential: at most that).
+int64_t windows(const ConfigNode& cfg, const WindowKeys& k, int64_t n, const ByteReader& r, const std::string& what) {
+  if (n < k.block + 1)
+    r.fail(what + " holds " + std::to_string(n) + " tokens, fewer than the block_size + 1 = " +
+           std::to_string(k.block + 1) + " one window and its next-token labels need; lower block_size (" +
+           cfg.where("block_size") + ") or use more text");
+  const int64_t tiles = (n - 1) / k.block;
+  if (k.examples == 0) return tiles;
+  if (k.sampling == Sampling::sequential && k.examples > tiles)
+    cfg.fail("examples_per_epoch", "is " + std::to_string(k.examples) + ", but " + what + " holds only " +
+                                       std::to_string(tiles) + " sequential windows of block_size " +
+                                       std::to_string(k.block) + "; use sampling = \"random\" or at most " +
+                                       std::to_string(tiles));
+  return k.examples;
+}
+
+}  // namespace
+
+std::unique_ptr<Stage> make_text(const ConfigNode& cfg, StageContext ctx) {
+  require_source(cfg, ctx, "text");
+  const std::string path = resolve_path(ctx.base_dir, cfg.get_string("path"));
+  const bool bytes = cfg.get_choice("vocab", {"chars", "bytes"}, "chars") == "bytes";
+  const std::string split = cfg.get_choice("split", {"train", "val"}, ctx.pipeline == "test" ? "val" : "train");
+  const double val_fraction = cfg.get_float("val_fraction", 0.1);
+  if (!(val_fraction > 0 && val_fraction < 1))
+    cfg.fail("val_fraction", "expected the share of the text held out for validation, in (0, 1), e.g. 0.1");
+  const WindowKeys k = read_window_keys(cfg, ctx);
+  cfg.finish();
+
+  ByteReader r(path, "text");
+  std::string raw;
+  std::vector<char> buf(1 << 18);
+  while (size_t got = r.read_some(buf.data(), buf.size())) raw.append(buf.data(), got);
+  if (raw.empty()) r.fail("is empty; a text source needs text");
+
+  std::vector<uint32_t> ids;
+  std::string vocab = "{\"kind\": \"" + std::string(bytes ? "bytes" : "chars") + "\", \"tokens\": [";
+  if (bytes) {
+    ids.assign(reinterpret_cast<const unsigned char*>(raw.data()),
+               reinterpret_cast<const unsigned char*>(raw.data()) + raw.size());
+    vocab = "{\"kind\": \"bytes\", \"size\": 256}";
+  } else {
+    std::vector<uint32_t> cps = decode_utf8(raw, r);
+    std::vector<uint32_t> chars = cps;
+    std::sort(chars.begin(), chars.end());
+    chars.erase(std::unique(chars.begin(), chars.end()), chars.end());
+    ids.resize(cps.size());
+    for (size_t i = 0; i < cps.size(); ++i)
+      ids[i] = static_cast<uint32_t>(std::lower_bound(chars.begin(), chars.end(), cps[i]) - chars.begin());
+    for (size_t i = 0; i < chars.size(); ++i) vocab += (i ? ", " : "") + json_string(utf8_encode(chars[i]));
+    vocab += "]}";
+  }
+  // prepare.py: n = len(data); train = data[:int(n*0.9)]; val = data[int(n*0.9):].
+  const auto n = static_cast<int64_t>(ids.size());
+  const auto cut = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));
+  std::vector<uint32_t> part = split == "train" ? std::vector<uint32_t>(ids.begin(), ids.begin() + cut)
+                                                : std::vector<uint32_t>(ids.begin() + cut, ids.end());
+  const int64_t examples =
+      windows(cfg, k, static_cast<int64_t>(part.size()), r,
+              "the " + split + " split (" + (split == "train" ? "the first " : "the last ") +
+                  std::to_string(split == "train" ? cut : n - cut) + " of " + std::to_string(n) + " tokens)");
+  return std::make_unique<TextSource>(std::move(part), std::move(vocab), k.block, k.sampling, examples, k.seed);
+}
+
+std::unique_ptr<Stage> make_tokens(const ConfigNode& cfg, StageContext ctx) {
+  require_source(cfg, ctx, "tokens");
+  const std::string path = resolve_path(ctx.base_dir, cfg.get_string("path"));
+  const int64_t vocab = cfg.get_int("vocab_size");
+  if (vocab < 1 || vocab > 65536)
+    cfg.fail("vocab_size", "expected the number of token ids, 1 to 65536 (ids are uint16), found " + std::to_string(vocab));
+  const WindowKeys k = read_window_keys(cfg, ctx);
+  cfg.finish();
+  auto r = std::make_unique<ByteReader>(path, "tokens");
+  if (r->gzip()) r->fail("is gzip-compressed; windows are read at random offsets, so decompress it first");
+  const uint64_t bytes = r->file_bytes();
+  if (bytes % 2 != 0)
+    r->fail("holds " + std::to_string(bytes) + " bytes, an odd count: expected little-endian uint16 token ids (2 bytes each)");
+  const auto n = static_cast<int64_t>(bytes / 2);
+  const int64_t examples = windows(cfg, k, n, *r, "the file");
+  return std::make_unique<TokensSource>(std::move(r), n, vocab, k.block, k.sampling, examples, k.seed);
+}
+
+}  // namespace kiln::data
