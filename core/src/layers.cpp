@@ -54,7 +54,11 @@ class DenseLayer : public Layer {
         units_(tie_.empty() ? c.get_int("units") : c.get_int("units", 0)),
         use_bias_(c.get_bool("use_bias", true)),
         act_(read_activation(c, "activation", "linear")),
+        init_std_(c.get_float("init_std", 0.0)),
         where_(c.where(tie_.empty() ? "units" : "tie")) {
+    if (c.has("init_std") && (!(init_std_ > 0) || !std::isfinite(init_std_)))
+      c.fail("init_std", "expected a positive, finite standard deviation (leave it out for Glorot-uniform)");
+    if (c.has("init_std") && !tie_.empty()) c.fail("init_std", "has no effect with tie: the kernel is the embedding's table");
     if (!tie_.empty() && tie_.find('.') != std::string::npos)
       c.fail("tie", "expected the name of an embedding layer (its table is shared), found '" + tie_ + "'");
     if (units_ <= 0 && (tie_.empty() || c.has("units")))
@@ -93,7 +97,10 @@ class DenseLayer : public Layer {
     } else {
       check_size(g, {f, units_}, "kernel (features, units)", where_);
       check_size(g, out, "output (batch, units)", where_);
-      TensorId w = g.param("kernel", {f, units_}, Init{InitKind::glorot_uniform, f, units_});
+      // Glorot-uniform (Keras), or N(0, init_std^2) (nanoGPT's nn.init.normal_(std=0.02)).
+      TensorId w = g.param("kernel", {f, units_},
+                           init_std_ > 0 ? Init{InitKind::normal, f, units_, static_cast<float>(init_std_)}
+                                         : Init{InitKind::glorot_uniform, f, units_});
       y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, out);
     }
     if (use_bias_) {
@@ -108,6 +115,7 @@ class DenseLayer : public Layer {
   int64_t units_;
   bool use_bias_;
   std::optional<std::string> act_;
+  double init_std_;  // > 0: N(0, init_std^2) kernel init instead of Glorot-uniform
   std::string where_;  // "run.toml:12: key 'model.layers[1].units'", for size errors at build time
 };
 
