@@ -112,6 +112,11 @@ struct CpuKernels {
                         a.bias ? out(c, 2) : nullptr, d.pool_);
   }
 
+  static void batched_gemm(CpuDevice& d, const OpCall& c) {
+    cpu::batched_gemm(at<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool_);
+  }
+  static void permute(CpuDevice& d, const OpCall& c) { cpu::permute(at<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool_); }
+
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
       {OpKind::Gemm, gemm},
@@ -150,6 +155,8 @@ struct CpuKernels {
       {OpKind::EmbeddingBackward, embed_bwd},
       {OpKind::LayerNormForward, ln_fwd},
       {OpKind::LayerNormBackward, ln_bwd},
+      {OpKind::BatchedGemm, batched_gemm},
+      {OpKind::Permute, permute},
   };
 };
 
@@ -174,7 +181,8 @@ Support CpuDevice::supports(OpKind kind, const OpAttrs& attrs) const {
         return {false, "a dimension of " + std::to_string(d) + " exceeds what BLAS can index (2^31 - 1)"};
     return {};
   };
-  if (const auto* a = std::get_if<GemmAttrs>(&attrs); a && kind == OpKind::Gemm) return blas({a->m, a->n, a->k});
+  if (const auto* a = std::get_if<GemmAttrs>(&attrs); a && (kind == OpKind::Gemm || kind == OpKind::BatchedGemm))
+    return blas({a->m, a->n, a->k});
   if (const auto* a = std::get_if<ConvAttrs>(&attrs))
     return blas({a->k, a->c * a->r * a->s, a->oh * a->ow});
   return {};

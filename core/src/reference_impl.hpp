@@ -22,6 +22,10 @@ void ema(const EmaAttrs& a, In in, Out out);
 void embedding(OpKind k, const EmbeddingAttrs& a, In in, Out out);
 void layer_norm(OpKind k, const LayerNormAttrs& a, In in, Out out);
 
+// reference_attention.cpp: the ops attention is built from.
+void batched_gemm(const GemmAttrs& a, In in, Out out);
+void permute(const PermuteAttrs& a, In in, Out out);
+
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);
 void pool(OpKind k, const PoolAttrs& a, In in, Out out);

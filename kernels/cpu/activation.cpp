@@ -73,12 +73,14 @@ void softmax_forward(const SoftmaxAttrs& a, const float* x, float* y, ThreadPool
     for (int64_t r = rb; r < re; ++r) {
       const float* xr = x + r * cols;
       float* yr = y + r * cols;
+      const int64_t valid = a.causal ? r % cols + 1 : cols;  // causal: the columns after r % cols are masked
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, xr[j]);
-      const float inv = 1.f / exp_shift_sum(xr, mx, yr, cols);
+      for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, xr[j]);
+      const float inv = 1.f / exp_shift_sum(xr, mx, yr, valid);
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) yr[j] *= inv;
+      for (int64_t j = 0; j < valid; ++j) yr[j] *= inv;
+      std::fill(yr + valid, yr + cols, 0.f);
     }
   });
 }
