@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -11,10 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/memory_report.hpp"
 #include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/reference.hpp"
+#include "kiln/session.hpp"
 #include "test_support.hpp"
 
 using namespace kiln;
@@ -429,4 +433,70 @@ TEST_CASE("a one-block transformer with attention learns on cpu, and on vulkan w
     CHECK(std::fabs(vk.loss[i] - cpu.loss[i]) <= 1e-3 * std::fabs(cpu.loss[i]));
   }
   CHECK(vk.output.find("[vulkan validation]") == std::string::npos);
+}
+
+namespace {
+
+// A small GPT (nanoGPT's block: ln, attention, residual, ln, 4C gelu MLP, residual) over token windows from a CSV,
+// classified from the flattened last norm: `blocks` blocks, T tokens, width C, batch 12.
+std::filesystem::path write_gpt(const std::string& tag, int blocks, int T, int C, int heads, double dropout) {
+  const auto dir = test::temp_dir(tag);
+  {
+    std::ofstream csv(dir / "seq.csv");
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> tok(0, 64);
+    for (int r = 0; r < 48; ++r) {
+      for (int j = 0; j < T; ++j) csv << tok(rng) << ",";
+      csv << r % 3 << "\n";
+    }
+  }
+  std::ofstream toml(dir / "gpt.toml");
+  toml << "[model]\ninput_shape = [" << T << "]\n"
+       << "[[model.layers]]\nname = \"wte\"\ntype = \"embedding\"\nvocab = 65\ndim = " << C << "\ninit_std = 0.02\n"
+       << "[[model.layers]]\nname = \"x0\"\ntype = \"positional_embedding\"\ninit_std = 0.02\n";
+  for (int b = 0; b < blocks; ++b) {
+    const std::string x = "x" + std::to_string(b), n = std::to_string(b);
+    toml << "[[model.layers]]\nname = \"ln1_" << n << "\"\ntype = \"layer_norm\"\nuse_bias = false\n"
+         << "[[model.layers]]\nname = \"attn" << n << "\"\ntype = \"attention\"\nheads = " << heads
+         << "\nuse_bias = false\ninit_std = 0.02\ndropout = " << dropout << "\n"
+         << "[[model.layers]]\nname = \"r" << n << "\"\ntype = \"add\"\ninputs = [\"" << x << "\", \"attn" << n << "\"]\n"
+         << "[[model.layers]]\nname = \"ln2_" << n << "\"\ntype = \"layer_norm\"\nuse_bias = false\n"
+         << "[[model.layers]]\nname = \"fc" << n << "\"\ntype = \"dense\"\nunits = " << 4 * C << "\nuse_bias = false\n"
+         << "activation = \"gelu\"\n"
+         << "[[model.layers]]\nname = \"proj" << n << "\"\ntype = \"dense\"\nunits = " << C << "\nuse_bias = false\n"
+         << "[[model.layers]]\nname = \"x" << b + 1 << "\"\ntype = \"add\"\ninputs = [\"r" << n << "\", \"proj" << n
+         << "\"]\n";
+  }
+  toml << "[[model.layers]]\nname = \"ln_f\"\ntype = \"layer_norm\"\nuse_bias = false\n"
+       << "[[model.layers]]\ntype = \"flatten\"\n[[model.layers]]\nname = \"head\"\ntype = \"dense\"\nunits = 3\n"
+       << "[optimizer]\ntype = \"adamw\"\nlearning_rate = 1e-3\n"
+       << "[device]\nbackend = \"cpu\"\nmemory_limit = \"1GiB\"\n"
+       << "[train]\nbatch_size = 12\nepochs = 1\nevaluate = false\nprogress = \"none\"\noutput_dir = \""
+       << (dir / "out").string() << "\"\n"
+       << "[data.train]\nstages = [{type = \"csv\", path = \"" << (dir / "seq.csv").string()
+       << "\"}, {type = \"batch\", size = 12}]\n";
+  return dir / "gpt.toml";
+}
+
+}  // namespace
+
+TEST_CASE("kiln plan counts attention's T x T tensors: a small GPT's measured step peak is within 5% of the plan",
+          "[attention][memory]") {
+  for (const double dropout : {0.0, 0.1}) {
+    for (const std::string savers : {"", "recompute"}) {
+      std::vector<std::string> ov;
+      if (savers == "recompute") ov.push_back("memory.recompute=\"auto\"");
+      Session s(Config::load_file(write_gpt("gpt-plan", 2, 64, 128, 4, dropout).string(), ov), test::registry());
+      if (auto train = s.make_pipeline("train")) s.model().label_shape = train->label_shape();
+      s.open_devices(false);
+      const SweepPoint p = memory_sweep(s, {s.train().batch_size}, true, nullptr).at(0);
+      INFO("dropout " << dropout << " " << savers << ": predicted " << p.predicted << ", measured " << p.measured);
+      REQUIRE(p.fits);
+      REQUIRE(p.measured > 0);
+      CHECK(double(p.measured) <= 1.05 * double(p.predicted));
+      CHECK(double(p.measured) >= 0.95 * double(p.predicted));
+      // The scores dominate at T = 64: 12 x 4 x 64 x 64 floats = 768 KiB each.
+      CHECK(p.predicted > 4 * 12 * 4 * 64 * 64 * 4);
+    }
+  }
 }
