@@ -214,7 +214,7 @@ void softmax(OpKind kind, const SoftmaxAttrs& a, In in, Out out) {
     const int64_t off = r * a.cols;
     if (kind == OpKind::SoftmaxForward) {
       const float* x = in[0] + off;
-      const int64_t valid = a.causal ? r % a.cols + 1 : a.cols;  // causal: columns after r % cols are masked
+      const int64_t valid = a.causal && a.cols > 0 ? r % a.cols + 1 : a.cols;  // causal: columns after r % cols are masked
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < valid; ++j) mx = std::max<double>(mx, x[j]);
       double sum = 0;

@@ -69,6 +69,7 @@ void activation_backward(const ActivationAttrs& a, const float* y, const float* 
 
 void softmax_forward(const SoftmaxAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t cols = a.cols;
+  if (cols == 0) return;
   parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const float* xr = x + r * cols;
