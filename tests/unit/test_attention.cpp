@@ -188,11 +188,14 @@ std::string model_toml(const std::string& attention_keys) {
          attention_keys + "[[model.layers]]\ntype = \"flatten\"\n";
 }
 
-void check_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+// Within rtol of each value, plus rtol / 10 of the largest (float32 intermediates against PyTorch's float64).
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
   REQUIRE(got.size() == want.size());
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
   for (size_t i = 0; i < got.size(); ++i) {
     INFO("element " << i << ": kiln " << got[i] << ", pytorch " << want[i]);
-    CHECK(std::fabs(double(got[i]) - want[i]) <= tol * (1.0 + std::fabs(want[i])));
+    CHECK(std::fabs(double(got[i]) - want[i]) <= rtol * (std::fabs(want[i]) + 0.1 * scale));
   }
 }
 
@@ -222,7 +225,7 @@ TEST_CASE("attention matches PyTorch's nanoGPT CausalSelfAttention forward, caus
     ReferenceRun r(g);
     set_weights(r);
     r.run();
-    check_close(r.at(g.outputs[0]), causal ? kTorchOut : kTorchOutNonCausal, 1e-5);
+    check_close(r.at(g.outputs[0]), causal ? kTorchOut : kTorchOutNonCausal, 1e-4);
   }
 }
 
@@ -232,10 +235,10 @@ TEST_CASE("attention's gradients (autodiff through its ops) match PyTorch's", "[
   set_weights(r);
   r.run();  // labels stay zero: loss = mean(y^2)
   CHECK(r.at(g.losses[0])[0] == Approx(0.000355293449).epsilon(1e-4));
-  check_close(r.at(r.grad_of("attn.qkv_kernel")), kDqkvKernel, 1e-5);
-  check_close(r.at(r.grad_of("attn.qkv_bias")), kDqkvBias, 1e-5);
-  check_close(r.at(r.grad_of("attn.proj_kernel")), kDprojKernel, 1e-5);
-  check_close(r.at(r.grad_of("attn.proj_bias")), kDprojBias, 1e-5);
+  check_close(r.at(r.grad_of("attn.qkv_kernel")), kDqkvKernel, 1e-4);
+  check_close(r.at(r.grad_of("attn.qkv_bias")), kDqkvBias, 1e-4);
+  check_close(r.at(r.grad_of("attn.proj_kernel")), kDprojKernel, 1e-4);
+  check_close(r.at(r.grad_of("attn.proj_bias")), kDprojBias, 1e-4);
 }
 
 TEST_CASE("causal softmax gives exactly 0 after the diagonal and ignores what is there, on every backend",
