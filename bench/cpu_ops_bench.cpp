@@ -94,6 +94,38 @@ void bench_gemm(Device& dev, int reps) {
   }
 }
 
+// Attention's batched products at nanoGPT's shakespeare_char shapes (batch 12 x 4 heads, T = 64, D = 32): the
+// batched_gemm op against a plain loop of 48 single-threaded sgemm calls on the calling thread.
+void bench_batched_gemm(Device& dev, int reps) {
+  std::printf("\nbatched_gemm, nanoGPT attention (48 heads, T 64, D 32)\n%-34s %10s %10s %12s\n", "product",
+              "ms", "GFLOP/s", "loop ms");
+  struct G {
+    const char* name;
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const int64_t batch = 48;
+  for (G g : {G{"scores q k^T", 64, 64, 32, false, true}, G{"y = att v", 64, 32, 64, false, false},
+              G{"d att = dy v^T", 64, 64, 32, false, true}, G{"d v = att^T dy", 64, 32, 64, true, false},
+              G{"d q = d s k", 64, 32, 64, false, false}, G{"d k = d s^T q", 64, 32, 64, true, false}}) {
+    Buffers b(dev, {batch * g.m * g.k, batch * g.k * g.n, batch * g.m * g.n});
+    Block* ws = nullptr;
+    OpCall c = call_for(dev, OpKind::BatchedGemm, GemmAttrs{g.m, g.n, g.k, g.ta, g.tb, 1.f, 0.f, batch}, b, {0, 1},
+                        {2}, ws);
+    const double t = best_time(reps, [&] { dev.run(c); });
+    const float* A = b.views[0].host();
+    const float* B = b.views[1].host();
+    float* Y = b.views[2].host();
+    const double loop = best_time(reps, [&] {
+      for (int64_t i = 0; i < batch; ++i)
+        cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, int(g.m),
+                    int(g.n), int(g.k), 1.f, A + i * g.m * g.k, int(g.ta ? g.m : g.k), B + i * g.k * g.n,
+                    int(g.tb ? g.k : g.n), 0.f, Y + i * g.m * g.n, int(g.n));
+    });
+    std::printf("%-34s %10.4f %10.1f %12.4f\n", g.name, t * 1e3, 2.0 * batch * g.m * g.n * g.k / t / 1e9, loop * 1e3);
+  }
+}
+
 void bench_conv(Device& dev, int reps) {
   std::printf("\nConvolutions of the Fashion-MNIST CNN, batch 64\n%-34s %10s %10s\n", "layer / pass", "ms", "GFLOP/s");
   struct L {
@@ -328,6 +360,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", dev->info().name.c_str());
     bench_call_overhead(*dev);
     bench_gemm(*dev, reps);
+    bench_batched_gemm(*dev, reps);
     bench_conv(*dev, std::max(3, reps / 4));
     bench_cnn_ops(*dev, std::max(3, reps / 4));
     std::printf("\nMLP 784-256-256-10 step ops (median ms)\n%-8s %26s %26s\n", "batch", "A: OpenBLAS 1t per thread",

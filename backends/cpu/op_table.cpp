@@ -118,6 +118,11 @@ struct CpuKernels {
     clip_by_global_norm(at<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool_);
   }
 
+  static void batched_gemm(CpuDevice& d, const OpCall& c) {
+    cpu::batched_gemm(at<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool_);
+  }
+  static void permute(CpuDevice& d, const OpCall& c) { cpu::permute(at<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool_); }
+
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
       {OpKind::Gemm, gemm},
@@ -158,6 +163,8 @@ struct CpuKernels {
       {OpKind::LayerNormBackward, ln_bwd},
       {OpKind::SumSquares, sum_sq},
       {OpKind::ClipByGlobalNorm, clip},
+      {OpKind::BatchedGemm, batched_gemm},
+      {OpKind::Permute, permute},
   };
 };
 
@@ -182,7 +189,8 @@ Support CpuDevice::supports(OpKind kind, const OpAttrs& attrs) const {
         return {false, "a dimension of " + std::to_string(d) + " exceeds what BLAS can index (2^31 - 1)"};
     return {};
   };
-  if (const auto* a = std::get_if<GemmAttrs>(&attrs); a && kind == OpKind::Gemm) return blas({a->m, a->n, a->k});
+  if (const auto* a = std::get_if<GemmAttrs>(&attrs); a && (kind == OpKind::Gemm || kind == OpKind::BatchedGemm))
+    return blas({a->m, a->n, a->k});
   if (const auto* a = std::get_if<ConvAttrs>(&attrs))
     return blas({a->k, a->c * a->r * a->s, a->oh * a->ow});
   return {};

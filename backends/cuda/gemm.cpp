@@ -19,10 +19,10 @@ float* out_ptr(const OpCall& c, size_t i) {
 }  // namespace
 
 Support gemm_supports(const GemmAttrs& a) {
-  for (int64_t v : {a.m, a.n, a.k})
+  for (int64_t v : {a.m, a.n, a.k, a.batch})
     if (v < 0 || v > INT_MAX)
       return {false, "cuBLAS takes GEMM sizes in [0, 2^31): found m=" + std::to_string(a.m) + " n=" +
-                         std::to_string(a.n) + " k=" + std::to_string(a.k)};
+                         std::to_string(a.n) + " k=" + std::to_string(a.k) + " batch=" + std::to_string(a.batch)};
   return {};
 }
 
@@ -57,6 +57,30 @@ void gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttrs& a, co
   KILN_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, in_ptr(call, 1), CUDA_R_32F, ldb,
                                  in_ptr(call, 0), CUDA_R_32F, lda, &beta, y, CUDA_R_32F, n,
                                  tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void batched_gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttrs& a, const OpCall& call, bool tf32) {
+  if (a.m == 0 || a.n == 0 || a.batch == 0) return;
+  float* y = out_ptr(call, 0);
+  if (a.k == 0) {
+    if (a.beta == 0.f)
+      kernels::fill(stream, y, a.batch * a.m * a.n, 0.f);
+    else
+      kernels::scale(stream, y, y, a.batch * a.m * a.n, a.beta);
+    return;
+  }
+  const bool have_ws = call.workspace.block && call.workspace.bytes > 0;
+  void* ws = have_ws ? static_cast<char*>(call.workspace.block->ptr) + call.workspace.offset : nullptr;
+  KILN_CUBLAS_CHECK(cublasSetWorkspace(handle, ws, have_ws ? call.workspace.bytes : 0));
+  // As gemm_run: row-major y_b = op(A_b) op(B_b) is column-major y_b^T = op(B_b)^T op(A_b)^T.
+  const int m = static_cast<int>(a.m), n = static_cast<int>(a.n), k = static_cast<int>(a.k);
+  const int ldb = a.trans_b ? k : n, lda = a.trans_a ? m : k;
+  const float alpha = a.alpha, beta = a.beta;
+  KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+      in_ptr(call, 1), CUDA_R_32F, ldb, static_cast<long long>(a.k * a.n), in_ptr(call, 0), CUDA_R_32F, lda,
+      static_cast<long long>(a.m * a.k), &beta, y, CUDA_R_32F, n, static_cast<long long>(a.m * a.n),
+      static_cast<int>(a.batch), tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace kiln::cuda

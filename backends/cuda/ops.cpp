@@ -83,7 +83,7 @@ Support CudaDevice::supports(OpKind kind, const OpAttrs& attrs) const {
   for (const auto* list : {&ar.in, &ar.out})
     for (int64_t n : *list)
       if (n < 0) return {false, std::string(op_name(kind)) + ": negative buffer size " + std::to_string(n)};
-  if (kind == OpKind::Gemm) return gemm_supports(std::get<GemmAttrs>(attrs));
+  if (kind == OpKind::Gemm || kind == OpKind::BatchedGemm) return gemm_supports(std::get<GemmAttrs>(attrs));
   if (is_conv(kind)) return ConvEngine::supports(std::get<ConvAttrs>(attrs));
   if (const auto* p = std::get_if<PoolAttrs>(&attrs)) {
     if (p->stride_h < 1 || p->stride_w < 1)
@@ -98,7 +98,8 @@ Support CudaDevice::supports(OpKind kind, const OpAttrs& attrs) const {
 }
 
 size_t CudaDevice::workspace_bytes(const OpCall& call) const {
-  if (call.kind == OpKind::Gemm) return gemm_workspace_bytes(std::get<GemmAttrs>(call.attrs), cc_major_, workspace_limit_);
+  if (call.kind == OpKind::Gemm || call.kind == OpKind::BatchedGemm)
+    return gemm_workspace_bytes(std::get<GemmAttrs>(call.attrs), cc_major_, workspace_limit_);
   if (is_conv(call.kind)) return conv_->workspace_bytes(call.kind, std::get<ConvAttrs>(call.attrs), workspace_limit_);
   if (static_cast<size_t>(call.kind) < kBuiltinOpCount && is_loss(call.kind)) {
     const auto& a = std::get<LossAttrs>(call.attrs);
@@ -171,7 +172,7 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
     }
     case OpKind::SoftmaxForward: {
       const auto& a = std::get<SoftmaxAttrs>(c.attrs);
-      return k::softmax_forward(s, in(0), out(0), a.rows, a.cols);
+      return k::softmax_forward(s, in(0), out(0), a.rows, a.cols, a.causal);
     }
     case OpKind::SoftmaxBackward: {
       const auto& a = std::get<SoftmaxAttrs>(c.attrs);
@@ -282,6 +283,15 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
     case OpKind::ClipByGlobalNorm: {
       const auto& a = std::get<ElementwiseAttrs>(c.attrs);
       return k::clip_by_global_norm(s, in(0), out(0), a.count, a.alpha);
+    }
+    case OpKind::BatchedGemm: return batched_gemm_run(cublas_.get(), s, std::get<GemmAttrs>(c.attrs), c, tf32_);
+    case OpKind::Permute: {
+      const auto& a = std::get<PermuteAttrs>(c.attrs);
+      k::PermuteShape p{static_cast<int>(a.rank), {}, {}};
+      int64_t xstride[kPermuteMaxRank], n = 1;
+      for (int64_t i = a.rank - 1; i >= 0; --i) xstride[i] = n, n *= a.dims[i];
+      for (int64_t i = 0; i < a.rank; ++i) p.ydims[i] = a.dims[a.perm[i]], p.steps[i] = xstride[a.perm[i]];
+      return k::permute(s, in(0), out(0), p, n);
     }
     case OpKind::Count_: break;
   }

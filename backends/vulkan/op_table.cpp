@@ -72,6 +72,10 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
       const auto& a = std::get<GemmAttrs>(attrs);
       return tiles_fit(a.m, a.n, limits);  // K of any length: run in ranges of kTileMaxK
     }
+    case OpKind::BatchedGemm: {
+      const auto& a = std::get<GemmAttrs>(attrs);
+      return tiles_fit(a.m, a.n, limits);  // batches in ranges of maxComputeWorkGroupCount[2], K in kTileMaxK
+    }
     case OpKind::Conv2dForward:
     case OpKind::Conv2dBackwardData:
     case OpKind::Conv2dBackwardFilter: {
@@ -184,6 +188,8 @@ void run_op(Encoder& e, const OpCall& c) {
     case OpKind::LayerNormBackward: return run_layer_norm(e, c);
     case OpKind::SumSquares:
     case OpKind::ClipByGlobalNorm: return run_clip(e, c);
+    case OpKind::BatchedGemm: return run_batched_gemm(e, c);
+    case OpKind::Permute: return run_permute(e, c);
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

@@ -19,8 +19,11 @@ void run_softmax(Encoder& e, const OpCall& c) {
     struct {
       uint32_t rows, cols, r0, r1;
     } p{u32(a.rows), u32(a.cols), u32(r0), u32(r1)};
+    struct {
+      uint32_t rows, cols, r0, r1, causal;
+    } pf{p.rows, p.cols, p.r0, p.r1, a.causal ? 1u : 0u};
     if (fwd)
-      e.dispatch("softmax_forward", {rd(c.in[0]), wr(c.out[0])}, p, e.groups_for(r1 - r0, 1));
+      e.dispatch("softmax_forward", {rd(c.in[0]), wr(c.out[0])}, pf, e.groups_for(r1 - r0, 1));
     else
       e.dispatch("softmax_backward", {rd(c.in[0]), rd(c.in[1]), wr(c.out[0])}, p, e.groups_for(r1 - r0, 1));
   }

@@ -577,6 +577,89 @@ void long_loop_cases(Table& t) {
   }
 }
 
+// Attention's ops: batched GEMM (nanoGPT's shapes: 48 heads x 64 x 64 scores over 32, and back), permutations
+// of (B, T, H, D) and of the fused (B, T, 3, H, D) projection, causal softmax over (B*H*T, T). Long reductions:
+// K = 70001 in one batch, more batches than one Vulkan dispatch may launch (65535), causal rows of 2048.
+void attention_cases(Table& t) {
+  struct G {
+    int64_t batch, m, n, k;
+    bool large;
+  };
+  const char* tn[] = {"nn", "nt", "tn", "tt"};
+  const G shapes[] = {{1, 1, 1, 1, false},    {3, 5, 7, 2, false},     {4, 17, 33, 65, false}, {2, 65, 63, 127, false},
+                      {48, 64, 64, 32, false}, {48, 64, 32, 64, false}, {0, 3, 4, 5, false},    {5, 0, 3, 4, false},
+                      {2, 3, 4, 0, false},     {70000, 2, 3, 2, true},  {2, 3, 10, 70001, true}};
+  for (const G& s : shapes)
+    for (int tr = 0; tr < 4; ++tr) {
+      const GemmAttrs a{s.m, s.n, s.k, (tr & 2) != 0, (tr & 1) != 0, 1.f, 0.f, s.batch};
+      const std::string v = std::string(tn[tr]) + "." + n(s.batch) + "x" + n(s.m) + "x" + n(s.n) + "x" + n(s.k);
+      t.add(v + ".int", OpKind::BatchedGemm, a, {kI, kI}, {kOut}, Check::reduction, true).large = s.large;
+      if (!s.large && s.m * s.n * s.k > 0 && s.batch > 1)
+        t.add(v + ".float", OpKind::BatchedGemm, a, {kF, kF}, {kOut}, Check::reduction, false);
+    }
+  // nanoGPT's scaled scores q k^T / sqrt(32); alpha and beta together.
+  t.add("nt.48x64x64x32.scaled.float", OpKind::BatchedGemm, GemmAttrs{64, 64, 32, false, true, 0.17677669f, 0.f, 48},
+        {kF, kF}, {kOut}, Check::reduction, false);
+  t.add("tn.3x33x17x9.alpha2.beta-1.int", OpKind::BatchedGemm, GemmAttrs{33, 17, 9, true, false, 2.f, -1.f, 3},
+        {kI, kI}, {kI}, Check::reduction, true);
+
+  struct P {
+    std::vector<int64_t> dims, perm;
+    bool large;
+  };
+  const P perms[] = {{{7}, {0}, false},
+                     {{3, 5}, {1, 0}, false},
+                     {{2, 4, 3, 5}, {0, 2, 1, 3}, false},   // (B, T, H, D) -> (B, H, T, D)
+                     {{2, 3, 4, 5}, {0, 2, 1, 3}, false},   // and back
+                     {{12, 64, 4, 32}, {0, 2, 1, 3}, false},  // nanoGPT's heads
+                     {{2, 5, 3, 2, 4}, {2, 0, 3, 1, 4}, false},  // fused (B, T, 3, H, D) -> (3, B, H, T, D)
+                     {{3, 2, 2, 5, 4}, {1, 3, 0, 2, 4}, false},  // and back
+                     {{2, 3, 1, 4, 2, 3}, {5, 3, 1, 0, 4, 2}, false},
+                     {{3, 0, 4}, {2, 1, 0}, false},
+                     {{64, 257, 3, 67}, {0, 2, 1, 3}, true},
+                     {{1, 1031, 5, 997}, {3, 1, 2, 0}, true}};
+  for (const P& p : perms) {
+    PermuteAttrs a;
+    a.rank = static_cast<int64_t>(p.dims.size());
+    std::string v;
+    for (size_t i = 0; i < p.dims.size(); ++i) {
+      a.dims[i] = p.dims[i], a.perm[i] = p.perm[i];
+      if (i) v += 'x';
+      v += n(p.dims[i]);
+    }
+    v += ".perm";
+    for (int64_t q : p.perm) v += n(q);
+    t.add(v + ".int", OpKind::Permute, a, {kI}, {kOut}, Check::elementwise, true).large = p.large;
+  }
+
+  struct S {
+    int64_t rows, cols;
+    bool large;
+  };
+  // rows = B*H*T: several blocks of T rows; the first row of each block has one unmasked column.
+  const S causal[] = {{1, 1, false},     {3, 0, false},  {4, 4, false},      {12, 3, false},  {3072, 64, false},
+                      {2 * 257, 257, false}, {2048, 2048, true}, {3, 600000, true}};
+  for (const S& s : causal) {
+    const SoftmaxAttrs a{s.rows, s.cols, true};
+    const std::string v = n(s.rows) + "x" + n(s.cols) + ".causal";
+    t.add(v, OpKind::SoftmaxForward, a, {uni(-5.f, 5.f)}, {kOut}, Check::reduction, false).large = s.large;
+  }
+  // Backward ignores `causal`: dx = y (dy - y.dy) for any y (a causal forward's y is 0 after the diagonal).
+  t.add("12x3.causal", OpKind::SoftmaxBackward, SoftmaxAttrs{12, 3, true}, {uni(0.f, 1.f), kF}, {kOut},
+        Check::reduction, false);
+
+  auto g = [&](std::string variant, OpKind k, OpAttrs a, V in, Check check) {
+    t.add("grad." + std::move(variant), k, std::move(a), std::move(in), {kOut}, check, false).gradcheck = true;
+  };
+  for (int tr = 0; tr < 4; ++tr)
+    g(std::string(tn[tr]) + ".3x5x4x3.alpha0.5", OpKind::BatchedGemm,
+      GemmAttrs{5, 4, 3, (tr & 2) != 0, (tr & 1) != 0, 0.5f, 0.f, 3}, {kF, kF}, Check::reduction);
+  PermuteAttrs p;
+  p.rank = 5, p.dims = {2, 3, 3, 2, 2}, p.perm = {2, 0, 3, 1, 4};
+  g("2x3x3x2x2.perm20314", OpKind::Permute, p, {kF}, Check::elementwise);
+  g("10x5.causal", OpKind::SoftmaxForward, SoftmaxAttrs{10, 5, true}, {uni(-2.f, 2.f)}, Check::reduction);
+}
+
 std::vector<OpCase> build() {
   Table t;
   gradient_cases(t);
@@ -595,6 +678,7 @@ std::vector<OpCase> build() {
   layer_norm_cases(t);
   embedding_cases(t);
   clip_cases(t);
+  attention_cases(t);
   long_loop_cases(t);
   return std::move(t.cases);
 }

@@ -432,6 +432,8 @@ LayerFactory factory() {
 
 }  // namespace
 
+std::unique_ptr<Layer> make_attention_layer(const ConfigNode& c);  // attention_layer.cpp
+
 void register_builtin_layers(Registry& reg) {
   reg.add_layer("dense", factory<DenseLayer>());
   reg.add_layer("conv2d", factory<Conv2dLayer>());
@@ -448,6 +450,7 @@ void register_builtin_layers(Registry& reg) {
   reg.add_layer("global_avg_pool2d", factory<GlobalAvgPoolLayer>());
   reg.add_layer("add", factory<AddLayer>());
   reg.add_layer("concat", factory<ConcatLayer>());
+  reg.add_layer("attention", make_attention_layer);
 }
 
 }  // namespace kiln

@@ -21,7 +21,7 @@ constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAt
                                       "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",    "ElementwiseAttrs",
                                       "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs", "SgdAttrs",
                                       "AdamAttrs",       "RmspropAttrs", "EmaAttrs",     "EmbeddingAttrs",
-                                      "LayerNormAttrs",  "CustomAttrs"};
+                                      "LayerNormAttrs",  "PermuteAttrs", "CustomAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 template <class T, size_t... I>
@@ -64,10 +64,34 @@ void check_strides(std::string_view op, int64_t sh, int64_t sw) {
 
 // ---- buffer sizes -------------------------------------------------------------------------------------------
 
-OpArity gemm_arity(const OpAttrs& attrs) {
-  const auto& a = attrs_as<GemmAttrs>("gemm", attrs);
-  check_dims("gemm", {{"m", a.m}, {"n", a.n}, {"k", a.k}});
-  return {{product("gemm", {a.m, a.k}), product("gemm", {a.k, a.n})}, {product("gemm", {a.m, a.n})}};
+OpArity gemm_arity(OpKind kind, const OpAttrs& attrs) {
+  const std::string_view op = kind == OpKind::Gemm ? "gemm" : "batched_gemm";
+  const auto& a = attrs_as<GemmAttrs>(op, attrs);
+  check_dims(op, {{"m", a.m}, {"n", a.n}, {"k", a.k}, {"batch", a.batch}});
+  if (kind == OpKind::Gemm && a.batch != 1)
+    throw Error(op_label(op) + ": batch must be 1, found " + std::to_string(a.batch) + " (batched products are batched_gemm)");
+  return {{product(op, {a.batch, a.m, a.k}), product(op, {a.batch, a.k, a.n})}, {product(op, {a.batch, a.m, a.n})}};
+}
+
+// y's axis i is x's axis perm[i]; the arity checks that perm is a permutation of [0, rank).
+OpArity permute_arity(const OpAttrs& attrs) {
+  const auto& a = attrs_as<PermuteAttrs>("permute", attrs);
+  if (a.rank < 1 || a.rank > kPermuteMaxRank)
+    throw Error(op_label("permute") + ": rank must be in [1, " + std::to_string(kPermuteMaxRank) + "], found " +
+                std::to_string(a.rank));
+  int64_t n = 1;
+  bool seen[kPermuteMaxRank] = {};
+  for (int64_t i = 0; i < a.rank; ++i) {
+    const std::string key = "dims[" + std::to_string(i) + "]";
+    check_dims("permute", {{key.c_str(), a.dims[i]}});
+    n = product("permute", {n, a.dims[i]});
+    const int64_t p = a.perm[i];
+    if (p < 0 || p >= a.rank || seen[p])
+      throw Error(op_label("permute") + ": perm must be a permutation of 0.." + std::to_string(a.rank - 1) +
+                  ", perm[" + std::to_string(i) + "] is " + std::to_string(p));
+    seen[p] = true;
+  }
+  return {{n}, {n}};
 }
 
 OpArity bias_arity(OpKind k, const OpAttrs& attrs) {
@@ -138,15 +162,32 @@ void gemm_grad(GradContext& g) {
   const Node& n = g.node();
   const auto& a = std::get<GemmAttrs>(n.attrs);
   if (a.beta != 0.f) throw Error("layer '" + n.layer + "': gemm with beta != 0 has no gradient rule");
+  // Gemm and BatchedGemm alike: the same products on each of the `batch` matrices.
   const TensorId A = n.in[0], B = n.in[1], dy = g.dy();
+  const OpKind k = n.kind;
+  const int64_t b = a.batch;
   if (g.needs_grad(A)) {
-    if (!a.trans_a) g.emit_grad(A, OpKind::Gemm, GemmAttrs{a.m, a.k, a.n, false, !a.trans_b, a.alpha, 0.f}, {dy, B});
-    else g.emit_grad(A, OpKind::Gemm, GemmAttrs{a.k, a.m, a.n, a.trans_b, true, a.alpha, 0.f}, {B, dy});
+    if (!a.trans_a) g.emit_grad(A, k, GemmAttrs{a.m, a.k, a.n, false, !a.trans_b, a.alpha, 0.f, b}, {dy, B});
+    else g.emit_grad(A, k, GemmAttrs{a.k, a.m, a.n, a.trans_b, true, a.alpha, 0.f, b}, {B, dy});
   }
   if (g.needs_grad(B)) {
-    if (!a.trans_b) g.emit_grad(B, OpKind::Gemm, GemmAttrs{a.k, a.n, a.m, !a.trans_a, false, a.alpha, 0.f}, {A, dy});
-    else g.emit_grad(B, OpKind::Gemm, GemmAttrs{a.n, a.k, a.m, true, a.trans_a, a.alpha, 0.f}, {dy, A});
+    if (!a.trans_b) g.emit_grad(B, k, GemmAttrs{a.k, a.n, a.m, !a.trans_a, false, a.alpha, 0.f, b}, {A, dy});
+    else g.emit_grad(B, k, GemmAttrs{a.n, a.k, a.m, true, a.trans_a, a.alpha, 0.f, b}, {dy, A});
   }
+}
+
+// The inverse permutation, applied to y's shape.
+void permute_grad(GradContext& g) {
+  const Node& n = g.node();
+  if (!g.needs_grad(n.in[0])) return;
+  const auto& a = std::get<PermuteAttrs>(n.attrs);
+  PermuteAttrs inv;
+  inv.rank = a.rank;
+  for (int64_t i = 0; i < a.rank; ++i) {
+    inv.dims[i] = a.dims[a.perm[i]];
+    inv.perm[a.perm[i]] = i;
+  }
+  g.emit_grad(n.in[0], OpKind::Permute, inv, {g.dy()});
 }
 
 void bias_add_grad(GradContext& g) {
@@ -306,6 +347,7 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
         using A = std::decay_t<decltype(a)>;
         if constexpr (std::is_same_v<A, GemmAttrs>) {
           put(k, a.m), put(k, a.n), put(k, a.k), put(k, a.trans_a), put(k, a.trans_b), put(k, a.alpha), put(k, a.beta);
+          put(k, a.batch);
         } else if constexpr (std::is_same_v<A, BiasAttrs>) {
           put(k, a.outer), put(k, a.channels), put(k, a.inner);
         } else if constexpr (std::is_same_v<A, ConvAttrs>) {
@@ -317,7 +359,7 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
         } else if constexpr (std::is_same_v<A, ActivationAttrs>) {
           put(k, a.act), put(k, a.count);
         } else if constexpr (std::is_same_v<A, SoftmaxAttrs>) {
-          put(k, a.rows), put(k, a.cols);
+          put(k, a.rows), put(k, a.cols), put(k, a.causal);
         } else if constexpr (std::is_same_v<A, LossAttrs>) {
           put(k, a.rows), put(k, a.cols), put(k, a.scale), put(k, a.from_logits), put(k, a.soft_labels);
         } else if constexpr (std::is_same_v<A, ElementwiseAttrs>) {
@@ -342,6 +384,9 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
           put(k, a.rows), put(k, a.vocab), put(k, a.dim);
         } else if constexpr (std::is_same_v<A, LayerNormAttrs>) {
           put(k, a.rows), put(k, a.cols), put(k, a.eps), put(k, a.bias);
+        } else if constexpr (std::is_same_v<A, PermuteAttrs>) {
+          put(k, a.rank);
+          for (int64_t i = 0; i < a.rank && i < kPermuteMaxRank; ++i) put(k, a.dims[i]), put(k, a.perm[i]);
         } else {
           static_assert(std::is_same_v<A, CustomAttrs>, "every OpAttrs alternative has a key");
           put(k, a.ints.size()), put(k, a.floats.size());
@@ -386,9 +431,21 @@ std::vector<OpDesc> build_builtins() {
   auto set = [&](K k, OpDesc d) { t[static_cast<size_t>(k)] = std::move(d); };
 
   {
-    OpDesc d = desc<GemmAttrs>("gemm", gemm_arity, ref_of<GemmAttrs, ref::gemm>());
+    OpDesc d = desc<GemmAttrs>("gemm", [](const OpAttrs& a) { return gemm_arity(K::Gemm, a); },
+                               ref_of<GemmAttrs, ref::gemm>());
     d.grad = gemm_grad;
     set(K::Gemm, std::move(d));
+  }
+  {
+    OpDesc d = desc<GemmAttrs>("batched_gemm", [](const OpAttrs& a) { return gemm_arity(K::BatchedGemm, a); },
+                               ref_of<GemmAttrs, ref::batched_gemm>());
+    d.grad = gemm_grad;
+    set(K::BatchedGemm, std::move(d));
+  }
+  {
+    OpDesc d = desc<PermuteAttrs>("permute", permute_arity, ref_of<PermuteAttrs, ref::permute>());
+    d.grad = permute_grad;
+    set(K::Permute, std::move(d));
   }
   {
     OpDesc d = desc<BiasAttrs>("bias_add", [](const OpAttrs& a) { return bias_arity(K::BiasAdd, a); },

@@ -25,6 +25,10 @@ void layer_norm(OpKind k, const LayerNormAttrs& a, In in, Out out);
 void sum_squares(const ElementwiseAttrs& a, In in, Out out);
 void clip_by_global_norm(const ElementwiseAttrs& a, In in, Out out);
 
+// reference_attention.cpp: the ops attention is built from.
+void batched_gemm(const GemmAttrs& a, In in, Out out);
+void permute(const PermuteAttrs& a, In in, Out out);
+
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);
 void pool(OpKind k, const PoolAttrs& a, In in, Out out);

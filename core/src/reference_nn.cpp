@@ -214,11 +214,13 @@ void softmax(OpKind kind, const SoftmaxAttrs& a, In in, Out out) {
     const int64_t off = r * a.cols;
     if (kind == OpKind::SoftmaxForward) {
       const float* x = in[0] + off;
+      const int64_t valid = a.causal && a.cols > 0 ? r % a.cols + 1 : a.cols;  // causal: columns after r % cols are masked
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < a.cols; ++j) mx = std::max<double>(mx, x[j]);
+      for (int64_t j = 0; j < valid; ++j) mx = std::max<double>(mx, x[j]);
       double sum = 0;
-      for (int64_t j = 0; j < a.cols; ++j) sum += std::exp(double(x[j]) - mx);
-      for (int64_t j = 0; j < a.cols; ++j) out[0][off + j] = static_cast<float>(std::exp(double(x[j]) - mx) / sum);
+      for (int64_t j = 0; j < valid; ++j) sum += std::exp(double(x[j]) - mx);
+      for (int64_t j = 0; j < valid; ++j) out[0][off + j] = static_cast<float>(std::exp(double(x[j]) - mx) / sum);
+      for (int64_t j = valid; j < a.cols; ++j) out[0][off + j] = 0.f;
     } else {
       const float* y = in[0] + off;
       const float* dy = in[1] + off;

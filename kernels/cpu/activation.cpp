@@ -69,16 +69,19 @@ void activation_backward(const ActivationAttrs& a, const float* y, const float* 
 
 void softmax_forward(const SoftmaxAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t cols = a.cols;
+  if (cols == 0) return;
   parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const float* xr = x + r * cols;
       float* yr = y + r * cols;
+      const int64_t valid = a.causal ? r % cols + 1 : cols;  // causal: the columns after r % cols are masked
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, xr[j]);
-      const float inv = 1.f / exp_shift_sum(xr, mx, yr, cols);
+      for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, xr[j]);
+      const float inv = 1.f / exp_shift_sum(xr, mx, yr, valid);
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) yr[j] *= inv;
+      for (int64_t j = 0; j < valid; ++j) yr[j] *= inv;
+      std::fill(yr + valid, yr + cols, 0.f);
     }
   });
 }

@@ -82,6 +82,10 @@ void clip_by_global_norm(const ElementwiseAttrs& a, const float* s, float* x, Th
 void embedding_forward(const EmbeddingAttrs& a, const float* ids, const float* table, float* y, ThreadPool& pool);
 void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* dy, float* dtable, ThreadPool& pool);
 
+// attention.cpp: batched GEMM (GemmAttrs::batch matrices one after another) and axis permutation.
+void batched_gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPool& pool);
+void permute(const PermuteAttrs& a, const float* x, float* y, ThreadPool& pool);
+
 // layer_norm.cpp (beta / dbeta null without bias)
 void layer_norm_forward(const LayerNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
                         float* mean, float* rstd, ThreadPool& pool);

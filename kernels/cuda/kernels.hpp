@@ -61,13 +61,21 @@ void embedding_backward(cudaStream_t s, const float* ids, const float* dy, float
 // ---- reduce.cu
 void bias_grad(cudaStream_t s, const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner);
 void reduce_sum(cudaStream_t s, const float* x, float* y, int64_t outer, int64_t reduce, int64_t inner);
-void softmax_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);
+// causal: row r keeps columns j <= r % cols, the others get 0 (attention's mask).
+void softmax_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols, bool causal = false);
 // ---- layer_norm.cu (beta / dbeta null without bias)
 void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                         float* rstd, int64_t rows, int64_t cols, float eps);
 void layer_norm_backward(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
                          const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 void softmax_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+
+// ---- attention.cu: y = x with permuted axes; y's axis i has ydims[i] entries, x stride steps[i] (rank <= 6).
+struct PermuteShape {
+  int rank;
+  int64_t ydims[6], steps[6];
+};
+void permute(cudaStream_t s, const float* x, float* y, const PermuteShape& p, int64_t n);
 
 // ---- loss.cu: fused loss value + gradient. The value is summed deterministically (fixed order, in double)
 // through `workspace`, which must hold loss_workspace_bytes(kind, rows, cols).

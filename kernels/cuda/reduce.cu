@@ -41,18 +41,20 @@ __global__ void bias_grad_kernel(const float* dy, float* db, int64_t outer, int6
   }
 }
 
-__global__ void softmax_forward_kernel(const float* x, float* y, int64_t rows, int64_t cols) {
+// causal: row r keeps columns j <= r % cols (attention's mask), the others get 0.
+__global__ void softmax_forward_kernel(const float* x, float* y, int64_t rows, int64_t cols, bool causal) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
+    const int64_t valid = causal ? r % cols + 1 : cols;
     double mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) mx = fmax(mx, static_cast<double>(xr[j]));
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmax(mx, static_cast<double>(xr[j]));
     mx = block_reduce(mx, MaxOp{});
     double sum = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) sum += exp(static_cast<double>(xr[j]) - mx);
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += exp(static_cast<double>(xr[j]) - mx);
     sum = block_reduce(sum, SumOp{});
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      yr[j] = static_cast<float>(exp(static_cast<double>(xr[j]) - mx) / sum);
+      yr[j] = j < valid ? static_cast<float>(exp(static_cast<double>(xr[j]) - mx) / sum) : 0.f;
   }
 }
 
@@ -91,9 +93,9 @@ void bias_grad(cudaStream_t s, const float* dy, float* db, int64_t outer, int64_
   KILN_CUDA_LAUNCHED("bias_grad_kernel");
 }
 
-void softmax_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols) {
+void softmax_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols, bool causal) {
   if (rows == 0 || cols == 0) return;
-  softmax_forward_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(x, y, rows, cols);
+  softmax_forward_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(x, y, rows, cols, causal);
   KILN_CUDA_LAUNCHED("softmax_forward_kernel");
 }
 

@@ -52,9 +52,12 @@ enum class OpKind : uint16_t {
   // with t the tanh above; silu dy * s (1 + x (1 - s)), s = sigmoid(x).
   // in: y or x, dy; out: dx (may alias dy).
   ActivationBackward,
-  // Row-wise softmax over `cols`, max-subtracted. in: x(rows, cols); out: y.
+  // Row-wise softmax over `cols`, max-subtracted. in: x(rows, cols); out: y. With `causal` (attention scores
+  // (..., T, T), cols = T): row r keeps columns j <= r % cols and gives the others probability exactly 0
+  // (PyTorch's masked_fill(-inf) then softmax); x there is never read.
   SoftmaxForward,
-  // dx = y * (dy - sum_j dy_j * y_j) per row. in: y, dy; out: dx.
+  // dx = y * (dy - sum_j dy_j * y_j) per row. in: y, dy; out: dx. `causal` changes nothing (y is 0 where the
+  // forward masked, so dx is 0 there).
   SoftmaxBackward,
   // Fused forward+backward sparse softmax cross-entropy from logits. in: logits(rows, cols), labels(rows) holding
   // class indices as floats in [0, cols). out: loss(1) = scale * sum_r -log softmax(x_r)[label_r];
@@ -128,6 +131,13 @@ enum class OpKind : uint16_t {
   // Scales x by PyTorch's clip_grad_norm_ coefficient from a sum of squares s (SumSquares over every gradient):
   // x *= min(1, alpha / (sqrt(s) + 1e-6)), alpha = the maximum norm. in: s(1); out: x(count) (read-write).
   ClipByGlobalNorm,
+  // Gemm on `batch` independent matrices stored one after another: y_b = alpha * op(A_b) * op(B_b) + beta * y_b
+  // with A_b at b*m*k, B_b at b*k*n, y_b at b*m*n (PyTorch's torch.bmm / a @ b on (batch, ., .) tensors). The
+  // same GemmAttrs; Gemm itself requires batch == 1. in: A, B; out: y (read when beta != 0).
+  BatchedGemm,
+  // y = x with its axes permuted: x viewed as (dims[0], ..., dims[rank-1]), y's axis i is x's axis perm[i]
+  // (numpy's transpose, PyTorch's permute followed by contiguous), y dense row-major. in: x; out: y.
+  Permute,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
@@ -140,6 +150,7 @@ struct GemmAttrs {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   float alpha = 1.f, beta = 0.f;
+  int64_t batch = 1;  // BatchedGemm: how many (m, n) products; Gemm: 1
 };
 // BiasAdd, BiasGrad: tensors viewed as (outer, channels, inner).
 struct BiasAttrs {
@@ -165,6 +176,7 @@ struct ActivationAttrs {
 };
 struct SoftmaxAttrs {
   int64_t rows = 0, cols = 0;
+  bool causal = false;  // SoftmaxForward: row r sees columns j <= r % cols only
 };
 struct LossAttrs {
   int64_t rows = 0, cols = 0;
@@ -217,6 +229,13 @@ struct LayerNormAttrs {
   float eps = 1e-5f;
   bool bias = true;  // beta (and dbeta) present
 };
+// Permute: up to kPermuteMaxRank axes.
+inline constexpr int kPermuteMaxRank = 6;
+struct PermuteAttrs {
+  int64_t rank = 0;
+  std::array<int64_t, kPermuteMaxRank> dims{};  // x's shape; entries past rank are ignored
+  std::array<int64_t, kPermuteMaxRank> perm{};  // y's axis i is x's axis perm[i], a permutation of [0, rank)
+};
 // Attributes of an op registered by a plugin (op_table.hpp): its own integers and floats, in its own order.
 struct CustomAttrs {
   std::vector<int64_t> ints;
@@ -225,7 +244,7 @@ struct CustomAttrs {
 
 using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
                              ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
-                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, LayerNormAttrs, CustomAttrs>;
+                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, LayerNormAttrs, PermuteAttrs, CustomAttrs>;
 
 // Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
 // (op_table.hpp holds every op's descriptor; these are lookups into it).
