@@ -36,10 +36,11 @@ install_missing() {
 # Conan 2 for the suite's conan_package test (tests/conan_package_test.sh), with pip in a virtual environment:
 # .venv-tools (gitignored). Without it (no network) that test reports Skipped.
 conan_tools() {
-  [ -x .venv-tools/bin/conan ] && return 0
-  echo "== installing Conan 2 into .venv-tools (for the conan_package test)"
-  { python3 -m venv .venv-tools && .venv-tools/bin/pip install -q --retries 2 --timeout 60 'conan>=2,<3'; } ||
-    { rm -rf .venv-tools; echo "== could not install Conan 2: the conan_package test will be skipped"; }
+  [ -x .venv-tools/bin/conan ] && .venv-tools/bin/python -c 'import tensorboard' 2>/dev/null && return 0
+  echo "== installing Conan 2 and TensorBoard's reader into .venv-tools (for the conan_package and tensorboard tests)"
+  { { [ -x .venv-tools/bin/pip ] || python3 -m venv .venv-tools; } &&
+    .venv-tools/bin/pip install -q --retries 2 --timeout 60 'conan>=2,<3' tensorboard; } ||
+    echo "== could not install Conan 2 / TensorBoard: the conan_package and TensorBoard-reader tests will be skipped"
 }
 
 # KILN_ARCH: x86-64-v3 (AVX2/FMA, what the CPU kernels are written and measured for) where this CPU has it, so

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
-# Kiln against PyTorch step for step: the same initial weights (Kiln's, read from its checkpoint), the same batches in
-# the same order, Adam with the same epsilon; prints the weight differences after N steps.
-#   bench/accuracy/equivalence.sh [build-dir] [steps]
+# Kiln against PyTorch step for step, from the same initial weights (Kiln's, read from its checkpoint).
+#   bench/accuracy/equivalence.sh [build-dir] [steps] [mlp|gpt|all]
+# mlp: the Fashion-MNIST MLP, the same batches in the same order, Adam with the same epsilon; prints the weight
+#      differences after N steps (default 5).
+# gpt: samples/shakespeare_char.toml (nanoGPT's GPT) with the text source's sequential windows, AdamW, warmup and
+#      clipping; prints each step's loss beside PyTorch's and fails when any differs by more than 1e-4 relative
+#      (default 100 steps).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-B="${1:-build}" N="${2:-5}"
+B="${1:-build}" N="${2:-}" WHAT="${3:-all}"
 w=$(mktemp -d)
 trap 'rm -rf "$w"' EXIT
-cfg=bench/accuracy/mlp_equivalence.toml
-# Initial weights: one SGD step with a learning rate of 1e-30 leaves them unchanged and writes a checkpoint.
-"$B/bin/kiln" train "$cfg" --set optimizer.type='"sgd"' --set optimizer.learning_rate=1e-30 \
-  --set train.steps_per_epoch=1 --set train.output_dir="\"$w/init\"" >/dev/null
-"$B/bin/kiln" train "$cfg" --set train.steps_per_epoch="$N" --set train.output_dir="\"$w/trained\"" >/dev/null
-OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/accuracy/equivalence.py "$w/init/checkpoint.kiln" "$w/trained/checkpoint.kiln" "$N"
+export OPENBLAS_NUM_THREADS=1
+if [ "$WHAT" = mlp ] || [ "$WHAT" = all ]; then
+  n=${N:-5}
+  cfg=bench/accuracy/mlp_equivalence.toml
+  # Initial weights: one SGD step with a learning rate of 1e-30 leaves them unchanged and writes a checkpoint.
+  "$B/bin/kiln" train "$cfg" --set optimizer.type='"sgd"' --set optimizer.learning_rate=1e-30 \
+    --set train.steps_per_epoch=1 --set train.output_dir="\"$w/init\"" >/dev/null
+  "$B/bin/kiln" train "$cfg" --set train.steps_per_epoch="$n" --set train.output_dir="\"$w/trained\"" >/dev/null
+  /usr/bin/python3 bench/accuracy/equivalence.py "$w/init/checkpoint.kiln" "$w/trained/checkpoint.kiln" "$n"
+fi
+if [ "$WHAT" = gpt ] || [ "$WHAT" = all ]; then
+  n=${N:-100}
+  cfg=samples/shakespeare_char.toml
+  seq=(--set 'data.train.stages[0].sampling="sequential"' --set train.evaluate=false --set train.epochs=1
+       --set 'train.progress="none"')
+  # Initial weights: one AdamW step at a learning rate of 1e-30 changes no weight (every update rounds away).
+  "$B/bin/kiln" train "$cfg" "${seq[@]}" --set optimizer.learning_rate=1e-30 \
+    --set optimizer.schedule.min_learning_rate=0 --set train.steps_per_epoch=1 --set train.output_dir="\"$w/ginit\"" >/dev/null
+  "$B/bin/kiln" train "$cfg" "${seq[@]}" --set train.steps_per_epoch="$n" --set log.every_steps=1 \
+    --set train.output_dir="\"$w/gtrained\"" >/dev/null
+  /usr/bin/python3 bench/accuracy/gpt_equivalence.py "$w/ginit/checkpoint.kiln" "$w/gtrained/metrics.jsonl" "$n"
+fi

@@ -26,33 +26,26 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-ap.add_argument("--iters", type=int, default=2000)
-ap.add_argument("--seed", type=int, default=1337)
-ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "../../samples/data/tinyshakespeare/input.txt"))
-args = ap.parse_args()
-if args.threads:
-    torch.set_num_threads(args.threads)
-torch.manual_seed(args.seed)
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../samples/data/tinyshakespeare/input.txt")
 
-# data/shakespeare_char/prepare.py
-text = open(args.data, encoding="utf-8").read()
-chars = sorted(set(text))
-stoi = {c: i for i, c in enumerate(chars)}
-ids = np.array([stoi[c] for c in text], dtype=np.uint16)
-n = len(ids)
-train_data, val_data = ids[: int(n * 0.9)], ids[int(n * 0.9):]
+
+def load_data(path=DATA):  # data/shakespeare_char/prepare.py
+    text = open(path, encoding="utf-8").read()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    n = len(ids)
+    return ids[: int(n * 0.9)], ids[int(n * 0.9):], len(chars)
+
 
 block_size, batch_size, n_layer, n_head, n_embd = 64, 12, 4, 4, 128
-vocab_size = len(chars)
+vocab_size = 65
 learning_rate, min_lr, warmup_iters, lr_decay_iters = 1e-3, 1e-4, 100, 2000
 weight_decay, beta1, beta2, grad_clip = 1e-1, 0.9, 0.99, 1.0
 eval_interval, eval_iters = 250, 20
 
 
-def get_batch(split):  # train.py's get_batch (memmap + random offsets)
-    data = train_data if split == "train" else val_data
+def get_batch(data):  # train.py's get_batch (memmap + random offsets)
     ix = torch.randint(len(data) - block_size, (batch_size,))
     x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix])
@@ -135,12 +128,12 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-model = GPT()
-params = [p for p in model.parameters() if p.requires_grad]
-decay = [p for p in params if p.dim() >= 2]
-nodecay = [p for p in params if p.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": nodecay, "weight_decay": 0.0}],
-                              lr=learning_rate, betas=(beta1, beta2))
+def make_optimizer(model):  # model.py's configure_optimizers
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    nodecay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": nodecay, "weight_decay": 0.0}],
+                             lr=learning_rate, betas=(beta1, beta2))
 
 
 def get_lr(it):  # train.py
@@ -152,37 +145,57 @@ def get_lr(it):  # train.py
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-@torch.no_grad()
-def estimate_loss():
-    model.eval()
-    out = {}
-    for split in ("train", "val"):
-        out[split] = torch.stack([model(*get_batch(split)) for _ in range(eval_iters)]).mean().item()
-    model.train()
-    return out
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--data", default=DATA)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    train_data, val_data, vs = load_data(args.data)
+    assert vs == vocab_size, vs
+    model = GPT()
+    optimizer = make_optimizer(model)
+
+    @torch.no_grad()
+    def estimate_loss():
+        model.eval()
+        out = {}
+        for split, data in (("train", train_data), ("val", val_data)):
+            out[split] = torch.stack([model(*get_batch(data)) for _ in range(eval_iters)]).mean().item()
+        model.train()
+        return out
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', '-')}, {sum(p.numel() for p in model.parameters())} parameters, "
+          f"vocab {vocab_size}")
+    t0 = time.time()
+    t_eval = 0.0
+    X, Y = get_batch(train_data)
+    for it in range(args.iters + 1):
+        for g in optimizer.param_groups:
+            g["lr"] = get_lr(it)
+        if it % eval_interval == 0:
+            te = time.time()
+            losses = estimate_loss()
+            t_eval += time.time() - te
+            print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, {time.time() - t0:.1f} s",
+                  flush=True)
+        if it == args.iters:
+            break
+        loss = model(X, Y)
+        X, Y = get_batch(train_data)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    wall = time.time() - t0
+    print(f"pytorch: {args.iters} iterations in {wall:.1f} s ({(wall - t_eval) / args.iters * 1e3:.2f} ms per training "
+          f"iteration, evaluations {t_eval:.1f} s), final val loss {losses['val']:.4f}")
 
 
-print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OPENBLAS_NUM_THREADS="
-      f"{os.environ.get('OPENBLAS_NUM_THREADS', '-')}, {sum(p.numel() for p in params)} parameters, vocab {vocab_size}")
-t0 = time.time()
-t_eval = 0.0
-X, Y = get_batch("train")
-for it in range(args.iters + 1):
-    for g in optimizer.param_groups:
-        g["lr"] = get_lr(it)
-    if it % eval_interval == 0:
-        te = time.time()
-        losses = estimate_loss()
-        t_eval += time.time() - te
-        print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, {time.time() - t0:.1f} s", flush=True)
-    if it == args.iters:
-        break
-    loss = model(X, Y)
-    X, Y = get_batch("train")
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-wall = time.time() - t0
-print(f"pytorch: {args.iters} iterations in {wall:.1f} s ({(wall - t_eval) / args.iters * 1e3:.2f} ms per training "
-      f"iteration, evaluations {t_eval:.1f} s), final val loss {losses['val']:.4f}")
+if __name__ == "__main__":
+    main()

@@ -154,6 +154,7 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     if (train_.log_every_steps < 0)
       l->fail("every_steps", "expected 0 (epoch records only) or a positive number of steps, got " +
                                  std::to_string(train_.log_every_steps));
+    train_.tensorboard = l->get_bool("tensorboard", false);
     l->finish();
   }
 

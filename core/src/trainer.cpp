@@ -23,6 +23,7 @@
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "run_dir.hpp"
+#include "tensorboard.hpp"
 
 namespace kiln {
 
@@ -665,6 +666,9 @@ TrainReport Trainer::run() {
   if (!metrics)
     throw Error(metrics_path + ": cannot open the metrics file for writing (the output directory comes from " + dir_key +
                 ")");
+  // [log] tensorboard: the same scalars as metrics.jsonl, in a new event file per process (TensorBoard reads them all).
+  std::unique_ptr<TensorBoardWriter> tb;
+  if (ts.tensorboard) tb = std::make_unique<TensorBoardWriter>(ts.output_dir);
 
   TrainReport report;
   auto t_run = Clock::now();
@@ -778,6 +782,11 @@ TrainReport Trainer::run() {
         if (!s_.devices().empty() && s_.devices().front().allocator)
           metrics << ",\"device_memory_in_use\":" << s_.devices().front().allocator->stats().in_use;
         metrics << "}\n";
+        if (tb) {
+          std::vector<std::pair<std::string, double>> v{{"loss", r.total_loss}, {"learning_rate", sc.lr}};
+          if (r.grad_norm >= 0) v.emplace_back("grad_norm", r.grad_norm);
+          tb->scalars(step, v);
+        }
       }
       prog.update(batches, loss_sum / static_cast<double>(examples), static_cast<double>(examples) / el,
                   el / static_cast<double>(batches), false, extra());
@@ -880,6 +889,14 @@ TrainReport Trainer::run() {
                 << ",\"test_accuracies\":" << per_head(em.test_accuracies, true);
     }
     metrics << "}\n" << std::flush;
+    if (tb) {
+      std::vector<std::pair<std::string, double>> v{{"train_loss", em.train_loss}};
+      if (em.test_loss >= 0) v.emplace_back("test_loss", em.test_loss);
+      if (em.test_accuracy >= 0) v.emplace_back("test_accuracy", em.test_accuracy);
+      if (em.grad_norm >= 0) v.emplace_back("epoch_grad_norm", em.grad_norm);
+      tb->scalars(step, v);
+      tb->flush();
+    }
     report.epochs.push_back(em);
     const int stop_signal = g_stop_signal.load();
     const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;

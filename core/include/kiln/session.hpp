@@ -47,6 +47,8 @@ struct TrainSettings {
   bool device_prefetch = true;
   // [log] every_steps: a "step" record in metrics.jsonl every this many steps (0 = epoch records only).
   int64_t log_every_steps = 0;
+  // [log] tensorboard: also write the step and epoch scalars as TensorBoard event files in output_dir.
+  bool tensorboard = false;
 };
 
 // Memory settings of [memory] that are not graph savers (those live in ModelSpec::savers).
