@@ -112,6 +112,15 @@ struct CpuKernels {
                         a.bias ? out(c, 2) : nullptr, d.pool_);
   }
 
+  static void bn_fwd(CpuDevice& d, const OpCall& c) {
+    batch_norm_forward(at<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1), out(c, 2), out(c, 3),
+                       out(c, 4), d.pool_);
+  }
+  static void bn_bwd(CpuDevice& d, const OpCall& c) {
+    batch_norm_backward(at<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0), out(c, 1),
+                        out(c, 2), d.pool_);
+  }
+
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
       {OpKind::Gemm, gemm},
@@ -150,6 +159,8 @@ struct CpuKernels {
       {OpKind::EmbeddingBackward, embed_bwd},
       {OpKind::LayerNormForward, ln_fwd},
       {OpKind::LayerNormBackward, ln_bwd},
+      {OpKind::BatchNormForward, bn_fwd},
+      {OpKind::BatchNormBackward, bn_bwd},
   };
 };
 

@@ -182,6 +182,8 @@ void run_op(Encoder& e, const OpCall& c) {
     case OpKind::EmbeddingBackward: return run_embedding(e, c);
     case OpKind::LayerNormForward:
     case OpKind::LayerNormBackward: return run_layer_norm(e, c);
+    case OpKind::BatchNormForward:
+    case OpKind::BatchNormBackward: return run_batch_norm(e, c);
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

@@ -424,6 +424,8 @@ LayerFactory factory() {
 
 }  // namespace
 
+void register_batch_norm_layer(Registry& reg);  // layer_batch_norm.cpp
+
 void register_builtin_layers(Registry& reg) {
   reg.add_layer("dense", factory<DenseLayer>());
   reg.add_layer("conv2d", factory<Conv2dLayer>());
@@ -435,6 +437,7 @@ void register_builtin_layers(Registry& reg) {
   reg.add_layer("gelu", factory<GeluLayer>());
   reg.add_layer("silu", factory<SiluLayer>());
   reg.add_layer("layer_norm", factory<LayerNormLayer>());
+  register_batch_norm_layer(reg);
   reg.add_layer("embedding", factory<EmbeddingLayer>());
   reg.add_layer("positional_embedding", factory<PositionalEmbeddingLayer>());
   reg.add_layer("global_avg_pool2d", factory<GlobalAvgPoolLayer>());

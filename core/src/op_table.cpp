@@ -21,7 +21,7 @@ constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAt
                                       "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",    "ElementwiseAttrs",
                                       "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs", "SgdAttrs",
                                       "AdamAttrs",       "RmspropAttrs", "EmaAttrs",     "EmbeddingAttrs",
-                                      "LayerNormAttrs",  "CustomAttrs"};
+                                      "LayerNormAttrs",  "BatchNormAttrs", "CustomAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 template <class T, size_t... I>
@@ -284,6 +284,31 @@ OpArity layer_norm_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
   return r;
 }
 
+// Batch norm's mean, rstd and running statistics are saved outputs: only y carries a gradient.
+void batch_norm_grad(GradContext& g) {
+  const Node& n = g.node();
+  std::vector<TensorId> parts;
+  for (size_t i = 0; i < 3; ++i) parts.push_back(g.new_tensor(g.shape(n.in[i])));
+  g.emit(OpKind::BatchNormBackward, n.attrs, {n.in[0], n.in[1], n.out[1], n.out[2], g.dy()}, parts);
+  for (size_t i = 0; i < 3; ++i)
+    if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);
+}
+
+OpArity batch_norm_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
+  const auto& a = attrs_as<BatchNormAttrs>(op, attrs);
+  check_dims(op, {{"n", a.n}, {"c", a.c}, {"inner", a.inner}});
+  if (!(a.eps > 0.f) || !std::isfinite(a.eps))
+    throw Error(op_label(op) + ": eps must be positive and finite, found " + std::to_string(a.eps));
+  if (!(a.momentum >= 0.f && a.momentum <= 1.f))
+    throw Error(op_label(op) + ": momentum must be in [0, 1], found " + std::to_string(a.momentum));
+  const int64_t x = product(op, {a.n, a.c, a.inner});
+  if (a.training && a.c > 0 && product(op, {a.n, a.inner}) < 2)
+    throw Error(op_label(op) + ": training needs more than 1 value per channel (n * inner = " +
+                std::to_string(a.n * a.inner) + "), as PyTorch's BatchNorm does");
+  if (k == OpKind::BatchNormForward) return {{x, a.c, a.c}, {x, a.c, a.c, a.c, a.c}};
+  return {{x, a.c, a.c, a.c, x}, {x, a.c, a.c}};
+}
+
 // A fused loss already computed its gradient w.r.t. the prediction (out[1]).
 void loss_grad(GradContext& g) {
   const Node& n = g.node();
@@ -342,6 +367,8 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
           put(k, a.rows), put(k, a.vocab), put(k, a.dim);
         } else if constexpr (std::is_same_v<A, LayerNormAttrs>) {
           put(k, a.rows), put(k, a.cols), put(k, a.eps), put(k, a.bias);
+        } else if constexpr (std::is_same_v<A, BatchNormAttrs>) {
+          put(k, a.n), put(k, a.c), put(k, a.inner), put(k, a.eps), put(k, a.momentum), put(k, a.training);
         } else {
           static_assert(std::is_same_v<A, CustomAttrs>, "every OpAttrs alternative has a key");
           put(k, a.ints.size()), put(k, a.floats.size());
@@ -611,6 +638,17 @@ std::vector<OpDesc> build_builtins() {
     if (k == K::LayerNormForward) {
       d.grad = layer_norm_grad;
       d.saved_outputs = {1, 2};
+    }
+    set(k, std::move(d));
+  }
+  for (auto [k, name] : {std::pair{K::BatchNormForward, "batch_norm_forward"},
+                         std::pair{K::BatchNormBackward, "batch_norm_backward"}}) {
+    OpDesc d = desc<BatchNormAttrs>(name,
+                                    [k = k, name = name](const OpAttrs& a) { return batch_norm_arity(k, name, a); },
+                                    ref_of<BatchNormAttrs, ref::batch_norm>(k));
+    if (k == K::BatchNormForward) {
+      d.grad = batch_norm_grad;
+      d.saved_outputs = {1, 2, 3, 4};
     }
     set(k, std::move(d));
   }

@@ -21,6 +21,8 @@ void rmsprop(const RmspropAttrs& a, In in, Out out);
 void ema(const EmaAttrs& a, In in, Out out);
 void embedding(OpKind k, const EmbeddingAttrs& a, In in, Out out);
 void layer_norm(OpKind k, const LayerNormAttrs& a, In in, Out out);
+// reference_batch_norm.cpp
+void batch_norm(OpKind k, const BatchNormAttrs& a, In in, Out out);
 
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);

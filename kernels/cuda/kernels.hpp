@@ -69,6 +69,14 @@ void layer_norm_backward(cudaStream_t s, const float* x, const float* gamma, con
                          const float* dy, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 void softmax_backward(cudaStream_t s, const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
 
+// ---- batch_norm.cu (x viewed as (n, c, inner); training updates the running statistics in place)
+void batch_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                        float* rstd, float* running_mean, float* running_var, int64_t n, int64_t c, int64_t inner,
+                        float eps, float momentum, bool training);
+void batch_norm_backward(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const float* dy, float* dx, float* dgamma, float* dbeta, int64_t n, int64_t c, int64_t inner,
+                         bool training);
+
 // ---- loss.cu: fused loss value + gradient. The value is summed deterministically (fixed order, in double)
 // through `workspace`, which must hold loss_workspace_bytes(kind, rows, cols).
 // softmax_cross_entropy_soft: labels are (rows, cols) class probabilities (LossAttrs::soft_labels).

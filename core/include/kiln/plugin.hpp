@@ -16,7 +16,7 @@
 namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
-inline constexpr int kApiVersion = 3;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline
+inline constexpr int kApiVersion = 4;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu; 4: BatchNormAttrs, TensorRole::buffer, LossAttrs::soft_labels, StageContext::pipeline
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif
