@@ -405,3 +405,34 @@ TEST_CASE("data_parallel batch norm: each replica normalizes with its own rows, 
   fresh->load_state(r->save_state());
   CHECK(fresh->eval_batch(batch, false).losses[0] == Approx(r->eval_batch(batch, false).losses[0]).epsilon(1e-6));
 }
+
+TEST_CASE("a recomputed batch-norm layer updates its running statistics once per step", "[batch_norm][memory]") {
+  auto backend = test::registry().backend("cpu")(BackendOptions::parse("threads = 1"));
+  auto dev = backend->open(0);
+  AllocatorOptions ao;
+  ao.limit = 256ull << 20;
+  Allocator alloc(*dev, ao);
+  const OptimizerSpec o = sgd();
+  std::map<std::string, std::vector<float>> got;
+  for (bool recompute : {false, true}) {
+    ModelSpec m = test::model_from(
+        "[model]\ninput_shape = [2, 6, 6]\n"
+        "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\n"
+        "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n"
+        "[[model.layers]]\nname = \"act\"\ntype = \"activation\"\nfunction = \"tanh\"\n"
+        "[[model.layers]]\nname = \"flat\"\ntype = \"flatten\"\n"
+        "[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 3\n");
+    if (recompute) {
+      m.savers.recompute = RecomputeMode::layers;
+      m.savers.recompute_layers = {"bn", "act"};
+    }
+    auto r = single_runner(m, o, *dev, alloc, 8);
+    const Element batch = test::random_batch(8, m.input_shape, 3, 4);
+    for (int s = 0; s < 3; ++s) r->train_step(batch, {s, 0.05f});
+    auto st = r->save_state();
+    got[recompute ? "recompute" : "plain"] = st.at("bn.running_mean").data;
+    got[recompute ? "recompute_var" : "plain_var"] = st.at("bn.running_var").data;
+  }
+  CHECK(got["plain"] == got["recompute"]);
+  CHECK(got["plain_var"] == got["recompute_var"]);
+}
