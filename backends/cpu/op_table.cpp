@@ -123,6 +123,15 @@ struct CpuKernels {
   }
   static void permute(CpuDevice& d, const OpCall& c) { cpu::permute(at<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool_); }
 
+  static void bn_fwd(CpuDevice& d, const OpCall& c) {
+    batch_norm_forward(at<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1), out(c, 2), out(c, 3),
+                       out(c, 4), d.pool_);
+  }
+  static void bn_bwd(CpuDevice& d, const OpCall& c) {
+    batch_norm_backward(at<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0), out(c, 1),
+                        out(c, 2), d.pool_);
+  }
+
   // Every built-in op, in OpKind order. This backend implements all of them.
   static constexpr Entry kTable[] = {
       {OpKind::Gemm, gemm},
@@ -165,6 +174,8 @@ struct CpuKernels {
       {OpKind::ClipByGlobalNorm, clip},
       {OpKind::BatchedGemm, batched_gemm},
       {OpKind::Permute, permute},
+      {OpKind::BatchNormForward, bn_fwd},
+      {OpKind::BatchNormBackward, bn_bwd},
   };
 };
 

@@ -293,6 +293,16 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
       for (int64_t i = 0; i < a.rank; ++i) p.ydims[i] = a.dims[a.perm[i]], p.steps[i] = xstride[a.perm[i]];
       return k::permute(s, in(0), out(0), p, n);
     }
+    case OpKind::BatchNormForward: {
+      const auto& a = std::get<BatchNormAttrs>(c.attrs);
+      return k::batch_norm_forward(s, in(0), in(1), in(2), out(0), out(1), out(2), out(3), out(4), a.n, a.c, a.inner,
+                                   a.eps, a.momentum, a.training);
+    }
+    case OpKind::BatchNormBackward: {
+      const auto& a = std::get<BatchNormAttrs>(c.attrs);
+      return k::batch_norm_backward(s, in(0), in(1), in(2), in(3), in(4), out(0), out(1), out(2), a.n, a.c, a.inner,
+                                    a.training);
+    }
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

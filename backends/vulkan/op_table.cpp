@@ -190,6 +190,8 @@ void run_op(Encoder& e, const OpCall& c) {
     case OpKind::ClipByGlobalNorm: return run_clip(e, c);
     case OpKind::BatchedGemm: return run_batched_gemm(e, c);
     case OpKind::Permute: return run_permute(e, c);
+    case OpKind::BatchNormForward:
+    case OpKind::BatchNormBackward: return run_batch_norm(e, c);
     case OpKind::Count_: break;
   }
 #pragma GCC diagnostic pop

@@ -34,6 +34,7 @@ void run_layer_norm(Encoder& e, const OpCall& c);
 void run_clip(Encoder& e, const OpCall& c);
 void run_batched_gemm(Encoder& e, const OpCall& c);  // attention.cpp
 void run_permute(Encoder& e, const OpCall& c);       // attention.cpp
+void run_batch_norm(Encoder& e, const OpCall& c);
 
 // llvmpipe (lavapipe) counts the loop iterations of each shader invocation, all loops together (nested and
 // sequential: gallivm's loop limiter is one counter per invocation, set to 65535 once and decremented at every

@@ -418,6 +418,10 @@ void gradient_cases(Table& t) {
     Check::reduction);
   g("4x6.nobias", OpKind::LayerNormForward, LayerNormAttrs{4, 6, 1e-5f, false}, {f, uni(0.5f, 1.5f)},
     {kOut, kOut, kOut}, Check::reduction);
+  g("3x4x5", OpKind::BatchNormForward, BatchNormAttrs{3, 4, 5, 1e-5f, 0.1f, true}, {f, uni(0.5f, 1.5f), f},
+    {kOut, kOut, kOut, uni(-0.5f, 0.5f), uni(0.5f, 2.f)}, Check::reduction);
+  g("6x3", OpKind::BatchNormForward, BatchNormAttrs{6, 3, 1, 1e-5f, 0.1f, true}, {f, uni(0.5f, 1.5f), f},
+    {kOut, kOut, kOut, uni(-0.5f, 0.5f), uni(0.5f, 2.f)}, Check::reduction);
   g("4x7", OpKind::SoftmaxForward, SoftmaxAttrs{4, 7}, {uni(-2.f, 2.f)}, {kOut}, Check::reduction);
   g("4x7", OpKind::SoftmaxCrossEntropy, LossAttrs{4, 7, 0.25f, true}, {uni(-2.f, 2.f), {Gen::labels, 0, 7.f}},
     {kOut, kOut}, Check::reduction);
@@ -455,6 +459,41 @@ void layer_norm_cases(Table& t) {
       if (bias) out.push_back(kOut);
       t.add(v, OpKind::LayerNormBackward, a, {kF, gamma, mean, rstd, kF}, out, Check::reduction, false);
     }
+}
+
+// Batch norm, training and evaluation: rank-2 (inner 1) and image shapes, tails around 64/256, and channels of
+// 70,000+ values three ways (one long image row, many samples of inner 1, several samples of long images) so the
+// per-channel reductions are long. Running statistics are read-write outputs with data.
+void batch_norm_cases(Table& t) {
+  struct S {
+    int64_t n, c, inner;
+  };
+  const S shapes[] = {{2, 1, 1},    {4, 3, 1},     {2, 3, 5},   {3, 7, 64},     {5, 16, 65},
+                      {2, 4, 255},  {32, 64, 1},   {1, 2, 70001}, {70000, 3, 1}, {8, 2, 9000}};
+  const Gen mean = uni(-0.5f, 0.5f), rstd = uni(0.5f, 2.f), gamma = uni(0.5f, 1.5f);
+  const Gen run_mean = uni(-0.5f, 0.5f), run_var = uni(0.5f, 2.f);
+  for (const S& sh : shapes)
+    for (bool training : {true, false}) {
+      const BatchNormAttrs a{sh.n, sh.c, sh.inner, 1e-5f, 0.1f, training};
+      const std::string v = n(sh.n) + "x" + n(sh.c) + "x" + n(sh.inner) + (training ? "" : ".eval");
+      t.add(v, OpKind::BatchNormForward, a, {kF, gamma, kF}, {kOut, kOut, kOut, run_mean, run_var}, Check::reduction,
+            false);
+      t.add(v, OpKind::BatchNormBackward, a, {kF, gamma, mean, rstd, kF}, {kOut, kOut, kOut}, Check::reduction, false);
+    }
+  // A channel of 4,200,002 values: more than one Vulkan dispatch's share (256 x 16,384), so partial sums accumulate.
+  for (bool training : {true, false}) {
+    const BatchNormAttrs a{2, 1, 2100001, 1e-5f, 0.1f, training};
+    const std::string v = std::string("2x1x2100001") + (training ? "" : ".eval");
+    t.add(v, OpKind::BatchNormForward, a, {kF, gamma, kF}, {kOut, kOut, kOut, run_mean, run_var}, Check::reduction,
+          false).large = true;
+    t.add(v, OpKind::BatchNormBackward, a, {kF, gamma, mean, rstd, kF}, {kOut, kOut, kOut}, Check::reduction, false)
+        .large = true;
+  }
+  // Momentum 1 (the running statistics become the batch's) and 0 (they stay), a larger epsilon.
+  t.add("4x3x5.momentum1", OpKind::BatchNormForward, BatchNormAttrs{4, 3, 5, 1e-3f, 1.f, true},
+        {kF, gamma, kF}, {kOut, kOut, kOut, run_mean, run_var}, Check::reduction, false);
+  t.add("4x3x5.momentum0", OpKind::BatchNormForward, BatchNormAttrs{4, 3, 5, 1e-5f, 0.f, true},
+        {kF, gamma, kF}, {kOut, kOut, kOut, run_mean, run_var}, Check::reduction, false);
 }
 
 void embedding_cases(Table& t) {
@@ -676,6 +715,7 @@ std::vector<OpCase> build() {
   dropout_cases(t);
   optimizer_cases(t);
   layer_norm_cases(t);
+  batch_norm_cases(t);
   embedding_cases(t);
   clip_cases(t);
   attention_cases(t);

@@ -12,7 +12,8 @@ MemoryTag role_tag(TensorRole r) {
     case TensorRole::input:
     case TensorRole::label: return MemoryTag::input_data;
     case TensorRole::parameter:
-    case TensorRole::ema: return MemoryTag::parameters;
+    case TensorRole::ema:
+    case TensorRole::buffer: return MemoryTag::parameters;
     case TensorRole::gradient: return MemoryTag::gradients;
     case TensorRole::optimizer_state: return MemoryTag::optimizer_state;
     default: return MemoryTag::activations;
@@ -20,7 +21,8 @@ MemoryTag role_tag(TensorRole r) {
 }
 
 bool role_persistent(TensorRole r) {
-  return r == TensorRole::parameter || r == TensorRole::optimizer_state || r == TensorRole::ema;
+  return r == TensorRole::parameter || r == TensorRole::optimizer_state || r == TensorRole::ema ||
+         r == TensorRole::buffer;
 }
 
 TensorId Graph::add_tensor(TensorInfo t) {
@@ -72,6 +74,18 @@ TensorId GraphBuilder::param(const std::string& name, Shape shape, Init init) {
   t.init = init;
   t.device = device_;
   if (!param_names_.insert(t.name).second) throw ConfigError("duplicate parameter '" + t.name + "' (two layers named '" + layer_ + "'?)");
+  return g_.add_tensor(std::move(t));
+}
+
+TensorId GraphBuilder::buffer(const std::string& name, Shape shape, Init init) {
+  TensorInfo t;
+  t.shape = std::move(shape);
+  t.role = TensorRole::buffer;
+  t.name = layer_ + "." + name;
+  t.layer = layer_;
+  t.init = init;
+  t.device = device_;
+  if (!param_names_.insert(t.name).second) throw ConfigError("duplicate buffer '" + t.name + "' (two layers named '" + layer_ + "'?)");
   return g_.add_tensor(std::move(t));
 }
 

@@ -433,6 +433,7 @@ LayerFactory factory() {
 }  // namespace
 
 std::unique_ptr<Layer> make_attention_layer(const ConfigNode& c);  // attention_layer.cpp
+void register_batch_norm_layer(Registry& reg);  // layer_batch_norm.cpp
 
 void register_builtin_layers(Registry& reg) {
   reg.add_layer("dense", factory<DenseLayer>());
@@ -445,6 +446,7 @@ void register_builtin_layers(Registry& reg) {
   reg.add_layer("gelu", factory<GeluLayer>());
   reg.add_layer("silu", factory<SiluLayer>());
   reg.add_layer("layer_norm", factory<LayerNormLayer>());
+  register_batch_norm_layer(reg);
   reg.add_layer("embedding", factory<EmbeddingLayer>());
   reg.add_layer("positional_embedding", factory<PositionalEmbeddingLayer>());
   reg.add_layer("global_avg_pool2d", factory<GlobalAvgPoolLayer>());

@@ -67,6 +67,8 @@ void recompute(Graph& g, const std::set<std::string>& layers) {
       for (auto& o : n.out) {
         TensorInfo ti = g.tensor(o);  // a copy: add_tensor may reallocate
         ti.name.clear();
+        // A recomputed batch norm writes its running statistics into scratch: they are updated once per step.
+        if (role_persistent(ti.role)) ti.role = TensorRole::activation;
         TensorId c = g.add_tensor(std::move(ti));
         copy_of[o] = c;
         o = c;

@@ -142,6 +142,8 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
   require(c, "momentum", o.momentum >= 0 && o.momentum < 1, "expected a number in [0, 1)");
   o.ema_decay = c.get_float("ema", 0.0);
   if (!(o.ema_decay >= 0 && o.ema_decay < 1)) c.fail("ema", "expected a decay in [0, 1), e.g. 0.999 (0 turns EMA off)");
+  o.ema_warmup = c.get_bool("ema_warmup", false);
+  if (o.ema_warmup && o.ema_decay == 0) c.fail("ema_warmup", "is true but ema is off (set [optimizer] ema, e.g. 0.999)");
   o.clip_norm = c.get_float("clip_norm", 0.0);
   require(c, "clip_norm", o.clip_norm >= 0 && std::isfinite(o.clip_norm),
           "expected a non-negative, finite maximum gradient norm, e.g. 1.0 (0 turns clipping off)");
@@ -269,7 +271,7 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
     if (o.ema_decay > 0) {
       Node e;
       e.kind = OpKind::EmaUpdate;
-      e.attrs = EmaAttrs{count, static_cast<float>(o.ema_decay)};
+      e.attrs = EmaAttrs{count, static_cast<float>(o.ema_decay), o.ema_warmup, static_cast<float>(o.ema_decay)};
       e.in = {param};
       e.out = {add_state(g, param, "ema", TensorRole::ema)};
       e.layer = pinfo.layer;

@@ -2,6 +2,7 @@
 // scalars, gradient rule, reference, cache key) and the registry of plugins' ops. Semantics: ops.hpp.
 #include "kiln/op_table.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <mutex>
@@ -21,7 +22,7 @@ constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAt
                                       "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",    "ElementwiseAttrs",
                                       "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs", "SgdAttrs",
                                       "AdamAttrs",       "RmspropAttrs", "EmaAttrs",     "EmbeddingAttrs",
-                                      "LayerNormAttrs",  "PermuteAttrs", "CustomAttrs"};
+                                      "LayerNormAttrs",  "PermuteAttrs", "BatchNormAttrs", "CustomAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 template <class T, size_t... I>
@@ -325,6 +326,31 @@ OpArity layer_norm_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
   return r;
 }
 
+// Batch norm's mean, rstd and running statistics are saved outputs: only y carries a gradient.
+void batch_norm_grad(GradContext& g) {
+  const Node& n = g.node();
+  std::vector<TensorId> parts;
+  for (size_t i = 0; i < 3; ++i) parts.push_back(g.new_tensor(g.shape(n.in[i])));
+  g.emit(OpKind::BatchNormBackward, n.attrs, {n.in[0], n.in[1], n.out[1], n.out[2], g.dy()}, parts);
+  for (size_t i = 0; i < 3; ++i)
+    if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);
+}
+
+OpArity batch_norm_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
+  const auto& a = attrs_as<BatchNormAttrs>(op, attrs);
+  check_dims(op, {{"n", a.n}, {"c", a.c}, {"inner", a.inner}});
+  if (!(a.eps > 0.f) || !std::isfinite(a.eps))
+    throw Error(op_label(op) + ": eps must be positive and finite, found " + std::to_string(a.eps));
+  if (!(a.momentum >= 0.f && a.momentum <= 1.f))
+    throw Error(op_label(op) + ": momentum must be in [0, 1], found " + std::to_string(a.momentum));
+  const int64_t x = product(op, {a.n, a.c, a.inner});
+  if (a.training && a.c > 0 && product(op, {a.n, a.inner}) < 2)
+    throw Error(op_label(op) + ": training needs more than 1 value per channel (n * inner = " +
+                std::to_string(a.n * a.inner) + "), as PyTorch's BatchNorm does");
+  if (k == OpKind::BatchNormForward) return {{x, a.c, a.c}, {x, a.c, a.c, a.c, a.c}};
+  return {{x, a.c, a.c, a.c, x}, {x, a.c, a.c}};
+}
+
 // A fused loss already computed its gradient w.r.t. the prediction (out[1]).
 void loss_grad(GradContext& g) {
   const Node& n = g.node();
@@ -379,7 +405,7 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
         } else if constexpr (std::is_same_v<A, RmspropAttrs>) {
           put(k, a.count), put(k, a.rho), put(k, a.eps), put(k, a.momentum);
         } else if constexpr (std::is_same_v<A, EmaAttrs>) {
-          put(k, a.count), put(k, a.decay);
+          put(k, a.count), put(k, a.warmup ? a.max_decay : a.decay), put(k, a.warmup);
         } else if constexpr (std::is_same_v<A, EmbeddingAttrs>) {
           put(k, a.rows), put(k, a.vocab), put(k, a.dim);
         } else if constexpr (std::is_same_v<A, LayerNormAttrs>) {
@@ -387,6 +413,8 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
         } else if constexpr (std::is_same_v<A, PermuteAttrs>) {
           put(k, a.rank);
           for (int64_t i = 0; i < a.rank && i < kPermuteMaxRank; ++i) put(k, a.dims[i]), put(k, a.perm[i]);
+        } else if constexpr (std::is_same_v<A, BatchNormAttrs>) {
+          put(k, a.n), put(k, a.c), put(k, a.inner), put(k, a.eps), put(k, a.momentum), put(k, a.training);
         } else {
           static_assert(std::is_same_v<A, CustomAttrs>, "every OpAttrs alternative has a key");
           put(k, a.ints.size()), put(k, a.floats.size());
@@ -644,12 +672,20 @@ std::vector<OpDesc> build_builtins() {
     d.patch = [](OpAttrs& a, const StepScalars& s) { std::get<RmspropAttrs>(a).lr = s.lr; };
     set(K::RmspropUpdate, std::move(d));
   }
-  set(K::EmaUpdate, desc<EmaAttrs>("ema_update",
-                                   [](const OpAttrs& a) -> OpArity {
-                                     const int64_t n = counted<EmaAttrs>("ema_update", a);
-                                     return {{n}, {n}};
-                                   },
-                                   ref_of<EmaAttrs, ref::ema>()));
+  {
+    OpDesc d = desc<EmaAttrs>("ema_update",
+                              [](const OpAttrs& a) -> OpArity {
+                                const int64_t n = counted<EmaAttrs>("ema_update", a);
+                                return {{n}, {n}};
+                              },
+                              ref_of<EmaAttrs, ref::ema>());
+    d.step_scalars = kStepCount;
+    d.patch = [](OpAttrs& attrs, const StepScalars& s) {
+      auto& a = std::get<EmaAttrs>(attrs);
+      if (a.warmup) a.decay = std::min(a.max_decay, static_cast<float>(1 + s.step) / static_cast<float>(10 + s.step));
+    };
+    set(K::EmaUpdate, std::move(d));
+  }
 
   for (auto [k, name] : {std::pair{K::EmbeddingForward, "embedding_forward"},
                          std::pair{K::EmbeddingBackward, "embedding_backward"}}) {
@@ -684,6 +720,17 @@ std::vector<OpDesc> build_builtins() {
                                                     return {{1}, {n}};
                                                   },
                                                   ref_of<ElementwiseAttrs, ref::clip_by_global_norm>()));
+  for (auto [k, name] : {std::pair{K::BatchNormForward, "batch_norm_forward"},
+                         std::pair{K::BatchNormBackward, "batch_norm_backward"}}) {
+    OpDesc d = desc<BatchNormAttrs>(name,
+                                    [k = k, name = name](const OpAttrs& a) { return batch_norm_arity(k, name, a); },
+                                    ref_of<BatchNormAttrs, ref::batch_norm>(k));
+    if (k == K::BatchNormForward) {
+      d.grad = batch_norm_grad;
+      d.saved_outputs = {1, 2, 3, 4};
+    }
+    set(k, std::move(d));
+  }
   for (size_t i = 0; i < t.size(); ++i)
     if (t[i].name.empty() || !t[i].arity || !t[i].reference)
       throw Error("internal: built-in op kind " + std::to_string(i) + " has no complete table entry");

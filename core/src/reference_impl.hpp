@@ -28,6 +28,8 @@ void clip_by_global_norm(const ElementwiseAttrs& a, In in, Out out);
 // reference_attention.cpp: the ops attention is built from.
 void batched_gemm(const GemmAttrs& a, In in, Out out);
 void permute(const PermuteAttrs& a, In in, Out out);
+// reference_batch_norm.cpp
+void batch_norm(OpKind k, const BatchNormAttrs& a, In in, Out out);
 
 // reference_nn.cpp: images, activations, softmax and losses.
 void conv2d(OpKind k, const ConvAttrs& a, In in, Out out);

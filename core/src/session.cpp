@@ -2,6 +2,7 @@
 #include "kiln/session.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <set>
 
@@ -137,6 +138,17 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     train_.checkpoint_every_minutes = t->get_float("checkpoint_every_minutes", 0.0);
     if (!(train_.checkpoint_every_minutes >= 0) || train_.checkpoint_every_minutes > 1e7)
       t->fail("checkpoint_every_minutes", "expected 0 (off) or a positive number of minutes");
+    if (auto es = t->table("early_stopping")) {
+      auto& e = train_.early_stopping;
+      e.on = true;
+      e.metric = es->get_choice("metric", {"test_loss", "test_accuracy", "train_loss"}, "test_loss");
+      e.patience = es->get_int("patience", 3);
+      if (e.patience < 1) es->fail("patience", "expected a positive number of epochs, got " + std::to_string(e.patience));
+      e.min_delta = es->get_float("min_delta", 0.0);
+      if (!(e.min_delta >= 0) || !std::isfinite(e.min_delta)) es->fail("min_delta", "expected a finite value >= 0");
+      e.restore_best = es->get_bool("restore_best", true);
+      es->finish();
+    }
     train_.max_steps = t->get_int("max_steps", 0);
     if (train_.max_steps < 0) t->fail("max_steps", "expected 0 (no cap) or a positive number of steps");
     train_.resume = t->get_bool("resume", false);

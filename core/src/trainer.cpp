@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <iostream>
 #include <optional>
+#include <regex>
 #include <sstream>
 
 #include "kiln/error.hpp"
@@ -688,6 +689,36 @@ TrainReport Trainer::run() {
     return (ts.checkpoint_every_steps > 0 && step % ts.checkpoint_every_steps == 0) ||
            (ts.checkpoint_every_minutes > 0 && secs(last_checkpoint, Clock::now()) >= 60 * ts.checkpoint_every_minutes);
   };
+  // [train] early_stopping: the best value of its metric so far and the epochs since (rebuilt from metrics.jsonl's
+  // epoch records on a resume, so a resumed run stops where an uninterrupted one would).
+  const EarlyStopping& es = ts.early_stopping;
+  const bool es_max = es.metric == "test_accuracy";
+  double es_best = 0;
+  int64_t es_best_epoch = 0, es_wait = 0;
+  const std::string best_path = ts.output_dir + "/checkpoint-best.kiln";
+  auto es_observe = [&](double v, int64_t epoch_1) {  // returns true when the run should stop
+    if (es_best_epoch == 0 || (es_max ? v > es_best + es.min_delta : v < es_best - es.min_delta)) {
+      es_best = v;
+      es_best_epoch = epoch_1;
+      es_wait = 0;
+      return false;
+    }
+    return ++es_wait >= es.patience;
+  };
+  if (es.on) {
+    if (es.metric != "train_loss" && !test_data)
+      throw ConfigError(s_.config().file() + ": [train] early_stopping watches " + es.metric +
+                        ", which needs an evaluation: add [data.test] and keep [train] evaluate = true, or watch train_loss");
+    if (resumed) {
+      std::ifstream old(metrics_path);
+      const std::regex re("\"epoch\":([0-9]+).*\"" + es.metric + "\":([-0-9.eE+]+)");
+      for (std::string l; std::getline(old, l);) {
+        std::smatch m;
+        if (l.find("\"event\":\"epoch\"") != std::string::npos && std::regex_search(l, m, re))
+          es_observe(std::stod(m[2]), std::stoll(m[1]));
+      }
+    }
+  }
   if (ts.max_steps > 0 && step >= ts.max_steps) {
     out_ << "nothing to train: the run is at step " << step << " and [train] max_steps is " << ts.max_steps
          << " (raise it, or set it to 0, to continue)\n";
@@ -898,8 +929,37 @@ TrainReport Trainer::run() {
       tb->flush();
     }
     report.epochs.push_back(em);
+    bool es_stop = false;
+    if (es.on) {
+      const double v = es.metric == "train_loss" ? em.train_loss : es.metric == "test_loss" ? em.test_loss : em.test_accuracy;
+      const int64_t before = es_best_epoch;
+      es_stop = es_observe(v, epoch + 1) && epoch + 1 < ts.epochs;
+      if (es.restore_best && es_best_epoch != before) {  // a new best: keep its weights
+        Checkpoint c;
+        c.epoch = epoch + 1;
+        c.step = step;
+        c.tensors = runner->save_state();
+        save_checkpoint(best_path, c);
+      }
+      if (es_stop) {
+        out_ << "early stopping after epoch " << epoch + 1 << ": " << es.metric << " has not improved by more than "
+             << es.min_delta << " for " << es.patience << " epoch(s); the best was " << es_best << " at epoch " << es_best_epoch;
+        if (es.restore_best && es_best_epoch != epoch + 1) {
+          runner->load_state(load_checkpoint(best_path).tensors);
+          out_ << " (its weights are restored, from " << best_path << ")";
+        }
+        out_ << "\n";
+      }
+    }
     const int stop_signal = g_stop_signal.load();
     const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;
+    if (es_stop) {  // the final checkpoint holds the weights the run ends with
+      Checkpoint c;
+      c.epoch = epoch + 1;
+      c.step = step;
+      write_checkpoint(c);
+      break;
+    }
     if ((ts.checkpoint_every > 0 && ((epoch + 1) % ts.checkpoint_every == 0 || epoch + 1 == ts.epochs)) ||
         ((stop_signal != 0 || at_max) && epoch + 1 < ts.epochs) || checkpoint_due()) {
       Checkpoint c;

@@ -92,4 +92,10 @@ void layer_norm_forward(const LayerNormAttrs& a, const float* x, const float* ga
 void layer_norm_backward(const LayerNormAttrs& a, const float* x, const float* gamma, const float* mean,
                          const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool);
 
+// batch_norm.cpp
+void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, float* running_mean, float* running_var, ThreadPool& pool);
+void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool);
+
 }  // namespace kiln::cpu

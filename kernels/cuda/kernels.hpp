@@ -76,6 +76,13 @@ struct PermuteShape {
   int64_t ydims[6], steps[6];
 };
 void permute(cudaStream_t s, const float* x, float* y, const PermuteShape& p, int64_t n);
+// ---- batch_norm.cu (x viewed as (n, c, inner); training updates the running statistics in place)
+void batch_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                        float* rstd, float* running_mean, float* running_var, int64_t n, int64_t c, int64_t inner,
+                        float eps, float momentum, bool training);
+void batch_norm_backward(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const float* dy, float* dx, float* dgamma, float* dbeta, int64_t n, int64_t c, int64_t inner,
+                         bool training);
 
 // ---- loss.cu: fused loss value + gradient. The value is summed deterministically (fixed order, in double)
 // through `workspace`, which must hold loss_workspace_bytes(kind, rows, cols).

@@ -60,6 +60,8 @@ class DataParallelRunner final : public Runner {
       for (const auto& u : layout_->params) param_names_.push_back(u.name);
     else
       for (auto [param, grad] : g0.param_grads) param_names_.push_back(g0.tensor(param).name);
+    for (const auto& t : g0.tensors())
+      if (t.role == TensorRole::buffer && t.alias_of == kNoTensor) buffer_names_.push_back(t.name);
     // Weights sent after each update: each shard's slices from their owner; across backends (whose rounding may
     // differ) every weight from replica 0.
     if (o_.sharded) {
@@ -169,6 +171,7 @@ class DataParallelRunner final : public Runner {
 
   EvalResult eval_batch(const Element& batch, bool use_ema) override {
     drain();  // evaluation reads input slot 0
+    sync_buffers();
     auto rows = rows_for(batch.batch, false);
     auto parts = split(batch, rows);
     const size_t n = reps_.size();
@@ -202,6 +205,7 @@ class DataParallelRunner final : public Runner {
   // Replica 0's tensors plus the optimizer-state shards of the others. Every tensor two replicas of one backend
   // both hold must be bit-identical: a difference means the replicas diverged, which is reported, not saved.
   std::map<std::string, HostTensor> save_state() override {
+    sync_buffers();
     auto all = reps_[0]->state().read_all();
     for (size_t r = 1; r < reps_.size(); ++r)
       for (auto& [name, t] : reps_[r]->state().read_all()) {
@@ -427,6 +431,7 @@ class DataParallelRunner final : public Runner {
   std::vector<std::unique_ptr<ShardedOptimizer>> shards_;  // per replica, when sharded
   std::vector<Device*> devices_;
   std::vector<std::string> param_names_;
+  std::vector<std::string> buffer_names_;  // non-trained persistent state (TensorRole::buffer)
   struct Send {
     ShardSlice slice;  // count < 0: the whole parameter
     int owner;
@@ -441,6 +446,19 @@ class DataParallelRunner final : public Runner {
   };
   std::deque<Prefetched> prefetched_;
   std::vector<int> slot_;  // the input slot each replica's executor reads in the current step
+  // Buffers (batch norm's running statistics) are replica 0's, as PyTorch DDP's broadcast_buffers makes them: each
+  // replica updates its own from its own batch while training; evaluation and checkpoints use replica 0's, sent to
+  // the others first.
+  void sync_buffers() {
+    if (buffer_names_.empty() || reps_.size() < 2) return;
+    drain();
+    std::vector<BufferView> views(reps_.size());
+    for (const auto& name : buffer_names_) {
+      for (size_t r = 0; r < reps_.size(); ++r) views[r] = reps_[r]->state().persistent(name);
+      comm_->broadcast(views, devices_, 0);
+    }
+  }
+
   void drain() noexcept {
     for (auto& rep : reps_) rep->input().drain();
     prefetched_.clear();

@@ -48,7 +48,8 @@ std::string small_run(const fs::path& out, const std::string& extra) {
 }  // namespace
 
 TEST_CASE("the measured peak of a real training step is within 5% of kiln plan for the samples", "[memory]") {
-  for (std::string sample : {"fashion_mnist_mlp.toml", "fashion_mnist_cnn.toml", "fashion_mnist_ln_gelu.toml"}) {
+  for (std::string sample : {"fashion_mnist_mlp.toml", "fashion_mnist_cnn.toml", "fashion_mnist_ln_gelu.toml",
+                             "resnet_fashion_mnist.toml"}) {
     for (std::string savers : {"", "inplace", "recompute"}) {
       std::vector<std::string> ov = {"device.memory_limit=\"1GiB\""};
       if (savers == "inplace") ov.push_back("memory.inplace=true");

@@ -24,6 +24,8 @@ enum class TensorRole : uint8_t {
   ema,          // exponential moving average of a parameter (persistent)
   activation,   // forward outputs and backward intermediates (planned in the arena)
   loss,         // a scalar loss (planned, read back each step)
+  buffer,       // persistent state that is not trained (batch norm's running statistics): checkpointed, never
+                // given to the optimizer; under data_parallel each replica keeps its own (replica 0's is saved)
 };
 MemoryTag role_tag(TensorRole r);
 bool role_persistent(TensorRole r);
@@ -109,6 +111,8 @@ class GraphBuilder {
   const std::string& layer() const { return layer_; }
   // A trainable parameter named "<layer>.<name>".
   TensorId param(const std::string& name, Shape shape, Init init);
+  // A persistent non-trainable tensor named "<layer>.<name>" (TensorRole::buffer), e.g. running statistics.
+  TensorId buffer(const std::string& name, Shape shape, Init init);
   // A parameter another layer created (weight tying): its full name ("wte.table"); ConfigError naming `key` when no
   // layer built before this one holds it or it lives on another device.
   TensorId shared_param(const std::string& full_name, const std::string& key) const;

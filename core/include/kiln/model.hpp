@@ -51,6 +51,7 @@ struct OptimizerSpec {
   DecayParams decay_params = DecayParams::all;
   ScheduleSpec schedule;
   double ema_decay = 0;  // 0 = no EMA
+  bool ema_warmup = false;  // decay = min(ema_decay, (1 + step) / (10 + step)), TensorFlow's num_updates form
   // Gradient clipping by global L2 norm over every parameter (PyTorch's clip_grad_norm_, Keras' global_clipnorm),
   // computed on the device before the update; 0 = off.
   double clip_norm = 0;

@@ -138,6 +138,20 @@ enum class OpKind : uint16_t {
   // y = x with its axes permuted: x viewed as (dims[0], ..., dims[rank-1]), y's axis i is x's axis perm[i]
   // (numpy's transpose, PyTorch's permute followed by contiguous), y dense row-major. in: x; out: y.
   Permute,
+  // Batch normalization over channels (PyTorch's BatchNorm1d/2d), x viewed as (n, c, inner): per channel over the
+  // m = n * inner values, mean = sum x / m, var = sum (x - mean)^2 / m (biased), rstd = 1 / sqrt(var + eps),
+  // y = (x - mean) * rstd * gamma[c] + beta[c]. Training also updates the running statistics in place:
+  // running_mean = (1 - momentum) running_mean + momentum mean, running_var = (1 - momentum) running_var +
+  // momentum var * m / (m - 1) (unbiased; m >= 2). Evaluation (training = false) normalizes with the running
+  // statistics instead (mean = running_mean, rstd = 1 / sqrt(running_var + eps)) and leaves them unchanged.
+  // in: x(n, c, inner), gamma(c), beta(c); out: y(n, c, inner), mean(c), rstd(c), running_mean(c) (read-write),
+  // running_var(c) (read-write).
+  BatchNormForward,
+  // The gradients of BatchNormForward: with xhat = (x - mean) * rstd, g = dy * gamma and means over the m values
+  // of a channel, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (training) or rstd * g (evaluation: the
+  // statistics are constants); dgamma[c] = sum dy * xhat; dbeta[c] = sum dy.
+  // in: x, gamma, mean, rstd, dy; out: dx(n, c, inner), dgamma(c), dbeta(c).
+  BatchNormBackward,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
@@ -220,6 +234,10 @@ struct RmspropAttrs {
 struct EmaAttrs {
   int64_t count = 0;
   float decay = 0.999f;
+  // TensorFlow's ExponentialMovingAverage(decay, num_updates): with warmup, the executor sets decay to
+  // min(max_decay, (1 + n) / (10 + n)) each step, n the 0-based step.
+  bool warmup = false;
+  float max_decay = 0.f;
 };
 struct EmbeddingAttrs {
   int64_t rows = 0, vocab = 0, dim = 0;
@@ -236,6 +254,12 @@ struct PermuteAttrs {
   std::array<int64_t, kPermuteMaxRank> dims{};  // x's shape; entries past rank are ignored
   std::array<int64_t, kPermuteMaxRank> perm{};  // y's axis i is x's axis perm[i], a permutation of [0, rank)
 };
+// BatchNormForward, BatchNormBackward: x viewed as (n, c, inner).
+struct BatchNormAttrs {
+  int64_t n = 0, c = 0, inner = 1;
+  float eps = 1e-5f, momentum = 0.1f;
+  bool training = true;  // batch statistics (and the running-statistics update) or the running statistics
+};
 // Attributes of an op registered by a plugin (op_table.hpp): its own integers and floats, in its own order.
 struct CustomAttrs {
   std::vector<int64_t> ints;
@@ -244,7 +268,7 @@ struct CustomAttrs {
 
 using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
                              ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
-                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, LayerNormAttrs, PermuteAttrs, CustomAttrs>;
+                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, LayerNormAttrs, PermuteAttrs, BatchNormAttrs, CustomAttrs>;
 
 // Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
 // (op_table.hpp holds every op's descriptor; these are lookups into it).

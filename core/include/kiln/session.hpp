@@ -27,6 +27,15 @@ struct DeviceSettings {
   int fail_block_request = 0;           // fault injection for tests
 };
 
+// [train] early_stopping (Keras's EarlyStopping callback).
+struct EarlyStopping {
+  bool on = false;
+  std::string metric = "test_loss";  // "test_loss" | "test_accuracy" | "train_loss"
+  int64_t patience = 3;              // epochs without an improvement larger than min_delta
+  double min_delta = 0;
+  bool restore_best = true;          // end with the best epoch's weights (kept in output_dir/checkpoint-best.kiln)
+};
+
 struct TrainSettings {
   int64_t epochs = 1;
   int64_t batch_size = 32;
@@ -37,6 +46,7 @@ struct TrainSettings {
   int64_t checkpoint_every = 1;   // epochs; 0 = never
   int64_t checkpoint_every_steps = 0;     // also a mid-epoch checkpoint every this many steps (0 = off)
   double checkpoint_every_minutes = 0;    // also one when this many minutes passed since the last (0 = off)
+  EarlyStopping early_stopping;
   int64_t max_steps = 0;          // stop after this many global steps, mid-epoch if need be, with a checkpoint (0 = no cap)
   bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists
   bool overwrite = false;         // start over in an output_dir that holds an earlier run (else refused)

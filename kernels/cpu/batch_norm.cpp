@@ -1,0 +1,177 @@
+// Batch normalization over channels, forward and backward, x viewed as (n, c, inner). Channels are independent and
+// split over threads; each thread reduces its channels over every sample in order (deterministic for any thread
+// count, no atomics). Long runs (inner >= kShortRun) are summed per run in f32 SIMD lanes and across runs in
+// double; short runs (rank-2 input, small images) are summed as blocks of whole channels, contiguous in each
+// sample, into double accumulators.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels.hpp"
+
+namespace kiln::cpu {
+
+namespace {
+
+constexpr int64_t kShortRun = 16;
+constexpr int64_t kBlock = 1024;  // elements of one sample's block of channels (short runs)
+
+// Per-channel sums over (n, inner) of f(x) for channels [cb, ce) with short runs: out[k] for channel cb + k.
+template <class F>
+void block_sums(const float* x, int64_t N, int64_t C, int64_t I, int64_t cb, int64_t ce, F f, double* out) {
+  double acc[kBlock];
+  const int64_t L = (ce - cb) * I;
+  std::fill(acc, acc + L, 0.0);
+  for (int64_t o = 0; o < N; ++o) {
+    const float* xr = x + (o * C + cb) * I;
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j) acc[j] += static_cast<double>(f(xr[j], j, o));
+  }
+  for (int64_t k = 0; k < ce - cb; ++k) {
+    double s = 0;
+    for (int64_t i = 0; i < I; ++i) s += acc[k * I + i];
+    out[k] = s;
+  }
+}
+
+// Per-channel sum over (n, inner) of f(x) for one channel with long runs.
+template <class F>
+double channel_sum(const float* x, int64_t N, int64_t C, int64_t I, int64_t c, F f) {
+  double s = 0;
+  for (int64_t o = 0; o < N; ++o) {
+    const float* xr = x + (o * C + c) * I;
+    float p = 0.f;
+#pragma omp simd reduction(+ : p)
+    for (int64_t i = 0; i < I; ++i) p += f(xr[i], i, o);
+    s += p;
+  }
+  return s;
+}
+
+int64_t channels_per_block(int64_t I) { return std::max<int64_t>(1, kBlock / std::max<int64_t>(I, 1)); }
+
+}  // namespace
+
+void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, float* running_mean, float* running_var, ThreadPool& pool) {
+  const int64_t N = a.n, C = a.c, I = a.inner;
+  const double m = double(N) * double(I);
+  const double unbias = m > 1 ? m / (m - 1) : 1.0, mom = a.momentum;
+  // Statistics of channels [cb, ce) into mean/rstd (and the running update), then y = x * scale + shift.
+  auto finish = [&](int64_t c, double mu, double var) {
+    if (a.training) {
+      running_mean[c] = static_cast<float>((1.0 - mom) * running_mean[c] + mom * mu);
+      running_var[c] = static_cast<float>((1.0 - mom) * running_var[c] + mom * var * unbias);
+      mean[c] = static_cast<float>(mu);
+      rstd[c] = static_cast<float>(1.0 / std::sqrt(var + double(a.eps)));
+    } else {
+      mean[c] = running_mean[c];
+      rstd[c] = static_cast<float>(1.0 / std::sqrt(double(running_var[c]) + double(a.eps)));
+    }
+  };
+  const bool short_runs = I < kShortRun;
+  const int64_t cpb = short_runs ? channels_per_block(I) : 1, blocks = (C + cpb - 1) / cpb;
+  parallel_ranges(pool, blocks, parts_for(N * C * I, pool), [&](int64_t bb, int64_t be) {
+    for (int64_t b = bb; b < be; ++b) {
+      const int64_t cb = b * cpb, ce = std::min(C, cb + cpb), L = (ce - cb) * I;
+      if (a.training) {
+        if (short_runs) {
+          double s[kBlock], q[kBlock];
+          float me[kBlock];
+          block_sums(x, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, s);
+          for (int64_t j = 0; j < L; ++j) me[j] = static_cast<float>(s[j / I] / m);
+          block_sums(x, N, C, I, cb, ce, [&](float v, int64_t j, int64_t) { return (v - me[j]) * (v - me[j]); }, q);
+          for (int64_t k = 0; k < ce - cb; ++k) finish(cb + k, s[k] / m, q[k] / m);
+        } else {
+          const double mu = channel_sum(x, N, C, I, cb, [](float v, int64_t, int64_t) { return v; }) / m;
+          const float mf = static_cast<float>(mu);
+          const double var = channel_sum(x, N, C, I, cb, [&](float v, int64_t, int64_t) { return (v - mf) * (v - mf); }) / m;
+          finish(cb, mu, var);
+        }
+      } else {
+        for (int64_t c = cb; c < ce; ++c) finish(c, 0, 0);
+      }
+      float scale[kBlock], shift[kBlock];
+      if (short_runs) {
+        for (int64_t j = 0; j < L; ++j) {
+          const int64_t c = cb + j / I;
+          scale[j] = rstd[c] * gamma[c];
+          shift[j] = beta[c] - mean[c] * scale[j];
+        }
+        for (int64_t o = 0; o < N; ++o) {
+          const float* xr = x + (o * C + cb) * I;
+          float* yr = y + (o * C + cb) * I;
+#pragma omp simd
+          for (int64_t j = 0; j < L; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+        }
+      } else {
+        const float sc = rstd[cb] * gamma[cb], sh = beta[cb] - mean[cb] * sc;
+        for (int64_t o = 0; o < N; ++o) {
+          const float* xr = x + (o * C + cb) * I;
+          float* yr = y + (o * C + cb) * I;
+#pragma omp simd
+          for (int64_t i = 0; i < I; ++i) yr[i] = xr[i] * sc + sh;
+        }
+      }
+    }
+  });
+}
+
+void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
+  const int64_t N = a.n, C = a.c, I = a.inner;
+  const double m = double(N) * double(I);
+  const bool short_runs = I < kShortRun;
+  const int64_t cpb = short_runs ? channels_per_block(I) : 1, blocks = (C + cpb - 1) / cpb;
+  parallel_ranges(pool, blocks, parts_for(N * C * I, pool), [&](int64_t bb, int64_t be) {
+    for (int64_t b = bb; b < be; ++b) {
+      const int64_t cb = b * cpb, ce = std::min(C, cb + cpb), L = (ce - cb) * I;
+      double sdy[kBlock], sdyx[kBlock];
+      // dy and dy * xhat summed per channel; dy is read at the same offset as x.
+      if (short_runs) {
+        float me[kBlock], rs[kBlock];
+        for (int64_t j = 0; j < L; ++j) me[j] = mean[cb + j / I], rs[j] = rstd[cb + j / I];
+        const int64_t base = cb * I;
+        block_sums(dy, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, sdy);
+        block_sums(dy, N, C, I, cb, ce,
+                   [&](float v, int64_t j, int64_t o) { return v * (x[o * C * I + base + j] - me[j]) * rs[j]; }, sdyx);
+      } else {
+        const float mu = mean[cb], r = rstd[cb];
+        sdy[0] = channel_sum(dy, N, C, I, cb, [](float v, int64_t, int64_t) { return v; });
+        sdyx[0] = channel_sum(dy, N, C, I, cb, [&](float v, int64_t i, int64_t o) {
+          return v * (x[(o * C + cb) * I + i] - mu) * r;
+        });
+      }
+      float k1[kBlock], k2[kBlock], k3[kBlock], me[kBlock];  // dx = k1 * dy - k2 * (x - mean) - k3
+      const int64_t lanes = short_runs ? L : 1, per = short_runs ? I : 1;
+      for (int64_t j = 0; j < lanes; ++j) {
+        const int64_t k = j / per, c = cb + k;
+        const double ga = gamma[c], r = rstd[c];
+        const double mg = a.training && m > 0 ? ga * sdy[k] / m : 0.0, mgx = a.training && m > 0 ? ga * sdyx[k] / m : 0.0;
+        k1[j] = static_cast<float>(r * ga);
+        k2[j] = static_cast<float>(r * r * mgx);
+        k3[j] = static_cast<float>(r * mg);
+        me[j] = mean[c];
+      }
+      for (int64_t k = 0; k < ce - cb; ++k) {
+        dgamma[cb + k] = static_cast<float>(sdyx[k]);
+        dbeta[cb + k] = static_cast<float>(sdy[k]);
+      }
+      for (int64_t o = 0; o < N; ++o) {
+        const int64_t off = (o * C + cb) * I;
+        const float* xr = x + off;
+        const float* dyr = dy + off;
+        float* dxr = dx + off;
+        if (short_runs) {
+#pragma omp simd
+          for (int64_t j = 0; j < L; ++j) dxr[j] = k1[j] * dyr[j] - k2[j] * (xr[j] - me[j]) - k3[j];
+        } else {
+          const float c1 = k1[0], c2 = k2[0], c3 = k3[0], mu = me[0];
+#pragma omp simd
+          for (int64_t i = 0; i < I; ++i) dxr[i] = c1 * dyr[i] - c2 * (xr[i] - mu) - c3;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace kiln::cpu
