@@ -137,9 +137,12 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 void write_npy(const std::string& path, const std::vector<float>& data, const std::vector<int64_t>& shape) {
-  std::string dims;
-  for (auto d : shape) dims += std::to_string(d) + ",";
-  if (shape.size() > 1) dims.pop_back();  // "(n,)" for one dim, "(n, k)" otherwise
+  std::string dims;  // NumPy's spelling: "(n,)" for one dim, "(n, k)" otherwise
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) dims += ", ";
+    dims += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) dims += ',';
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
   // Magic (6) + version (2) + header length (2) + header, padded with spaces and a newline to a multiple of 64.
   const size_t total = (10 + header.size() + 1 + 63) / 64 * 64;
