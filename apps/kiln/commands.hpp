@@ -23,6 +23,8 @@ struct Options {
   std::string op_filter, case_id, report, matrix;
   bool validation = false;
   std::string tolerance_dir;
+  // evaluate / predict / export (model_io.hpp)
+  std::string checkpoint, data = "test", input, output, format, weights = "auto";
 };
 
 // Loads plugins from the default dirs, --plugin-dir, and (when given) the config's [plugins] table.
@@ -35,5 +37,8 @@ int cmd_devices(const Options& o);
 int cmd_plugins(const Options& o);
 int cmd_conformance(const Options& o);
 int cmd_sample(const Options& o, const SampleOptions& so);  // sample_cmd.cpp
+int cmd_evaluate(const Options& o);  // evaluate_cmd.cpp
+int cmd_predict(const Options& o);   // predict_cmd.cpp
+int cmd_export(const Options& o);    // export_cmd.cpp
 
 }  // namespace kiln::app

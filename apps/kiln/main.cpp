@@ -1,4 +1,4 @@
-// kiln: train, plan, sample, devices, plugins, conformance. Exit codes: 0 ok, 1 runtime failure, 2 usage/config error.
+// kiln: train, plan, sample, devices, plugins, conformance, evaluate, predict, export. Exit codes: 0 ok, 1 runtime failure, 2 usage/config error.
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iomanip>
@@ -56,6 +56,28 @@ int main(int argc, char** argv) {
   conf->add_option("--tolerances", o.tolerance_dir, "Directory of <backend>.toml tolerance files (default: the installed ones)");
   conf->add_flag("--validation", o.validation, "Vulkan: run with the Khronos validation layer and fail on any message");
 
+  // Using a trained model (docs/user_guide.md, "Using a trained model").
+  auto model_cmd = [&](const char* name, const char* what) {
+    auto* c = app.add_subcommand(name, what);
+    c->add_option("config", o.config, "The run's TOML file")->required();
+    c->add_option("--set", o.overrides, "Override a config value (repeatable)");
+    c->add_option("--checkpoint", o.checkpoint, "Checkpoint file (default: <output_dir>/checkpoint.kiln)");
+    c->add_option("--weights", o.weights, "auto (EMA when [optimizer] ema is set), ema or raw")
+        ->check(CLI::IsMember({"auto", "ema", "raw"}));
+    return c;
+  };
+  auto* evaluate = model_cmd("evaluate", "Loss and accuracy of a checkpoint on a data pipeline");
+  evaluate->add_option("--data", o.data, "Which [data.NAME] pipeline (default test)");
+  auto* predict = model_cmd("predict", "Per-example outputs (class probabilities) of a checkpoint, as CSV or .npy");
+  predict->add_option("--data", o.data, "Which [data.NAME] pipeline to predict on (default test)");
+  predict->add_option("--input", o.input, ".npy of model inputs (N, input_shape...) instead of a pipeline");
+  predict->add_option("--output", o.output, "preds.csv or preds.npy")->required();
+  predict->add_flag("--overwrite", o.overwrite, "Replace --output if it exists (else refused)");
+  auto* exp = model_cmd("export", "Write a checkpoint's weights as safetensors, or the inference graph as ONNX");
+  exp->add_option("--format", o.format, "safetensors or onnx")->required()->check(CLI::IsMember({"safetensors", "onnx"}));
+  exp->add_option("--output", o.output, "The file to write")->required();
+  exp->add_flag("--overwrite", o.overwrite, "Replace --output if it exists (else refused)");
+
   for (int i = 0; i < argc; ++i) o.command_line += (i ? " " : "") + std::string(argv[i]);
   try {
     app.parse(argc, argv);
@@ -68,6 +90,9 @@ int main(int argc, char** argv) {
     if (devices->parsed()) return kiln::app::cmd_devices(o);
     if (conf->parsed()) return kiln::app::cmd_conformance(o);
     if (sample->parsed()) return kiln::app::cmd_sample(o, so);
+    if (evaluate->parsed()) return kiln::app::cmd_evaluate(o);
+    if (predict->parsed()) return kiln::app::cmd_predict(o);
+    if (exp->parsed()) return kiln::app::cmd_export(o);
     return kiln::app::cmd_plugins(o);
   } catch (const kiln::Interrupted& e) {  // SIGINT / SIGTERM: the step finished and a checkpoint was written
     std::cerr << "kiln: " << e.what() << "\n";
