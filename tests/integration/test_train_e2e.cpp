@@ -427,3 +427,44 @@ TEST_CASE("--resume with a changed model or optimizer is refused with the differ
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
 }
+
+TEST_CASE("kill -9 at several points with a --resume after each ends bit-identical to an uninterrupted run",
+          "[e2e][resume][signals]") {
+  auto dir = kiln::test::temp_dir("kill9");
+  // Checkpoints every 7 steps; step records show how far a run got. 6000 examples x 2 epochs, 188 steps each.
+  std::string cfg_text = mlp_config((dir / "run").string(), "checkpoint_every_steps = 7\n", 6000) + "[log]\nevery_steps = 1\n";
+  cfg_text = std::regex_replace(cfg_text, std::regex("epochs = 3"), "epochs = 2");
+  cfg_text = std::regex_replace(cfg_text, std::regex("units = 64"), "units = 512");
+  auto cfg = write(dir, "run.toml", cfg_text);
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code == 0);
+  const auto metrics = (dir / "run" / "metrics.jsonl").string();
+  // Kill points: after this many more step records (some land during a checkpoint write, some between two).
+  int kills = 0;
+  for (size_t more : {23u, 61u, 140u}) {
+    const size_t before = lines_of(metrics).size();
+    const std::string log = (dir / ("kill" + std::to_string(kills) + ".log")).string();
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const std::string cmd = "exec " + std::string(KILN_APP) + " train " + cfg + " --resume > " + log + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    for (int i = 0; i < 6000 && lines_of(metrics).size() < before + more; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    INFO(slurp(log));
+    CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));  // it was still running: a real mid-run kill
+    ++kills;
+  }
+  auto rest = kiln::test::run_app("train " + cfg + " --resume");
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  CHECK(slurp(dir / "run" / "checkpoint.kiln") == slurp(dir / "full" / "checkpoint.kiln"));
+  int64_t expect = 1;
+  for (const auto& l : lines_of(metrics))
+    if (l.find("\"event\":\"step\"") != std::string::npos) CHECK(json_field(l, "step") == expect++);
+  CHECK(expect - 1 == 2 * 188);
+}
