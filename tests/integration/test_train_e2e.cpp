@@ -410,7 +410,7 @@ TEST_CASE("SIGTERM finishes the step, writes a checkpoint, exits 143, and the re
   CHECK(expect - 1 == 3 * 188);  // 6000 examples at batch 32: 188 steps per epoch
 }
 
-TEST_CASE("--resume with a changed model or optimizer is refused with the differing keys while epochs may change", "[e2e][resume]") {
+TEST_CASE("a resume with a changed model or optimizer is refused with the differing keys while epochs may change", "[e2e][resume]") {
   auto dir = kiln::test::temp_dir("cfgdiff");
   auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
   REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
