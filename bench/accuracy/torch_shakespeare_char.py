@@ -12,7 +12,7 @@ gradient-norm clipping at 1.0, and get_batch's random windows; the validation lo
 every 250 iterations. Data: samples/data/tinyshakespeare/input.txt, encoded as data/shakespeare_char/prepare.py does
 (sorted characters, first 90% train, last 10% validation).
 
-  bench/accuracy/torch_shakespeare_char.py [--threads N] [--iters 2000] [--seed 1337]
+  bench/accuracy/torch_shakespeare_char.py [--threads N] [--iters 2000] [--seed 1337] [--final-eval-iters 200]
 
 Prints the validation loss at every evaluation, the wall time of the whole run and per iteration. Kiln's run of the
 same configuration is samples/shakespeare_char.toml (bench/accuracy/shakespeare_char.sh runs both)."""
@@ -151,6 +151,8 @@ def main():
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--data", default=DATA)
+    ap.add_argument("--final-eval-iters", type=int, default=0,
+                    help="after training, also estimate the validation loss over this many random batches")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -161,11 +163,11 @@ def main():
     optimizer = make_optimizer(model)
 
     @torch.no_grad()
-    def estimate_loss():
+    def estimate_loss(iters=eval_iters):
         model.eval()
         out = {}
         for split, data in (("train", train_data), ("val", val_data)):
-            out[split] = torch.stack([model(*get_batch(data)) for _ in range(eval_iters)]).mean().item()
+            out[split] = torch.stack([model(*get_batch(data)) for _ in range(iters)]).mean().item()
         model.train()
         return out
 
@@ -195,6 +197,9 @@ def main():
     wall = time.time() - t0
     print(f"pytorch: {args.iters} iterations in {wall:.1f} s ({(wall - t_eval) / args.iters * 1e3:.2f} ms per training "
           f"iteration, evaluations {t_eval:.1f} s), final val loss {losses['val']:.4f}")
+    if args.final_eval_iters:
+        big = estimate_loss(args.final_eval_iters)
+        print(f"final val loss over {args.final_eval_iters} batches: {big['val']:.4f} (train {big['train']:.4f})")
 
 
 if __name__ == "__main__":

@@ -285,6 +285,11 @@ std::vector<int64_t> ConfigNode::get_int_list(const std::string& key, std::vecto
   return has(key) ? get_int_list(key) : (ignore(key), dflt);
 }
 
+bool ConfigNode::is_list(const std::string& key) const {
+  auto* n = tbl(table_).get(key);
+  return n && n->is_array();
+}
+
 std::vector<std::string> ConfigNode::get_string_list(const std::string& key, std::vector<std::string> dflt) const {
   auto* n = lookup(*this, table_, *doc_, key, false);
   if (!n) return dflt;

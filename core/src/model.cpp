@@ -1,6 +1,7 @@
 // [model] and [optimizer] parsing, learning-rate schedules, and building a step's graph.
 #include "kiln/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -78,11 +79,20 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
       o.loss = parse_loss(oc, "loss");
       o.weight = static_cast<float>(oc.get_float("weight", 1.0));
       o.from_logits = oc.get_bool("from_logits", true);
+      o.label = oc.get_string("label", "");
       oc.finish();
       m.outputs.push_back(o);
     }
   }
   model.finish();
+  // Named labels (Keras' dict of targets): all heads name theirs, or none does.
+  for (size_t i = 0; i < m.outputs.size(); ++i)
+    if (m.outputs[i].label.empty() != m.outputs[0].label.empty()) {
+      const size_t named = m.outputs[i].label.empty() ? 0 : i, unnamed = m.outputs[i].label.empty() ? i : 0;
+      outs[unnamed].fail("label", "output '" + m.outputs[unnamed].layer + "' names no label, but output '" +
+                                      m.outputs[named].layer + "' has label = \"" + m.outputs[named].label +
+                                      "\": when one output names its label, every output must");
+    }
   // A layer whose output nothing reads (no later layer lists it in `inputs` and it is not a model output) would be
   // computed and planned for nothing: a DAG wired by mistake.
   std::set<std::string> consumed;
@@ -321,6 +331,59 @@ void append_clip(Graph& g, double clip) {
          g.grad_sq, grad, g.tensor(param).layer);
 }
 
+// Named labels: the label tensor (N, L) holds one value per name; a Split gives each name its (N) column (for L = 1
+// the label itself). Columns no output reads are split off all the same (a few bytes each).
+std::vector<TensorId> split_named_labels(Graph& g, const ModelSpec& m, int64_t nb) {
+  const auto L = static_cast<int64_t>(m.label_names.size());
+  if (L == 0)
+    throw ConfigError("output '" + m.outputs[0].layer + "' has label = \"" + m.outputs[0].label +
+                      "\", but the training data names no labels: give the source several named label columns (the csv "
+                      "source's label = [\"" + m.outputs[0].label + "\", ...]) or remove label from [[model.outputs]]");
+  const int dev = g.tensor(g.label).device;
+  if (L == 1) return {g.add_alias(g.label, Shape{nb}, "label")};
+  Node n;
+  n.kind = OpKind::Split;
+  n.attrs = ConcatAttrs{nb, 1, std::vector<int64_t>(static_cast<size_t>(L), 1)};
+  n.in = {g.label};
+  n.layer = "label";
+  n.device = dev;
+  for (const auto& name : m.label_names) {
+    TensorInfo t;
+    t.shape = Shape{nb, 1};
+    t.layer = "label";
+    t.name = "label/" + name;
+    t.device = dev;
+    n.out.push_back(g.add_tensor(std::move(t)));
+  }
+  std::vector<TensorId> cols = n.out;
+  g.add_node(std::move(n));
+  for (auto& c : cols) c = g.add_alias(c, Shape{nb}, "label");
+  return cols;
+}
+
+// The target of an output that names its label: that label's column, as class indices (softmax_cross_entropy over
+// (N, classes) logits) or as the one target of a one-unit mse / binary_cross_entropy output.
+TensorId named_target(Graph& g, const ModelSpec& m, const OutputSpec& out, const std::vector<TensorId>& cols,
+                      const Shape& ys, int64_t nb) {
+  auto it = std::find(m.label_names.begin(), m.label_names.end(), out.label);
+  if (it == m.label_names.end()) {
+    std::string known;
+    for (const auto& n : m.label_names) known += (known.empty() ? "\"" : ", \"") + n + "\"";
+    throw ConfigError("output '" + out.layer + "' has label = \"" + out.label + "\", but the data's labels are " + known);
+  }
+  const TensorId col = cols[static_cast<size_t>(it - m.label_names.begin())];
+  if (out.loss == LossKind::softmax_cross_entropy) {
+    if (ys.rank() != 2)
+      throw ConfigError("output '" + out.layer + "' (label \"" + out.label + "\"): a named label is one class index per "
+                        "example, so its softmax_cross_entropy needs (batch, classes) logits, got " + ys.str());
+    return col;
+  }
+  if (ys.numel() != nb)
+    throw ConfigError("output '" + out.layer + "' (label \"" + out.label + "\") gives " + ys.tail().str() +
+                      " per example, but a named label is one value: give it one unit");
+  return ys == g.tensor(col).shape ? col : g.add_alias(col, ys, out.layer);
+}
+
 }  // namespace
 
 Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
@@ -356,13 +419,14 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
   // classifier's logits are (N, classes), or (N, T, classes) for a sequence (a class per position, nanoGPT's
   // per-token targets): the labels are then (N) or (N, T) class indices, or one value per class (one-hot, from the
   // one_hot map op, or class probabilities) when the data's labels are that wide.
+  const bool named = !m.outputs.empty() && !m.outputs[0].label.empty();
   bool any_ce = false;
   for (const auto& out : m.outputs) any_ce = any_ce || out.loss == LossKind::softmax_cross_entropy;
   const int64_t nb = std::max<int64_t>(o.batch, 1);
   bool soft = false;
   Shape ce_logits;  // the first classifier's logits, which decide the labels' layout
   for (const auto& out : m.outputs) {
-    if (out.loss != LossKind::softmax_cross_entropy) continue;
+    if (named || out.loss != LossKind::softmax_cross_entropy) continue;
     const Shape& ys = g.tensor(outs.at(out.layer)).shape;
     if (ys.rank() < 2)
       throw ConfigError("output '" + out.layer + "': softmax_cross_entropy needs (batch, classes) or (batch, positions, "
@@ -392,20 +456,23 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
   TensorInfo lab;
   lab.name = "label";
   lab.role = TensorRole::label;
-  if (any_ce) {
+  if (named) {
+    lab.shape = Shape{nb, static_cast<int64_t>(m.label_names.size())};
+  } else if (any_ce) {
     std::vector<int64_t> d = ce_logits.dims();
     if (!soft) d.pop_back();  // class indices: one per position
     lab.shape = Shape(d);
   } else {
     lab.shape = g.tensor(outs.at(m.outputs[0].layer)).shape;
   }
-  if (!m.label_shape.dims().empty() || !any_ce) {
+  if (!named && (!m.label_shape.dims().empty() || !any_ce)) {
     if (!m.label_shape.dims().empty() && m.label_shape.numel() != lab.shape.numel() / nb)
       throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" +
                         m.outputs[0].layer + "' with its loss needs " + lab.shape.tail().str());
   }
   g.soft_labels = soft;
   g.label = g.add_tensor(lab);
+  const std::vector<TensorId> columns = named ? split_named_labels(g, m, nb) : std::vector<TensorId>{};
   for (const auto& out : m.outputs) {
     TensorId y = outs.at(out.layer);
     const Shape& ys = g.tensor(y).shape;
@@ -420,7 +487,9 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
     }
     LossAttrs a{rows, cols, out.weight / static_cast<float>(rows), out.from_logits, soft};
     TensorId target = g.label;
-    if (k != OpKind::SoftmaxCrossEntropy) {
+    if (named) {
+      target = named_target(g, m, out, columns, ys, nb);
+    } else if (k != OpKind::SoftmaxCrossEntropy) {
       if (g.tensor(g.label).shape.numel() != ys.numel())
         throw ConfigError("output '" + out.layer + "': " + std::string(op_name(k)) + " needs targets shaped like the output " +
                           ys.tail().str() + ", but the labels are " + g.tensor(g.label).shape.tail().str());

@@ -247,10 +247,24 @@ void Session::check_fault_injection() const {
           " never happens; use a number from 1 to " + std::to_string(most));
 }
 
-void Session::check_data_shapes(const std::string& which, const ConfigNode& model) const {
+void Session::check_data_shapes(const std::string& which, const ConfigNode& model) {
   std::vector<StageShapes> shapes;
   make_pipeline(which, &shapes);
   if (shapes.empty()) return;
+  if (which == "train") model_.label_names = label_names_;
+  {
+    auto outs = model.table_array("outputs");
+    std::string known;
+    for (const auto& n : model_.label_names) known += (known.empty() ? "\"" : ", \"") + n + "\"";
+    for (size_t i = 0; i < model_.outputs.size() && i < outs.size(); ++i) {
+      const std::string& l = model_.outputs[i].label;
+      if (l.empty() || std::find(model_.label_names.begin(), model_.label_names.end(), l) != model_.label_names.end())
+        continue;
+      outs[i].fail("label", "is \"" + l + "\", but " + describe_source(cfg_, "train") +
+                                (known.empty() ? " names no labels (the csv source names several with label = [\"a\", \"b\"])"
+                                               : " names its labels " + known));
+    }
+  }
   // The stage that last changed the example (or label) shape is where a mismatch comes from.
   auto shaped_by = [&](bool labels) {
     size_t k = 0;
@@ -276,6 +290,15 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
   go.training = false;
   Graph g = build_graph(model_, go);  // model_.label_shape is still unset here: the labels are checked below
   auto outs = model.table_array("outputs");
+  if (!model_.label_names.empty() && !model_.outputs.empty() && !model_.outputs[0].label.empty()) {
+    // Named labels: one value per name; each output's own label was checked when the graph was built.
+    const int64_t names = static_cast<int64_t>(model_.label_names.size());
+    if (y.numel() != names)
+      model.fail("outputs", "the outputs name their labels, but " + source + " delivers labels of shape " + y.str() + " (" +
+                                values(y) + "), shaped by " + shaped_by(true) + ", for its " + std::to_string(names) +
+                                " named labels: stages that change the labels (e.g. one_hot) cannot be used with named labels");
+    return;
+  }
   for (size_t i = 0; i < model_.outputs.size() && i < g.outputs.size(); ++i) {
     const OutputSpec& o = model_.outputs[i];
     const Shape out = g.tensor(g.outputs[i]).shape.tail();
@@ -329,7 +352,20 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.pipeline = which;
     const bool source = !ctx.upstream;
     cur = reg_.stage(type)(s, std::move(ctx));
-    if (source && which == "train") vocab_ = cur->vocabulary();  // saved with the run (vocab.json)
+    if (source && which == "train") {
+      vocab_ = cur->vocabulary();  // saved with the run (vocab.json)
+      label_names_ = cur->label_names();
+    }
+    // Named labels must mean the same in both pipelines (outputs find their label by name in [data.train]'s order).
+    if (source && which == "test" && cur->label_names() != label_names_ && (!label_names_.empty() || !cur->label_names().empty())) {
+      auto list = [](const std::vector<std::string>& v) {
+        std::string t;
+        for (const auto& n : v) t += (t.empty() ? "\"" : ", \"") + n + "\"";
+        return v.empty() ? std::string("none") : "[" + t + "]";
+      };
+      s.fail("label", "this source's named labels are " + list(cur->label_names()) + ", but [data.train]'s are " +
+                          list(label_names_) + ": both pipelines must deliver the same labels in the same order");
+    }
     // Ids must mean the same tokens in both pipelines (a vocabulary is built from its own file).
     if (source && which == "test" && !vocab_.empty() && !cur->vocabulary().empty() && cur->vocabulary() != vocab_)
       s.fail("path", "this text source's vocabulary differs from [data.train]'s, so the same id would stand for "

@@ -238,7 +238,23 @@ struct LabelRules {
   bool soft = false;    // softmax_cross_entropy with (classes) labels: probabilities in [0, 1] summing to 1
   bool unit = false;    // binary_cross_entropy: target in [0, 1]
   std::string bce_output;
+  // Named labels: each output's own column of the (names) label values, checked against that output's loss.
+  struct Field {
+    size_t col = 0;
+    int64_t classes = 0;  // softmax_cross_entropy
+    bool unit = false;    // binary_cross_entropy
+    std::string output, label;
+  };
+  std::vector<Field> fields;
+  size_t names = 0;
 };
+
+// Where output `o`'s label sits in each example's label values: its named label's column, or -1 (the whole label).
+int64_t label_column(const ModelSpec& m, const OutputSpec& o) {
+  if (o.label.empty()) return -1;
+  auto it = std::find(m.label_names.begin(), m.label_names.end(), o.label);
+  return it == m.label_names.end() ? -1 : it - m.label_names.begin();
+}
 
 LabelRules label_rules(const ModelSpec& m) {
   LabelRules r;
@@ -250,6 +266,20 @@ LabelRules label_rules(const ModelSpec& m) {
   go.training = false;
   Graph g = build_graph(m, go);  // only to learn each head's width; nothing is allocated
   r.soft = g.soft_labels;
+  if (!m.outputs.empty() && !m.outputs[0].label.empty()) {
+    r.names = m.label_names.size();
+    for (size_t i = 0; i < m.outputs.size() && i < g.outputs.size(); ++i) {
+      const Shape& os = g.tensor(g.outputs[i]).shape;
+      LabelRules::Field f;
+      f.col = static_cast<size_t>(std::max<int64_t>(label_column(m, m.outputs[i]), 0));
+      f.classes = m.outputs[i].loss == LossKind::softmax_cross_entropy ? os[os.rank() - 1] : 0;
+      f.unit = m.outputs[i].loss == LossKind::binary_cross_entropy;
+      f.output = m.outputs[i].layer;
+      f.label = m.outputs[i].label;
+      r.fields.push_back(f);
+    }
+    return r;
+  }
   for (size_t i = 0; i < m.outputs.size() && i < g.outputs.size(); ++i) {
     const Shape& os = g.tensor(g.outputs[i]).shape;
     // A classifier's classes are its logits' last dim ((1, classes), or (1, T, classes) for a sequence).
@@ -306,6 +336,10 @@ class CheckedStage final : public Stage {
         if (!std::isfinite(v))
           fail(k, "has input value " + num(v) + " at feature " + std::to_string(j) + "; inputs must be finite numbers");
       }
+      if (!rules_.fields.empty()) {
+        check_fields(b, k, yn);
+        continue;
+      }
       if (rules_.soft && yn % rules_.classes != 0)
         fail(k, "has " + std::to_string(yn) + " label value(s), but output '" + rules_.ce_output +
                     "' (softmax_cross_entropy) is trained on " + std::to_string(rules_.classes) +
@@ -336,6 +370,20 @@ class CheckedStage final : public Stage {
       if (rules_.soft) check_row_sum(k, row_sum, yn);
     }
     seen_ += n;
+  }
+
+  void check_fields(const Element& b, int64_t k, int64_t yn) const {
+    if (yn != static_cast<int64_t>(rules_.names))
+      fail(k, "has " + std::to_string(yn) + " label value(s), but the data names " + std::to_string(rules_.names) + " labels");
+    for (const auto& f : rules_.fields) {
+      const float v = b.y.data[static_cast<size_t>(k * yn) + f.col];
+      const std::string who = "label \"" + f.label + "\" " + num(v) + ", but output '" + f.output + "'";
+      if (!std::isfinite(v)) fail(k, "has label \"" + f.label + "\" " + num(v) + "; labels must be finite numbers");
+      if (f.classes > 0 && (v < 0 || v >= static_cast<float>(f.classes) || v != std::floor(v)))
+        fail(k, "has " + who + " (softmax_cross_entropy) has " + std::to_string(f.classes) +
+                    " classes: expected an integer class index in [0, " + std::to_string(f.classes) + ")");
+      if (f.unit && (v < 0 || v > 1)) fail(k, "has " + who + " (binary_cross_entropy) expects targets in [0, 1]");
+    }
   }
 
   void check_row_sum(int64_t k, double row_sum, int64_t yn) const {
@@ -499,6 +547,20 @@ Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema
     for (size_t i = 0; i < heads && i < res.outputs.size(); ++i) {
       if (m.outputs[i].loss == LossKind::mse) continue;
       const HostTensor& out = res.outputs[i];
+      if (const int64_t col = label_column(m, m.outputs[i]); col >= 0) {  // a named label: one value per example
+        const int64_t yw = b->y.shape.numel() / n, cols = out.shape.numel() / n;
+        for (int64_t k = 0; k < n; ++k) {
+          const float* row = out.data.data() + k * cols;
+          const float y = b->y.data[static_cast<size_t>(k * yw + col)];
+          if (m.outputs[i].loss == LossKind::softmax_cross_entropy) {
+            correct[i] += std::max_element(row, row + cols) - row == static_cast<int64_t>(y);
+          } else {
+            correct[i] += (row[0] > (m.outputs[i].from_logits ? 0.f : 0.5f)) == (y > 0.5f);
+          }
+        }
+        counted[i] += n;
+        continue;
+      }
       if (m.outputs[i].loss == LossKind::softmax_cross_entropy) {
         // One prediction per row of the logits' last dim: per example, or per position of a sequence (per token).
         const int64_t cols = out.shape[out.shape.rank() - 1], rows = out.shape.numel() / std::max<int64_t>(cols, 1);

@@ -81,8 +81,10 @@ bool blank(const std::string& s) { return s.find_first_not_of(" \t") == std::str
 
 class CsvSource final : public Stage {
  public:
-  CsvSource(const std::string& path, bool header, const std::string& label, char delim, int64_t limit)
-      : in_(path), delim_(delim) {
+  // labels: one column (name or index; "" = the last), or with `named` several, each a label of its own.
+  CsvSource(const std::string& path, bool header, const std::vector<std::string>& labels, bool named, char delim,
+            int64_t limit)
+      : in_(path), delim_(delim), named_(named) {
     std::string line;
     std::vector<std::string> names;
     while (in_.next(line) && blank(line)) {
@@ -95,12 +97,12 @@ class CsvSource final : public Stage {
       data_offset_ = in_.offset();
       data_line_ = in_.line_no();
     }
-    label_col_ = columns_ - 1;
-    if (!label.empty()) {
+    for (const auto& label : labels) {
+      size_t col = columns_ - 1;
       auto it = std::find(names.begin(), names.end(), label);
       if (it != names.end()) {
-        label_col_ = static_cast<size_t>(it - names.begin());
-      } else {
+        col = static_cast<size_t>(it - names.begin());
+      } else if (!label.empty()) {
         int64_t idx = -1;
         auto [p, ec] = std::from_chars(label.data(), label.data() + label.size(), idx);
         if (ec != std::errc() || p != label.data() + label.size() || idx < 0 || idx >= static_cast<int64_t>(columns_)) {
@@ -110,12 +112,16 @@ class CsvSource final : public Stage {
                             (header ? "(header has: " + known + ")" : "(no header row: set header = true)") +
                             " nor a column index 0.." + std::to_string(columns_ - 1));
         }
-        label_col_ = static_cast<size_t>(idx);
+        col = static_cast<size_t>(idx);
       }
+      if (std::find(label_cols_.begin(), label_cols_.end(), col) != label_cols_.end())
+        in_.reader().fail("label lists column " + std::to_string(col) + " (\"" + label + "\") twice");
+      label_cols_.push_back(col);
+      label_names_.push_back(header ? names[col] : label);
     }
-    if (columns_ < 2)
-      in_.reader().fail("line " + std::to_string(in_.line_no()) + " has " + std::to_string(columns_) +
-                        " column; need a label and at least one feature");
+    if (columns_ < label_cols_.size() + 1)
+      in_.reader().fail("line " + std::to_string(in_.line_no()) + " has " + std::to_string(columns_) + " column(s); need " +
+                        std::to_string(label_cols_.size()) + " label column(s) and at least one feature");
     // One streaming pass to count the rows (memory stays bounded).
     in_.seek(data_offset_, data_line_);
     uint64_t rows = 0;
@@ -130,8 +136,11 @@ class CsvSource final : public Stage {
   }
 
   std::string name() const override { return "csv"; }
-  Shape example_shape() const override { return {static_cast<int64_t>(columns_ - 1)}; }
-  Shape label_shape() const override { return {}; }
+  Shape example_shape() const override { return {static_cast<int64_t>(columns_ - label_cols_.size())}; }
+  Shape label_shape() const override {
+    return named_ ? Shape{static_cast<int64_t>(label_cols_.size())} : Shape{};
+  }
+  std::vector<std::string> label_names() const override { return named_ ? label_names_ : std::vector<std::string>{}; }
   int64_t size_hint() const override { return static_cast<int64_t>(size_); }
 
   void reset(uint64_t) override {
@@ -153,6 +162,7 @@ class CsvSource final : public Stage {
                         " columns, found " + std::to_string(fields.size()));
     Element e;
     e.x = HostTensor(example_shape());
+    e.y = HostTensor(label_shape());
     size_t j = 0;
     for (size_t c = 0; c < fields.size(); ++c) {
       double v = 0;
@@ -161,8 +171,9 @@ class CsvSource final : public Stage {
       if (f.empty() || ec != std::errc() || p != f.data() + f.size() || !std::isfinite(v))
         in_.reader().fail("line " + std::to_string(in_.line_no()) + ", column " + std::to_string(c + 1) +
                           ": expected a finite number, found \"" + std::string(f) + "\"");
-      if (c == label_col_)
-        e.y = HostTensor(Shape{}, static_cast<float>(v));
+      auto l = std::find(label_cols_.begin(), label_cols_.end(), c);
+      if (l != label_cols_.end())
+        e.y.data[static_cast<size_t>(l - label_cols_.begin())] = static_cast<float>(v);
       else
         e.x.data[j++] = static_cast<float>(v);
     }
@@ -198,7 +209,10 @@ class CsvSource final : public Stage {
  private:
   LineReader in_;
   char delim_;
-  size_t columns_ = 0, label_col_ = 0;
+  bool named_ = false;
+  size_t columns_ = 0;
+  std::vector<size_t> label_cols_;      // in label order
+  std::vector<std::string> label_names_;
   uint64_t data_offset_ = 0, data_line_ = 0, size_ = 0, pos_ = 0;
   std::string line_;
   StageStats stats_;
@@ -210,7 +224,11 @@ std::unique_ptr<Stage> make_csv(const ConfigNode& cfg, StageContext ctx) {
   require_source(cfg, ctx, "csv");
   std::string path = resolve_path(ctx.base_dir, cfg.get_string("path"));
   bool header = cfg.get_bool("header", false);
-  std::string label = cfg.get_size_text("label", "");
+  // label = "name" or a column index (one label, the default the last column), or label = ["a", "b"]: several
+  // named labels, each for the model output that names it.
+  const bool named = cfg.is_list("label");
+  std::vector<std::string> labels = named ? cfg.get_string_list("label", {}) : std::vector<std::string>{cfg.get_size_text("label", "")};
+  if (named && labels.empty()) cfg.fail("label", "is an empty list; name one or more label columns");
   const std::string delim = cfg.get_string("delimiter", ",");
   const char d = delim == "\\t" || delim == "tab" ? '\t' : delim.size() == 1 ? delim[0] : '\0';
   if (d == '\0' || d == '\n' || d == '"')
@@ -218,7 +236,7 @@ std::unique_ptr<Stage> make_csv(const ConfigNode& cfg, StageContext ctx) {
   int64_t limit = cfg.get_int("limit", 0);
   if (limit < 0) cfg.fail("limit", "must be >= 0 (0 = every row), got " + std::to_string(limit));
   cfg.finish();
-  return std::make_unique<CsvSource>(path, header, label, d, limit);
+  return std::make_unique<CsvSource>(path, header, labels, named, d, limit);
 }
 
 }  // namespace kiln::data

@@ -19,6 +19,7 @@ class ConfigNode {
   ConfigNode(std::shared_ptr<ConfigDocument> doc, const void* table, std::string path);
 
   bool has(const std::string& key) const;
+  bool is_list(const std::string& key) const;  // the key is present and holds an array (does not mark it read)
   std::string path() const { return path_; }  // dotted path of this table, "model.layers[2]"
   std::string where(const std::string& key = {}) const;  // "run.toml:12: key 'model.layers[2].units'"
 

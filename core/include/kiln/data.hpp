@@ -55,6 +55,10 @@ class Stage {
   // A text source's vocabulary as a JSON object (what token id i stands for), saved with the run as vocab.json so
   // `kiln sample` can decode ids; "" for every other stage. Only a pipeline's first stage (the source) is asked.
   virtual std::string vocabulary() const { return {}; }
+  // Names of the label's values when a source delivers several named labels per example (the csv source's
+  // `label = ["digit", "parity"]`: label_shape() (2), one value per name), so each model output can train on its own
+  // (`[[model.outputs]] label = "parity"`); empty otherwise. Only a pipeline's first stage (the source) is asked.
+  virtual std::vector<std::string> label_names() const { return {}; }
 };
 
 // Context a stage factory receives.

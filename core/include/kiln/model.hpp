@@ -27,6 +27,7 @@ struct OutputSpec {
   LossKind loss = LossKind::softmax_cross_entropy;
   float weight = 1.f;
   bool from_logits = true;  // binary cross-entropy
+  std::string label;        // one of the data's named labels (ModelSpec::label_names); "" = the data's one label
 };
 
 enum class OptimizerKind : uint8_t { sgd, adam, rmsprop, adamw };
@@ -62,6 +63,9 @@ struct OptimizerSpec {
 struct ModelSpec {
   Shape input_shape;  // per example
   Shape label_shape;  // per example; () for class indices
+  // The data's named labels, one value each, in the order of the label tensor (the train source's label_names()).
+  // When outputs name their label, the label tensor (N, names) is split into one (N) column per output.
+  std::vector<std::string> label_names;
   std::vector<LayerSpec> layers;
   std::vector<OutputSpec> outputs;
   uint32_t seed = 0;

@@ -16,7 +16,7 @@
 namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
-inline constexpr int kApiVersion = 5;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm
+inline constexpr int kApiVersion = 6;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: Stage::label_names
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif

@@ -115,7 +115,7 @@ class Session {
   std::unique_ptr<Stage> make_pipeline(const std::string& which, std::vector<StageShapes>* shapes) const;
   // Refuses (ConfigError at model.input_shape or the head's loss) a pipeline whose examples do not fit
   // [model] input_shape or whose labels do not fit a head's loss, naming the section, its files and the stage.
-  void check_data_shapes(const std::string& which, const ConfigNode& model) const;
+  void check_data_shapes(const std::string& which, const ConfigNode& model);
   // Refuses [device] fault_injection_block beyond the block requests a single-device run can make (growth = true).
   void check_fault_injection() const;
 
@@ -138,6 +138,7 @@ class Session {
   MemorySettings memory_;
   std::vector<std::string> warnings_;
   mutable std::string vocab_;  // recorded when the train pipeline is first built
+  mutable std::vector<std::string> label_names_;  // the train source's named labels (likewise)
 };
 
 // Where a pipeline's data comes from, for messages:
