@@ -32,6 +32,8 @@ struct Options {
 void load_plugins(const Options& o, PluginLoader& loader, Registry& reg, const std::string& config_file = {});
 
 int cmd_train(const Options& o);
+// Put before every error message main() prints: "[rank R host H] " in a run across processes, else empty.
+std::string& error_prefix();
 int cmd_plan(const Options& o);
 int cmd_devices(const Options& o);
 int cmd_plugins(const Options& o);
