@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <exception>
+#include <sstream>
 #include <thread>
 
 #include "kiln/error.hpp"
@@ -21,7 +22,13 @@ void check_mpi(int code, const char* call) {
 
 namespace {
 bool g_finalized_here = false;
+
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
 }
+}  // namespace
 
 MpiGroup::MpiGroup(const ProcessGroupOptions& o) : o_(o) {
   int inited = 0;
@@ -70,7 +77,7 @@ void MpiGroup::wait(std::vector<MPI_Request>& reqs, const char* what) {
       std::string ranks;
       for (int r = 0; r < size_; ++r)
         if (r != rank_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r) + " on " + hosts_[static_cast<size_t>(r)];
-      throw Error("mpi: " + std::string(what) + " did not complete within [strategy] timeout_s = " + std::to_string(o_.timeout_s) +
+      throw Error("mpi: " + std::string(what) + " did not complete within [strategy] timeout_s = " + seconds_text(o_.timeout_s) +
                   " s on rank " + std::to_string(rank_) + " (" + host() + "); one of ranks " + ranks +
                   " stopped taking part (it died, hangs or runs another step). Check that rank's output; raise "
                   "timeout_s for very slow steps");

@@ -1,0 +1,182 @@
+// data_parallel across MPI ranks (the mpi plugin): `mpirun -np N kiln train` on the Fashion-MNIST MLP sample over
+// loopback, against the same global batch trained in one process; faults that must not hang. Skipped without
+// mpirun, the mpi plugin or the dataset.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <regex>
+
+#include "kiln/trainer.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSample = std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_dp.toml";
+const std::string kMpirun = "timeout -s KILL 120 mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp";
+// Every run: 50 steps of the sample's MLP (global batch 32), no evaluation, quiet.
+const std::string kShort = " --set train.epochs=1 --set train.evaluate=false --set 'train.progress=\"lines\"'";
+// The sample in one process per rank: one CPU device each, the mpi communicator.
+const std::string kPerRank = " --set device.virtual_devices=1 --set 'strategy.devices=[0]' --set 'strategy.communicator=\"mpi\"'";
+
+kiln::test::AppResult shell(const std::string& cmd) {
+  kiln::test::AppResult r;
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!pipe) return {127, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// Skips the test case unless mpirun, the mpi plugin and the dataset are there.
+#define REQUIRE_MPI()                                                                                                  \
+  do {                                                                                                                 \
+    if (shell("command -v mpirun").exit_code != 0)                                                                     \
+      KILN_SKIP("mpirun not found: install OpenMPI (Debian: apt-get install openmpi-bin libopenmpi-dev)");              \
+    if (!fs::exists(std::string(KILN_PLUGIN_DIR) + "/libkiln_mpi.so"))                                                 \
+      KILN_SKIP("the mpi plugin was not built (CMake did not find MPI)");                                              \
+    if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))                                   \
+      KILN_SKIP("Fashion-MNIST is not installed (Debian: dataset-fashion-mnist, see setup.sh)");                       \
+  } while (0)
+
+std::string out_dir(const fs::path& dir, const std::string& name) {
+  return " --set 'train.output_dir=\"" + (dir / name).string() + "\"'";
+}
+
+kiln::test::AppResult mpi_train(int np, const std::string& args) {
+  return shell(kMpirun + " -np " + std::to_string(np) + " " + KILN_APP + " train " + kSample + kShort + kPerRank + args);
+}
+
+// Largest difference over every tensor of two checkpoints (which must hold the same names and shapes).
+double max_difference(const fs::path& a, const fs::path& b) {
+  auto ca = kiln::load_checkpoint(a.string()), cb = kiln::load_checkpoint(b.string());
+  REQUIRE(ca.step == cb.step);
+  REQUIRE(ca.tensors.size() == cb.tensors.size());
+  double worst = 0;
+  for (const auto& [name, t] : ca.tensors) {
+    INFO(name);
+    REQUIRE(cb.tensors.count(name) == 1);
+    const auto& u = cb.tensors.at(name);
+    REQUIRE(t.shape == u.shape);
+    for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, std::fabs(double(t.data[i]) - double(u.data[i])));
+  }
+  return worst;
+}
+
+bool same_bits(const fs::path& a, const fs::path& b) {
+  auto ca = kiln::load_checkpoint(a.string()), cb = kiln::load_checkpoint(b.string());
+  if (ca.step != cb.step || ca.data_state != cb.data_state || ca.tensors.size() != cb.tensors.size()) return false;
+  for (const auto& [name, t] : ca.tensors)
+    if (!cb.tensors.count(name) || cb.tensors.at(name).data != t.data) return false;
+  return true;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("2 MPI ranks with reduction fixed_order end 50 steps with the bits of one process with 2 replicas", "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_exact");
+  for (const std::string state : {"replicated", "sharded"}) {
+    CAPTURE(state);
+    const std::string opt = " --set train.max_steps=50 --set 'strategy.optimizer_state=\"" + state + "\"'";
+    auto ref = kiln::test::run_app("train " + kSample + kShort + opt + out_dir(dir, "ref_" + state));
+    INFO(ref.output);
+    REQUIRE(ref.exit_code == 0);
+    auto mpi = mpi_train(2, opt + " --set 'strategy.reduction=\"fixed_order\"'" + out_dir(dir, "mpi_" + state));
+    INFO(mpi.output);
+    REQUIRE(mpi.exit_code == 0);
+    CHECK(same_bits(dir / ("ref_" + state) / "checkpoint.kiln", dir / ("mpi_" + state) / "checkpoint.kiln"));
+    // One voice: rank 0 alone reports (the other rank's identical lines would double these).
+    CHECK(count(mpi.output, "stopped at max_steps = 50") == 1);
+    CHECK(count(mpi.output, "data_parallel: 1 replica(s), global batch 32") == 1);
+    CHECK(count(mpi.output, "done: 50 steps") == 1);
+  }
+}
+
+TEST_CASE("2 MPI ranks of 2 devices each (hierarchical, fast reduction) end 50 steps within 1e-6 of 4 replicas in one process",
+          "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_hier");
+  auto ref = kiln::test::run_app("train " + kSample + kShort + " --set train.max_steps=50 --set device.virtual_devices=4 "
+                                 "--set 'strategy.devices=[0, 1, 2, 3]'" + out_dir(dir, "ref"));
+  INFO(ref.output);
+  REQUIRE(ref.exit_code == 0);
+  auto mpi = mpi_train(2, " --set train.max_steps=50 --set device.virtual_devices=2 --set 'strategy.devices=[0, 1]'" + out_dir(dir, "mpi"));
+  INFO(mpi.output);
+  REQUIRE(mpi.exit_code == 0);
+  CHECK_THAT(mpi.output, Catch::Contains("data_parallel: 2 replica(s), global batch 32"));
+  CHECK(max_difference(dir / "ref" / "checkpoint.kiln", dir / "mpi" / "checkpoint.kiln") <= 1e-6);
+}
+
+TEST_CASE("a checkpoint saved by 2 MPI ranks with sharded optimizer state resumes in one process bit-identically", "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_resume");
+  auto ref = kiln::test::run_app("train " + kSample + kShort + " --set train.max_steps=50" + out_dir(dir, "ref"));
+  REQUIRE(ref.exit_code == 0);
+  auto cut = mpi_train(2, " --set train.max_steps=30 --set 'strategy.optimizer_state=\"sharded\"' "
+                          "--set 'strategy.reduction=\"fixed_order\"'" + out_dir(dir, "cut"));
+  INFO(cut.output);
+  REQUIRE(cut.exit_code == 0);
+  // The same run continued by one process with two in-process replicas and replicated optimizer state.
+  auto rest = kiln::test::run_app("train " + kSample + kShort + " --set train.max_steps=50 --resume" + out_dir(dir, "cut"));
+  INFO(rest.output);
+  REQUIRE(rest.exit_code == 0);
+  CHECK_THAT(rest.output, Catch::Contains("resumed from"));
+  CHECK(same_bits(dir / "ref" / "checkpoint.kiln", dir / "cut" / "checkpoint.kiln"));
+}
+
+TEST_CASE("ranks started with different configs are refused at start naming the differing key", "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_cfg");
+  const std::string run = std::string(KILN_APP) + " train " + kSample + kShort + kPerRank + out_dir(dir, "run");
+  auto r = shell(kMpirun + " -np 1 " + run + " : -np 1 " + run + " --set optimizer.learning_rate=0.002");
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains("different configurations") && Catch::Contains("optimizer.learning_rate") &&
+                           Catch::Contains("rank 1"));
+  CHECK_FALSE(fs::exists(dir / "run" / "checkpoint.kiln"));
+}
+
+TEST_CASE("a rank killed with SIGKILL mid-run stops the other 3 within the timeout, non-zero, naming the lost rank", "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_kill");
+  // 4 ranks on this host's cores, one device each, killed 3 s in (the whole epoch would take far longer).
+  auto r = shell(std::string(KILN_SOURCE_DIR) + "/tests/integration/mpi_fault.sh 2 KILL 3 100 --allow-run-as-root "
+                 "--oversubscribe --mca btl self,tcp -np 4 " + KILN_APP + " train " + kSample + kShort + kPerRank +
+                 " --set 'train.progress=\"none\"' --set strategy.timeout_s=20" + out_dir(dir, "run"));
+  INFO(r.output);
+  REQUIRE_THAT(r.output, Catch::Contains("mpi_fault: sent SIGKILL to rank 2"));
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, std::regex("rc=([0-9]+) seconds=([0-9]+)")));
+  CHECK(std::stoi(m[1]) != 0);
+  CHECK(std::stoi(m[2]) < 3 + 20 + 10);  // the kill, the timeout, starting and stopping
+  CHECK(std::regex_search(r.output, std::regex("rank 2 .*(Killed|exited on signal 9)|rank 2 on")));
+}
+
+TEST_CASE("a rank that stops answering is reported by the others after strategy.timeout_s, naming the ranks", "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_hang");
+  auto r = shell(std::string(KILN_SOURCE_DIR) + "/tests/integration/mpi_fault.sh 1 STOP 2 60 --allow-run-as-root "
+                 "--oversubscribe --mca btl self,tcp -np 2 " + KILN_APP + " train " + kSample + kShort + kPerRank +
+                 " --set 'train.progress=\"none\"' --set strategy.timeout_s=3" + out_dir(dir, "run"));
+  INFO(r.output);
+  REQUIRE_THAT(r.output, Catch::Contains("mpi_fault: sent SIGSTOP to rank 1"));
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, std::regex("rc=([0-9]+) seconds=([0-9]+)")));
+  CHECK(std::stoi(m[1]) != 0);
+  CHECK(std::stoi(m[2]) < 2 + 3 + 15);
+  CHECK_THAT(r.output, Catch::Contains("[rank 0 host ") && Catch::Contains("did not complete within [strategy] timeout_s = 3 s") &&
+                           Catch::Contains("ranks 1 on"));
+}
