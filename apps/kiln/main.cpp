@@ -24,6 +24,19 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", o.resume, "Continue from the run's last checkpoint");
   train->add_flag("--overwrite", o.overwrite, "Start over in an output directory that holds an earlier run (else refused)");
 
+  kiln::app::LaunchOptions lo;
+  auto* launch = app.add_subcommand("launch", "Train across N processes: runs mpirun -np N kiln train (needs the mpi plugin)");
+  launch->add_option("-n,--ranks", lo.ranks, "How many ranks (processes)")->required();
+  launch->add_option("config", o.config, "The run's TOML file ([strategy] communicator = \"mpi\")")->required();
+  launch->add_option("--hosts", lo.hosts, "Hosts for mpirun --host: h1,h2 or h1:4,h2:4 (slots per host)");
+  launch->add_option("--set", o.overrides, "Override a config value (repeatable; passed to every rank)");
+  launch->add_flag("--resume", o.resume, "Continue from the run's last checkpoint");
+  launch->add_flag("--overwrite", o.overwrite, "Start over in an output directory that holds an earlier run");
+  launch->add_option("--mpirun", lo.mpirun, "The mpirun to run (default: mpirun from PATH)");
+  launch->add_option("--mpirun-arg", lo.mpirun_args, "An argument for mpirun, e.g. --mpirun-arg=--oversubscribe (repeatable)")
+      ->allow_extra_args(false);
+  launch->add_flag("--dry-run", lo.dry_run, "Print the mpirun command instead of running it");
+
   auto* plan = app.add_subcommand("plan", "Show the per-layer table and the step's memory before anything is allocated");
   plan->add_option("config", o.config, "The run's TOML file")->required();
   plan->add_option("--set", o.overrides, "Override a config value (repeatable)");
@@ -86,6 +99,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) return kiln::app::cmd_train(o);
+    if (launch->parsed()) return kiln::app::cmd_launch(o, lo);
     if (plan->parsed()) return kiln::app::cmd_plan(o);
     if (devices->parsed()) return kiln::app::cmd_devices(o);
     if (conf->parsed()) return kiln::app::cmd_conformance(o);

@@ -180,3 +180,20 @@ TEST_CASE("a rank that stops answering is reported by the others after strategy.
   CHECK_THAT(r.output, Catch::Contains("[rank 0 host ") && Catch::Contains("did not complete within [strategy] timeout_s = 3 s") &&
                            Catch::Contains("ranks 1 on"));
 }
+
+TEST_CASE("kiln launch runs mpirun with the ranks, hosts, mpirun options and the train command for every rank", "[mpi]") {
+  auto dry = kiln::test::run_app("launch -n 3 --hosts h1:2,h2 --mpirun-arg=--oversubscribe " + kSample +
+                                 " --set train.epochs=1 --resume --dry-run");
+  INFO(dry.output);
+  REQUIRE(dry.exit_code == 0);
+  CHECK(std::regex_search(dry.output, std::regex("^mpirun -np 3 --host h1:2,h2 (--allow-run-as-root )?--oversubscribe \\S*kiln train " +
+                                                 kSample + " --set train.epochs=1 --resume\n$")));
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_launch");
+  auto r = kiln::test::run_app("launch -n 2 --mpirun-arg=--oversubscribe --mpirun-arg=--mca --mpirun-arg=btl "
+                               "--mpirun-arg=self,tcp " + kSample + kShort + kPerRank + " --set train.max_steps=5" + out_dir(dir, "run"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count(r.output, "done: 5 steps") == 1);
+  CHECK(fs::exists(dir / "run" / "checkpoint.kiln"));
+}
