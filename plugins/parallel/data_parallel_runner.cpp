@@ -283,7 +283,8 @@ class DataParallelRunner final : public Runner {
   std::string report() const override {
     std::ostringstream os;
     const size_t n = reps_.size();
-    os << "data_parallel: " << n << " replica(s), global batch " << ctx_.global_batch << ", optimizer state "
+    os << "data_parallel: " << n << " replica(s)" << (procs_ > 1 ? " in each of " + std::to_string(procs_) + " processes" : "")
+       << ", global batch " << ctx_.global_batch << ", optimizer state "
        << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator, buckets of "
        << bytes_text(o_.bucket_bytes) << (overlap_ ? " reduced during backward" : " reduced after backward") << "\n";
     for (size_t r = 0; r < n; ++r) {

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "kiln/trainer.hpp"
@@ -77,6 +78,11 @@ bool same_bits(const fs::path& a, const fs::path& b) {
   return true;
 }
 
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -85,12 +91,14 @@ size_t count(const std::string& text, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("2 MPI ranks with reduction fixed_order end 50 steps with the bits of one process with 2 replicas", "[mpi]") {
+TEST_CASE("2 MPI ranks with reduction fixed_order end 50 steps with the bits of one process with 2 replicas, and evaluate the same",
+          "[mpi]") {
   REQUIRE_MPI();
   auto dir = kiln::test::temp_dir("mpi_exact");
   for (const std::string state : {"replicated", "sharded"}) {
     CAPTURE(state);
-    const std::string opt = " --set train.max_steps=50 --set 'strategy.optimizer_state=\"" + state + "\"'";
+    // An epoch of 50 steps, then the whole test set, sharded over the ranks and reduced.
+    const std::string opt = " --set train.steps_per_epoch=50 --set train.evaluate=true --set 'strategy.optimizer_state=\"" + state + "\"'";
     auto ref = kiln::test::run_app("train " + kSample + kShort + opt + out_dir(dir, "ref_" + state));
     INFO(ref.output);
     REQUIRE(ref.exit_code == 0);
@@ -98,9 +106,16 @@ TEST_CASE("2 MPI ranks with reduction fixed_order end 50 steps with the bits of 
     INFO(mpi.output);
     REQUIRE(mpi.exit_code == 0);
     CHECK(same_bits(dir / ("ref_" + state) / "checkpoint.kiln", dir / ("mpi_" + state) / "checkpoint.kiln"));
+    const std::regex eval("\"test_loss\":[^,]*,\"test_accuracy\":[^,]*");
+    const std::string ref_m = slurp(dir / ("ref_" + state) / "metrics.jsonl"), mpi_m = slurp(dir / ("mpi_" + state) / "metrics.jsonl");
+    std::smatch a, b;
+    REQUIRE(std::regex_search(ref_m, a, eval));
+    REQUIRE(std::regex_search(mpi_m, b, eval));
+    CHECK(a.str() == b.str());
     // One voice: rank 0 alone reports (the other rank's identical lines would double these).
-    CHECK(count(mpi.output, "stopped at max_steps = 50") == 1);
-    CHECK(count(mpi.output, "data_parallel: 1 replica(s), global batch 32") == 1);
+    CHECK(count(mpi.output, "final test accuracy") == 1);
+    CHECK(count(mpi.output, "device cpu:0: CPU") == 1);
+    CHECK_THAT(mpi.output, Catch::Contains("data_parallel: 1 replica(s) in each of 2 processes, global batch 32"));
     CHECK(count(mpi.output, "done: 50 steps") == 1);
   }
 }
@@ -116,7 +131,7 @@ TEST_CASE("2 MPI ranks of 2 devices each (hierarchical, fast reduction) end 50 s
   auto mpi = mpi_train(2, " --set train.max_steps=50 --set device.virtual_devices=2 --set 'strategy.devices=[0, 1]'" + out_dir(dir, "mpi"));
   INFO(mpi.output);
   REQUIRE(mpi.exit_code == 0);
-  CHECK_THAT(mpi.output, Catch::Contains("data_parallel: 2 replica(s), global batch 32"));
+  CHECK_THAT(mpi.output, Catch::Contains("data_parallel: 2 replica(s) in each of 2 processes, global batch 32"));
   CHECK(max_difference(dir / "ref" / "checkpoint.kiln", dir / "mpi" / "checkpoint.kiln") <= 1e-6);
 }
 
