@@ -109,25 +109,25 @@ int main(int argc, char** argv) {
     if (exp->parsed()) return kiln::app::cmd_export(o);
     return kiln::app::cmd_plugins(o);
   } catch (const kiln::Interrupted& e) {  // SIGINT / SIGTERM: the step finished and a checkpoint was written
-    std::cerr << kiln::app::error_prefix() << "kiln: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: " + e.what() + "\n");
     return e.exit_code();
   } catch (const kiln::ConfigError& e) {
-    std::cerr << kiln::app::error_prefix() << "kiln: config error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: config error: " + e.what() + "\n");
     return 2;
   } catch (const kiln::PluginError& e) {
-    std::cerr << kiln::app::error_prefix() << "kiln: plugin error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: plugin error: " + e.what() + "\n");
     return 2;
   } catch (const kiln::DataError& e) {  // bad input data is the user's to fix, like a bad config
-    std::cerr << kiln::app::error_prefix() << "kiln: data error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: data error: " + e.what() + "\n");
     return 2;
   } catch (const kiln::OutOfMemory& e) {
-    std::cerr << kiln::app::error_prefix() << "kiln: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: " + e.what() + "\n");
     return 1;
   } catch (const kiln::Error& e) {
-    std::cerr << kiln::app::error_prefix() << "kiln: error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: error: " + e.what() + "\n");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << kiln::app::error_prefix() << "kiln: internal error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: internal error: " + e.what() + "\n");
     return 1;
   }
 }

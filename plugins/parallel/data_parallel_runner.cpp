@@ -242,6 +242,7 @@ class DataParallelRunner final : public Runner {
                     name + "' than replica 0 (" + reps_[0]->label() + "), largest difference " + std::to_string(worst) +
                     "; the replicas diverged and no state was saved");
       }
+    if (procs_ > 1) check_same_state(all);
     for (auto& sh : shards_) sh->gather(all);  // each shard's slices of the optimizer state
     if (procs_ > 1 && layout_) {
       // The other processes' slices: each tensor is zero outside its owners' slices, so the sum over processes
@@ -504,6 +505,26 @@ class DataParallelRunner final : public Runner {
       for (size_t r = 0; r < reps_.size(); ++r) views[r] = reps_[r]->state().persistent(name);
       comm_->broadcast(views, devices_, 0);
     }
+  }
+
+  // Every process must hold the bits rank 0 saves: a checksum of its tensors is compared before anything is written.
+  void check_same_state(const std::map<std::string, HostTensor>& state) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over names and values
+    auto mix = [&](const void* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+    };
+    for (const auto& [name, t] : state) mix(name.data(), name.size()), mix(t.data.data(), t.data.size() * sizeof(float));
+    std::vector<uint8_t> mine(sizeof h);
+    std::memcpy(mine.data(), &h, sizeof h);
+    const std::string host = o_.group->host();
+    mine.insert(mine.end(), host.begin(), host.end());
+    auto every = o_.group->all_gather(mine);
+    for (size_t r = 1; r < every.size(); ++r)
+      if (every[r].size() < sizeof h || std::memcmp(every[r].data(), every[0].data(), sizeof h) != 0)
+        throw Error("data_parallel: rank " + std::to_string(r) + " (host " +
+                    std::string(every[r].begin() + sizeof h, every[r].end()) + ") holds different weights or optimizer "
+                    "state than rank 0 (host " + std::string(every[0].begin() + sizeof h, every[0].end()) +
+                    "); the processes diverged and no state was saved");
   }
 
   // Evaluation across processes: losses summed, outputs concatenated in rank order (each process took its rows).
