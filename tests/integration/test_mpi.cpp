@@ -164,13 +164,16 @@ TEST_CASE("ranks started with different configs are refused at start naming the 
   CHECK_FALSE(fs::exists(dir / "run" / "checkpoint.kiln"));
 }
 
-TEST_CASE("a rank killed with SIGKILL mid-run stops the other 3 within the timeout, non-zero, naming the lost rank", "[mpi]") {
+TEST_CASE("a rank killed with SIGKILL mid-run stops the other 3 within the timeout, naming it, and the run resumes on 2 ranks",
+          "[mpi]") {
   REQUIRE_MPI();
   auto dir = kiln::test::temp_dir("mpi_kill");
-  // 4 ranks on this host's cores, one device each, killed 3 s in (the whole epoch would take far longer).
+  // 4 ranks on this host's cores, one device each, killed 3 s in (the whole epoch would take far longer), with a
+  // checkpoint every 20 steps.
+  const std::string opts = " --set 'train.progress=\"none\"' --set strategy.timeout_s=20 --set train.checkpoint_every_steps=20";
   auto r = shell(std::string(KILN_SOURCE_DIR) + "/tests/integration/mpi_fault.sh 2 KILL 3 100 --allow-run-as-root "
-                 "--oversubscribe --mca btl self,tcp -np 4 " + KILN_APP + " train " + kSample + kShort + kPerRank +
-                 " --set 'train.progress=\"none\"' --set strategy.timeout_s=20" + out_dir(dir, "run"));
+                 "--oversubscribe --mca btl self,tcp -np 4 " + KILN_APP + " train " + kSample + kShort + kPerRank + opts +
+                 out_dir(dir, "run"));
   INFO(r.output);
   REQUIRE_THAT(r.output, Catch::Contains("mpi_fault: sent SIGKILL to rank 2"));
   std::smatch m;
@@ -178,6 +181,13 @@ TEST_CASE("a rank killed with SIGKILL mid-run stops the other 3 within the timeo
   CHECK(std::stoi(m[1]) != 0);
   CHECK(std::stoi(m[2]) < 3 + 20 + 10);  // the kill, the timeout, starting and stopping
   CHECK(std::regex_search(r.output, std::regex("rank 2 .*(Killed|exited on signal 9)|rank 2 on")));
+  // The last checkpoint is whole, and the run continues from it with 2 ranks.
+  const auto ckpt = kiln::load_checkpoint((dir / "run" / "checkpoint.kiln").string());
+  REQUIRE(ckpt.step >= 20);
+  auto rest = mpi_train(2, opts + " --resume --set train.max_steps=" + std::to_string(ckpt.step + 10) + out_dir(dir, "run"));
+  INFO(rest.output);
+  CHECK(rest.exit_code == 0);
+  CHECK_THAT(rest.output, Catch::Contains("resumed from") && Catch::Contains("done: " + std::to_string(ckpt.step + 10) + " steps"));
 }
 
 TEST_CASE("a rank that stops answering is reported by the others after strategy.timeout_s, naming the ranks", "[mpi]") {
