@@ -115,7 +115,7 @@ using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(std::spa
 
 // The processes of one run (MPI ranks), provided by a plugin and looked up by name ([strategy] communicator).
 // Every collective must be called by every process in the same order; one that does not complete within the
-// group's timeout throws Error naming the ranks that did not take part.
+// group's timeout throws Error naming this rank, the others and their hosts.
 class ProcessGroup {
  public:
   ProcessGroup() = default;
