@@ -222,3 +222,18 @@ TEST_CASE("kiln launch runs mpirun with the ranks, hosts, mpirun options and the
   CHECK(count(r.output, "done: 5 steps") == 1);
   CHECK(fs::exists(dir / "run" / "checkpoint.kiln"));
 }
+
+TEST_CASE("communicator mpi without the mpi plugin is a config error that says what to install", "[mpi]") {
+  // A plugin directory with every plugin of this build but the mpi one: what a machine without OpenMPI loads.
+  auto dir = kiln::test::temp_dir("mpi_missing");
+  const fs::path plugins = dir / "plugins";
+  fs::create_directories(plugins);
+  for (const auto& e : fs::directory_iterator(KILN_PLUGIN_DIR))
+    if (e.path().extension() == ".so" && e.path().filename() != "libkiln_mpi.so")
+      fs::create_symlink(e.path(), plugins / e.path().filename());
+  auto r = shell("KILN_PLUGIN_PATH=" + plugins.string() + " " + KILN_APP + " train " + kSample + kShort + kPerRank + out_dir(dir, "run"));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("strategy.communicator") && Catch::Contains("no communicator \"mpi\" is registered") &&
+                           Catch::Contains("apt-get install openmpi-bin libopenmpi-dev"));
+}
