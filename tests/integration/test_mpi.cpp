@@ -237,3 +237,54 @@ TEST_CASE("communicator mpi without the mpi plugin is a config error that says w
   CHECK_THAT(r.output, Catch::Contains("strategy.communicator") && Catch::Contains("no communicator \"mpi\" is registered") &&
                            Catch::Contains("apt-get install openmpi-bin libopenmpi-dev"));
 }
+
+namespace {
+
+// Two hosts on this machine: network namespaces joined by a veth link (tests/integration/netns_hosts.sh), removed
+// when the object goes.
+struct NetnsHosts {
+  std::string name, script = std::string(KILN_SOURCE_DIR) + "/tests/integration/netns_hosts.sh";
+  int net = 0;
+  bool up = false;
+  std::string why;  // when up is false
+  NetnsHosts() {
+    name = "km" + std::to_string(::getpid() % 100000);
+    net = 20 + ::getpid() % 200;
+    auto r = shell(script + " up " + name + " " + std::to_string(net));
+    up = r.exit_code == 0;
+    if (!up) why = r.output;
+  }
+  ~NetnsHosts() { shell(script + " down " + name); }
+  std::string ip(int host) const { return "10." + std::to_string(net) + ".0." + std::to_string(host); }
+  // mpirun started inside host 1's namespace, reaching host 2 through the rsh agent that enters its namespace.
+  std::string mpirun(const fs::path& hostfile) const {
+    return "timeout -s KILL 120 ip netns exec " + name + "_a mpirun --allow-run-as-root -np 2 --hostfile " + hostfile.string() +
+           " --mca plm_rsh_agent '" + script + " rsh' --mca btl self,tcp --mca btl_tcp_if_include 10." + std::to_string(net) +
+           ".0.0/24 --mca oob_tcp_if_include 10." + std::to_string(net) + ".0.0/24";
+  }
+  uint64_t bytes_received_by_host_2() const {
+    auto r = shell("ip -n " + name + "_b -s link show " + name + "b | sed -n 4p");
+    return std::strtoull(r.output.c_str(), nullptr, 10);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("2 hosts in network namespaces joined by veth end 50 steps with the bits of one process with 2 replicas", "[mpi][netns]") {
+  REQUIRE_MPI();
+  if (::geteuid() != 0 || shell("command -v ip").exit_code != 0) KILN_SKIP("network namespaces need root and iproute2 (ip)");
+  NetnsHosts hosts;
+  if (!hosts.up) KILN_SKIP("this machine does not permit network namespaces with a veth link: " + hosts.why);
+  auto dir = kiln::test::temp_dir("mpi_netns");
+  const fs::path hostfile = dir / "hosts.txt";
+  std::ofstream(hostfile) << hosts.ip(1) << " slots=1\n" << hosts.ip(2) << " slots=1\n";
+  auto ref = kiln::test::run_app("train " + kSample + kShort + " --set train.max_steps=50" + out_dir(dir, "ref"));
+  REQUIRE(ref.exit_code == 0);
+  auto r = shell(hosts.mpirun(hostfile) + " " + KILN_APP + " train " + kSample + kShort + kPerRank +
+                 " --set train.max_steps=50 --set 'strategy.reduction=\"fixed_order\"'" + out_dir(dir, "mpi"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(same_bits(dir / "ref" / "checkpoint.kiln", dir / "mpi" / "checkpoint.kiln"));
+  // The gradients crossed the link: 50 steps of about 1.08 MB each way.
+  CHECK(hosts.bytes_received_by_host_2() > 50 * 1000000ull);
+}
