@@ -67,7 +67,6 @@ MpiGroup::~MpiGroup() {
 void MpiGroup::wait(std::vector<MPI_Request>& reqs, const char* what) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  int spins = 0;
   for (;;) {
     int done = 0;
     KILN_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
@@ -82,8 +81,10 @@ void MpiGroup::wait(std::vector<MPI_Request>& reqs, const char* what) {
                   " stopped taking part (it died, hangs or runs another step). Check that rank's output; raise "
                   "timeout_s for very slow steps");
     }
-    // Poll hard for a moment (loopback messages complete in microseconds), then yield the core to the replicas.
-    if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // MPI's TCP transport progresses only inside MPI calls, on both ends: poll, yielding the core to the replicas'
+    // threads between polls, and sleep only once a collective has waited long (a slow rank, a hang).
+    if (waited < 0.001) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Two "hosts" on this machine: network namespaces NAME_a and NAME_b joined by a veth link (10.77.X.1 and 10.77.X.2),
-# optionally shaped with tc netem, and an rsh agent that runs a command "on" a host by entering its namespace.
-#   netns_hosts.sh up NAME SUBNET [netem args...]   e.g. up kiln1 77 rate 1gbit delay 100us
+# optionally shaped with a tc qdisc on both ends, and an rsh agent that runs a command "on" a host by entering its namespace.
+#   netns_hosts.sh up NAME SUBNET [qdisc args...]   e.g. up kiln1 77 tbf rate 1gbit burst 256kb latency 10ms
+#                                                   or  up kiln1 77 netem delay 100us rate 1gbit (kernels with sch_netem)
 #   netns_hosts.sh down NAME
 #   netns_hosts.sh rsh HOST_IP command...           (mpirun's --mca plm_rsh_agent; finds the namespace by address)
 set -e
@@ -12,6 +13,7 @@ case "$cmd" in
     name=$1 net=$2
     shift 2
     ip netns add "${name}_a"
+    trap 'ip netns del "${name}_a" 2>/dev/null; ip netns del "${name}_b" 2>/dev/null' ERR  # no half-made hosts left
     ip netns add "${name}_b"
     ip link add "${name}a" type veth peer name "${name}b"
     ip link set "${name}a" netns "${name}_a"
@@ -21,7 +23,7 @@ case "$cmd" in
     for s in a b; do
       ip -n "${name}_$s" link set lo up
       ip -n "${name}_$s" link set "${name}$s" up
-      if [ $# -gt 0 ]; then ip netns exec "${name}_$s" tc qdisc add dev "${name}$s" root netem "$@"; fi
+      if [ $# -gt 0 ]; then ip netns exec "${name}_$s" tc qdisc add dev "${name}$s" root "$@"; fi
     done
     ;;
   down)

@@ -256,9 +256,10 @@ struct NetnsHosts {
   }
   ~NetnsHosts() { shell(script + " down " + name); }
   std::string ip(int host) const { return "10." + std::to_string(net) + ".0." + std::to_string(host); }
-  // mpirun started inside host 1's namespace, reaching host 2 through the rsh agent that enters its namespace.
+  // mpirun started inside host 1's namespace, reaching host 2 through the rsh agent that enters its namespace. Each
+  // "host" believes it has every core: --bind-to none keeps both ranks from being bound to core 0.
   std::string mpirun(const fs::path& hostfile) const {
-    return "timeout -s KILL 120 ip netns exec " + name + "_a mpirun --allow-run-as-root -np 2 --hostfile " + hostfile.string() +
+    return "timeout -s KILL 120 ip netns exec " + name + "_a mpirun --allow-run-as-root --bind-to none -np 2 --hostfile " + hostfile.string() +
            " --mca plm_rsh_agent '" + script + " rsh' --mca btl self,tcp --mca btl_tcp_if_include 10." + std::to_string(net) +
            ".0.0/24 --mca oob_tcp_if_include 10." + std::to_string(net) + ".0.0/24";
   }
