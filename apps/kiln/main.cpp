@@ -109,7 +109,9 @@ int main(int argc, char** argv) {
     if (exp->parsed()) return kiln::app::cmd_export(o);
     return kiln::app::cmd_plugins(o);
   } catch (const kiln::Interrupted& e) {  // SIGINT / SIGTERM: the step finished and a checkpoint was written
-    std::cerr << (kiln::app::error_prefix() + "kiln: " + e.what() + "\n");
+    // Across processes rank 0 says where the checkpoint is; the other ranks stopped with it and say nothing.
+    if (kiln::app::error_prefix().rfind("[rank 0 ", 0) == 0 || kiln::app::error_prefix().empty())
+      std::cerr << (kiln::app::error_prefix() + "kiln: " + e.what() + "\n");
     return e.exit_code();
   } catch (const kiln::ConfigError& e) {
     std::cerr << (kiln::app::error_prefix() + "kiln: config error: " + e.what() + "\n");
