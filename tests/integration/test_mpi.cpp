@@ -289,3 +289,27 @@ TEST_CASE("2 hosts in network namespaces joined by veth end 50 steps with the bi
   // The gradients crossed the link: 50 steps of about 1.08 MB each way.
   CHECK(hosts.bytes_received_by_host_2() > 50 * 1000000ull);
 }
+
+TEST_CASE("SIGTERM to mpirun stops every rank after the same step with rank 0's checkpoint, which resumes", "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_term");
+  const fs::path run = dir / "run";
+  // SIGTERM once the run has written run.json and trained a moment (an epoch takes far longer).
+  auto r = shell("bash -c '" + kMpirun + " -np 2 " + KILN_APP + " train " + kSample + kShort + kPerRank +
+                 " --set train.progress=none --set train.output_dir=\\\"" + run.string() + "\\\" & mp=$!; "
+                 "for i in $(seq 100); do [ -e " + (run / "run.json").string() + " ] && break; sleep 0.1; done; sleep 1; "
+                 "kill -TERM $mp; wait $mp; echo rc=$?'");
+  INFO(r.output);
+  CHECK_THAT(r.output, !Catch::Contains("rc=0"));
+  // Both ranks stopped after the same step (else the one stopping first would leave the other waiting, and the run
+  // would end by timeout), and rank 0's mid-epoch checkpoint is whole.
+  CHECK_THAT(r.output, !Catch::Contains("did not complete within"));
+  const auto ckpt = kiln::load_checkpoint((run / "checkpoint.kiln").string());
+  CHECK(ckpt.step > 0);
+  CHECK_FALSE(ckpt.data_state.empty());
+  auto rest = mpi_train(2, " --set train.progress=none --resume --set train.max_steps=" + std::to_string(ckpt.step + 5) +
+                               out_dir(dir, "run"));
+  INFO(rest.output);
+  CHECK(rest.exit_code == 0);
+  CHECK_THAT(rest.output, Catch::Contains("mid-epoch") && Catch::Contains("done: " + std::to_string(ckpt.step + 5) + " steps"));
+}
