@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
@@ -50,6 +51,11 @@ void load_plugins(const Options& o, PluginLoader& loader, Registry& reg, const s
   }
 }
 
+std::string& error_prefix() {
+  static std::string p;
+  return p;
+}
+
 int cmd_train(const Options& o) {
   PluginLoader loader;
   Registry reg = Registry::with_builtins();
@@ -64,8 +70,19 @@ int cmd_train(const Options& o) {
   for (const auto& p : loader.plugins())
     if (p.error.empty() && p.descriptor.name)
       info.plugins.push_back(std::string(p.descriptor.name) + " " + (p.descriptor.version ? p.descriptor.version : "?") + " " + p.path);
-  Trainer t(s, std::cout, std::move(info));
+  // Across processes rank 0 alone prints progress; every rank's errors name it.
+  std::ostream* out = &std::cout;
+  std::ostringstream discard;
+  if (const ProcessGroup* pg = s.strategy().process_group(); pg && pg->size() > 1) {
+    error_prefix() = "[rank " + std::to_string(pg->rank()) + " host " + pg->host() + "] ";
+    if (pg->rank() != 0) {
+      discard.setstate(std::ios::badbit);
+      out = &discard;
+    }
+  }
+  Trainer t(s, *out, std::move(info));
   auto rep = t.run();
+  if (out != &std::cout) return 0;
   std::cout << "done: " << rep.steps << " steps in " << std::fixed << std::setprecision(1) << rep.seconds << " s";
   if (!rep.epochs.empty() && rep.epochs.back().test_accuracy >= 0)
     std::cout << ", final test accuracy " << std::setprecision(4) << rep.epochs.back().test_accuracy;

@@ -27,11 +27,25 @@ struct Options {
   std::string checkpoint, data = "test", input, output, format, weights = "auto";
 };
 
+// kiln launch: how to start the ranks.
+struct LaunchOptions {
+  int ranks = 1;
+  std::string hosts;                     // "h1,h2" or "h1:4,h2:4" (mpirun --host)
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpirun_args;  // passed through, e.g. --oversubscribe, --hostfile f
+  bool dry_run = false;                  // print the mpirun command instead of running it
+};
+
 // Loads plugins from the default dirs, --plugin-dir, and (when given) the config's [plugins] table.
 // A plugin the config names explicitly must load; others that fail are listed by `kiln plugins`.
 void load_plugins(const Options& o, PluginLoader& loader, Registry& reg, const std::string& config_file = {});
 
 int cmd_train(const Options& o);
+// Put before every error message main() prints: "[rank R host H] " in a run across processes, else empty.
+std::string& error_prefix();
+// The mpirun command line of `kiln launch` (`self`: this kiln's path).
+std::vector<std::string> launch_argv(const Options& o, const LaunchOptions& lo, const std::string& self);
+int cmd_launch(const Options& o, const LaunchOptions& lo);  // launch_cmd.cpp: replaces this process with mpirun
 int cmd_plan(const Options& o);
 int cmd_devices(const Options& o);
 int cmd_plugins(const Options& o);

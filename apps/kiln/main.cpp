@@ -24,6 +24,19 @@ int main(int argc, char** argv) {
   train->add_flag("--resume", o.resume, "Continue from the run's last checkpoint");
   train->add_flag("--overwrite", o.overwrite, "Start over in an output directory that holds an earlier run (else refused)");
 
+  kiln::app::LaunchOptions lo;
+  auto* launch = app.add_subcommand("launch", "Train across N processes: runs mpirun -np N kiln train (needs the mpi plugin)");
+  launch->add_option("-n,--ranks", lo.ranks, "How many ranks (processes)")->required();
+  launch->add_option("config", o.config, "The run's TOML file ([strategy] communicator = \"mpi\")")->required();
+  launch->add_option("--hosts", lo.hosts, "Hosts for mpirun --host: h1,h2 or h1:4,h2:4 (slots per host)");
+  launch->add_option("--set", o.overrides, "Override a config value (repeatable; passed to every rank)");
+  launch->add_flag("--resume", o.resume, "Continue from the run's last checkpoint");
+  launch->add_flag("--overwrite", o.overwrite, "Start over in an output directory that holds an earlier run");
+  launch->add_option("--mpirun", lo.mpirun, "The mpirun to run (default: mpirun from PATH)");
+  launch->add_option("--mpirun-arg", lo.mpirun_args, "An argument for mpirun, e.g. --mpirun-arg=--oversubscribe (repeatable)")
+      ->allow_extra_args(false);
+  launch->add_flag("--dry-run", lo.dry_run, "Print the mpirun command instead of running it");
+
   auto* plan = app.add_subcommand("plan", "Show the per-layer table and the step's memory before anything is allocated");
   plan->add_option("config", o.config, "The run's TOML file")->required();
   plan->add_option("--set", o.overrides, "Override a config value (repeatable)");
@@ -86,6 +99,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) return kiln::app::cmd_train(o);
+    if (launch->parsed()) return kiln::app::cmd_launch(o, lo);
     if (plan->parsed()) return kiln::app::cmd_plan(o);
     if (devices->parsed()) return kiln::app::cmd_devices(o);
     if (conf->parsed()) return kiln::app::cmd_conformance(o);
@@ -95,25 +109,27 @@ int main(int argc, char** argv) {
     if (exp->parsed()) return kiln::app::cmd_export(o);
     return kiln::app::cmd_plugins(o);
   } catch (const kiln::Interrupted& e) {  // SIGINT / SIGTERM: the step finished and a checkpoint was written
-    std::cerr << "kiln: " << e.what() << "\n";
+    // Across processes rank 0 says where the checkpoint is; the other ranks stopped with it and say nothing.
+    if (kiln::app::error_prefix().rfind("[rank 0 ", 0) == 0 || kiln::app::error_prefix().empty())
+      std::cerr << (kiln::app::error_prefix() + "kiln: " + e.what() + "\n");
     return e.exit_code();
   } catch (const kiln::ConfigError& e) {
-    std::cerr << "kiln: config error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: config error: " + e.what() + "\n");
     return 2;
   } catch (const kiln::PluginError& e) {
-    std::cerr << "kiln: plugin error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: plugin error: " + e.what() + "\n");
     return 2;
   } catch (const kiln::DataError& e) {  // bad input data is the user's to fix, like a bad config
-    std::cerr << "kiln: data error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: data error: " + e.what() + "\n");
     return 2;
   } catch (const kiln::OutOfMemory& e) {
-    std::cerr << "kiln: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: " + e.what() + "\n");
     return 1;
   } catch (const kiln::Error& e) {
-    std::cerr << "kiln: error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: error: " + e.what() + "\n");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "kiln: internal error: " << e.what() << "\n";
+    std::cerr << (kiln::app::error_prefix() + "kiln: internal error: " + e.what() + "\n");
     return 1;
   }
 }

@@ -46,6 +46,10 @@ void Registry::add_communicator(const std::string& name, CommunicatorFactory f) 
   communicators_[name] = std::move(f);
   note("communicator " + name);
 }
+void Registry::add_process_group(const std::string& name, ProcessGroupFactory f) {
+  process_groups_[name] = std::move(f);
+  note("process group " + name);
+}
 
 OpKind Registry::add_op(OpDesc d) {
   d.plugin = current_;
@@ -69,6 +73,9 @@ const StrategyFactory& Registry::strategy(const std::string& t) const {
 const StageFactory& Registry::stage(const std::string& t) const { return find_or_throw(stages_, t, "data stage type"); }
 const CommunicatorFactory& Registry::communicator(const std::string& n) const {
   return find_or_throw(communicators_, n, "communicator");
+}
+const ProcessGroupFactory& Registry::process_group(const std::string& n) const {
+  return find_or_throw(process_groups_, n, "process group");
 }
 std::vector<std::string> Registry::backend_names() const { return keys_of(backends_); }
 std::vector<std::string> Registry::layer_names() const { return keys_of(layers_); }

@@ -151,7 +151,11 @@ bool may_change_on_resume(const std::string& key) {
   static const char* const prefixes[] = {
       "train.epochs", "train.max_steps", "train.resume", "train.overwrite", "train.progress", "train.checkpoint_every",
       "train.keep_checkpoints", "train.evaluate", "train.output_dir", "train.device_prefetch", "train.memory_policy",
-      "log.", "device.", "memory.", "plugins.", "data.test", "run.name"};
+      "log.", "device.", "memory.", "plugins.", "data.test", "run.name",
+      // How data_parallel spreads the same global batch (the checkpoint does not depend on it): processes, devices,
+      // buckets and where the optimizer state lives.
+      "strategy.communicator", "strategy.devices", "strategy.timeout_s", "strategy.reduction", "strategy.bucket_size",
+      "strategy.overlap", "strategy.concurrent", "strategy.optimizer_state"};
   for (const char* p : prefixes)
     if (key.rfind(p, 0) == 0) return true;
   return false;

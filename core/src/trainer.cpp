@@ -24,6 +24,7 @@
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "run_dir.hpp"
+#include "run_ranks.hpp"
 #include "tensorboard.hpp"
 
 namespace kiln {
@@ -609,6 +610,11 @@ Trainer::Trainer(Session& s, std::ostream& out, RunInfo info) : s_(s), out_(out)
 
 TrainReport Trainer::run() {
   const auto& ts = s_.train();
+  // Across processes (e.g. MPI ranks) every rank trains; rank 0 alone writes the run directory (the host prints only
+  // rank 0's output). Ranks started with different configs are refused before anything else.
+  ProcessGroup* pg = s_.strategy().process_group();
+  const bool lead = !pg || pg->rank() == 0;
+  if (pg && pg->size() > 1) check_same_config(*pg, s_.config().resolved_text(), s_.config().file());
   const std::string dir_key = check_output_dir(s_);
   std::unique_ptr<Stage> train_data = s_.make_pipeline("train");
   if (!train_data) throw ConfigError(s_.config().file() + ": missing [data.train] (stages = [...]) to train on");
@@ -628,10 +634,13 @@ TrainReport Trainer::run() {
 
   // The run directory belongs to this process until it ends (a second `kiln train` of the same run is refused, naming
   // this one), and an earlier run in it is refused before any device memory is taken.
-  create_output_dir(ts.output_dir, dir_key);
-  RunLock lock(ts.output_dir, dir_key, info_.command.empty() ? "kiln train " + s_.config().file() : info_.command);
+  std::optional<RunLock> lock;
+  if (lead) {
+    create_output_dir(ts.output_dir, dir_key);
+    lock.emplace(ts.output_dir, dir_key, info_.command.empty() ? "kiln train " + s_.config().file() : info_.command);
+  }
   const PriorRun prior = inspect_run_dir(ts.output_dir);
-  if (!ts.resume && !ts.overwrite && prior.exists())
+  if (lead && !ts.resume && !ts.overwrite && prior.exists())
     throw ConfigError(ts.output_dir + " already holds a run (" +
                       (prior.checkpoint ? std::string("checkpoint.kiln, ") : std::string()) + "metrics.jsonl with " +
                       std::to_string(prior.metric_lines) + " records); it is not overwritten silently: pass --resume (or [train] "
@@ -686,18 +695,18 @@ TrainReport Trainer::run() {
     if (resume_at) out_ << " (mid-epoch: " << resume_at->batches << " batches of epoch " << start_epoch + 1 << " done)";
     out_ << "\n";
     // Records written after that checkpoint (the run was stopped before its next one) are written again below.
-    if (int64_t dropped = trim_metrics(metrics_path, step); dropped > 0)
+    if (int64_t dropped = lead ? trim_metrics(metrics_path, step) : 0; dropped > 0)
       out_ << "metrics.jsonl: dropped " << dropped << " record(s) written after the checkpoint's step " << step
            << "; this run writes them again\n";
   } else if (ts.resume) {
     out_ << "nothing to resume: " << ts.output_dir << " holds no checkpoint.kiln"
          << (prior.metric_lines > 0 ? " (its metrics.jsonl is started over)" : "") << "; starting a new run\n";
-  } else if (prior.exists()) {
+  } else if (lead && prior.exists()) {
     std::error_code ec;
     std::filesystem::remove(ckpt_path, ec);  // --overwrite: nothing of the old run may be resumed into the new one
     out_ << "overwriting the earlier run in " << ts.output_dir << "\n";
   }
-  {
+  if (lead) {
     std::ostringstream rj;
     rj << "{\"kiln_version\":" << json_string(KILN_VERSION_STRING) << ",\"plugin_api\":" << kApiVersion
        << ",\"config_file\":" << json_string(s_.config().file()) << ",\"command\":" << json_string(info_.command)
@@ -714,7 +723,7 @@ TrainReport Trainer::run() {
     write_run_record(ts.output_dir, s_.config().resolved_text(), rj.str());
   }
   // A text source's vocabulary goes with the run, so `kiln sample` decodes what the model writes.
-  if (!s_.vocabulary().empty()) {
+  if (lead && !s_.vocabulary().empty()) {
     const std::string vpath = ts.output_dir + "/vocab.json", tmp = vpath + ".tmp";
     {
       std::ofstream v(tmp, std::ios::trunc);
@@ -725,20 +734,22 @@ TrainReport Trainer::run() {
     std::filesystem::rename(tmp, vpath, ec);
     if (ec) throw Error(vpath + ": cannot write the vocabulary: " + ec.message());
   }
-  std::ofstream metrics(metrics_path, resumed ? std::ios::app : std::ios::trunc);
-  if (!metrics)
+  std::ofstream metrics;  // rank 0's alone; the other ranks' writes go nowhere
+  if (lead) metrics.open(metrics_path, resumed ? std::ios::app : std::ios::trunc);
+  if (lead && !metrics)
     throw Error(metrics_path + ": cannot open the metrics file for writing (the output directory comes from " + dir_key +
                 ")");
   // [log] tensorboard: the same scalars as metrics.jsonl, in a new event file per process (TensorBoard reads them all).
   std::unique_ptr<TensorBoardWriter> tb;
-  if (ts.tensorboard) tb = std::make_unique<TensorBoardWriter>(ts.output_dir);
+  if (ts.tensorboard && lead) tb = std::make_unique<TensorBoardWriter>(ts.output_dir);
 
   TrainReport report;
   auto t_run = Clock::now();
   StopSignals signals;
   auto last_checkpoint = Clock::now();
   auto write_checkpoint = [&](Checkpoint& c) {
-    c.tensors = runner->save_state();
+    c.tensors = runner->save_state();  // every rank: it may gather the optimizer state's shards
+    if (!lead) return;
     try {
       save_checkpoint(ckpt_path, c);
     } catch (const Error& e) {
@@ -887,9 +898,15 @@ TrainReport Trainer::run() {
       // A mid-epoch checkpoint after this step: asked for by a signal, by max_steps, or due by steps or minutes. It
       // holds the position inside the epoch (the pipeline's state and the batch already pulled), so a resumed run
       // continues with exactly the batches this one would have trained on.
-      const int stop_signal = g_stop_signal.load();
+      int stop_signal = g_stop_signal.load();
       const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;
-      if ((stop_signal != 0 || at_max || checkpoint_due()) && b) {
+      bool due = checkpoint_due();
+      if (pg && pg->size() > 1) {  // every rank stops and checkpoints after the same step
+        const StepAgreement a = agree_after_step(*pg, stop_signal, due);
+        stop_signal = a.stop_signal;
+        due = a.checkpoint_due;
+      }
+      if ((stop_signal != 0 || at_max || due) && b) {
         Position here;
         here.batches = batches;
         here.examples = examples;
@@ -1001,7 +1018,7 @@ TrainReport Trainer::run() {
         c.epoch = epoch + 1;
         c.step = step;
         c.tensors = runner->save_state();
-        save_checkpoint(best_path, c);
+        if (lead) save_checkpoint(best_path, c);
       }
       if (es_stop) {
         out_ << "early stopping after epoch " << epoch + 1 << ": " << es.metric << " has not improved by more than "
@@ -1013,8 +1030,14 @@ TrainReport Trainer::run() {
         out_ << "\n";
       }
     }
-    const int stop_signal = g_stop_signal.load();
+    int stop_signal = g_stop_signal.load();
     const bool at_max = ts.max_steps > 0 && step >= ts.max_steps;
+    bool due = checkpoint_due();
+    if (pg && pg->size() > 1) {
+      const StepAgreement a = agree_after_step(*pg, stop_signal, due);
+      stop_signal = a.stop_signal;
+      due = a.checkpoint_due;
+    }
     if (es_stop) {  // the final checkpoint holds the weights the run ends with
       Checkpoint c;
       c.epoch = epoch + 1;
@@ -1023,7 +1046,7 @@ TrainReport Trainer::run() {
       break;
     }
     if ((ts.checkpoint_every > 0 && ((epoch + 1) % ts.checkpoint_every == 0 || epoch + 1 == ts.epochs)) ||
-        ((stop_signal != 0 || at_max) && epoch + 1 < ts.epochs) || checkpoint_due()) {
+        ((stop_signal != 0 || at_max) && epoch + 1 < ts.epochs) || due) {
       Checkpoint c;
       c.epoch = epoch + 1;
       c.step = step;

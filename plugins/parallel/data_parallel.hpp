@@ -19,6 +19,11 @@ struct DataParallelOptions {
   bool concurrent = true;            // one thread per replica (false: replicas run one after another)
   bool sharded = false;              // optimizer_state = "sharded"
   std::string communicator = "host";
+  // A process group (communicator = "mpi"): the global batch is split over every replica of every process and
+  // this process runs replicas rank * n .. rank * n + n - 1 of them. Null: this process alone.
+  std::shared_ptr<ProcessGroup> group;
+  double timeout_s = 60;     // [strategy] timeout_s: a collective waiting longer is an error
+  bool fixed_order = false;  // [strategy] reduction = "fixed_order"
   std::string where = "[strategy]";          // "run.toml:12: key 'strategy'", for errors
   std::string where_devices = "[strategy] devices";
 };
@@ -27,6 +32,10 @@ struct DataParallelOptions {
 // `keep` stays alive as long as the runner (devices the strategy opened itself).
 std::unique_ptr<Runner> make_data_parallel_runner(const DataParallelOptions& o, const RunnerContext& ctx,
                                                   std::unique_ptr<Communicator> comm, std::shared_ptr<void> keep = {});
+// Processes in the group and this process's rank (1 and 0 without a group).
+inline int group_size(const DataParallelOptions& o) { return o.group ? o.group->size() : 1; }
+inline int group_rank(const DataParallelOptions& o) { return o.group ? o.group->rank() : 0; }
+
 std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const RunnerContext& ctx);
 
 // Registers "data_parallel". `reg` is consulted for communicators other than "host" and must outlive the strategies.

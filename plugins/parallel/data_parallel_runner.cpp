@@ -2,6 +2,7 @@
 // while the replicas' backward passes are still running.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <deque>
 #include <iomanip>
@@ -41,8 +42,11 @@ class DataParallelRunner final : public Runner {
       : keep_(std::move(keep)), o_(o), ctx_(ctx), comm_(std::move(comm)) {
     dev_ = resolve_devices(o_.devices, ctx_.devices, o_.where_devices);
     const int n = static_cast<int>(dev_.size());
-    base_rows_ = split_rows(ctx_.global_batch, n);
-    if (o_.sharded) layout_ = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx_, base_rows_[0], true, false, false), n));
+    procs_ = group_size(o_);
+    first_ = group_rank(o_) * n;
+    const int all = procs_ * n;  // replicas of every process
+    base_rows_ = local_rows(ctx_.global_batch);
+    if (o_.sharded) layout_ = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx_, base_rows_[0], true, false, false), all));
     for (int r = 0; r < n; ++r) {
       reps_.push_back(std::make_unique<Replica>(ctx_, dev_[static_cast<size_t>(r)], r, o_.sharded));
       devices_.push_back(&reps_.back()->device());
@@ -65,10 +69,11 @@ class DataParallelRunner final : public Runner {
     // Weights sent after each update: each shard's slices from their owner; across backends (whose rounding may
     // differ) every weight from replica 0.
     if (o_.sharded) {
-      for (int r = 0; r < n; ++r) {
-        shards_.push_back(std::make_unique<ShardedOptimizer>(*layout_, r, ctx_.devices.at(static_cast<size_t>(dev_[static_cast<size_t>(r)]))));
-        for (const auto& sl : layout_->slices[static_cast<size_t>(r)]) sends_.push_back({sl, r});
-      }
+      // Shards are numbered over every process's replicas; each owner's slices go to every replica of every process.
+      for (int r = 0; r < n; ++r)
+        shards_.push_back(std::make_unique<ShardedOptimizer>(*layout_, first_ + r, ctx_.devices.at(static_cast<size_t>(dev_[static_cast<size_t>(r)]))));
+      for (int g = 0; g < all; ++g)
+        for (const auto& sl : layout_->slices[static_cast<size_t>(g)]) sends_.push_back({sl, g});
     } else if (mixed_) {
       for (size_t p = 0; p < param_names_.size(); ++p) sends_.push_back({ShardSlice{p, 0, -1}, 0});
     }
@@ -80,10 +85,20 @@ class DataParallelRunner final : public Runner {
     std::vector<std::string> names;
     for (int r = 0; r < n; ++r) names.push_back("replica " + std::to_string(r) + " (" + devices_[static_cast<size_t>(r)]->info().label() + ")");
     if (!o_.concurrent) names = {"replicas " + devices_[0]->info().label() + ".." + devices_.back()->info().label()};
-    // One replica has nothing to reduce or send: no communication lane.
-    if (n > 1) names.push_back("the gradient all-reduce (" + o_.communicator + " communicator)");
+    // One replica in one process has nothing to reduce or send: no communication lane.
+    if (all > 1) names.push_back("the gradient all-reduce (" + o_.communicator + " communicator)");
     lanes_ = std::make_unique<Lanes>(names);
-    comm_lane_ = n > 1 ? lanes_->size() - 1 : -1;
+    comm_lane_ = all > 1 ? lanes_->size() - 1 : -1;
+    // Every process starts from rank 0's weights and buffers (the same seed gives the same ones; this makes sure).
+    if (procs_ > 1) {
+      std::vector<BufferView> views(reps_.size());
+      std::vector<std::string> names_to_send = param_names_;
+      names_to_send.insert(names_to_send.end(), buffer_names_.begin(), buffer_names_.end());
+      for (const auto& name : names_to_send) {
+        for (size_t r = 0; r < reps_.size(); ++r) views[r] = reps_[r]->state().persistent(name);
+        comm_->broadcast(views, devices_, 0);
+      }
+    }
   }
 
   ~DataParallelRunner() override { drain(); }  // uploads may still read prefetched_ parts
@@ -93,7 +108,7 @@ class DataParallelRunner final : public Runner {
     if (next.x.data.empty()) return;
     auto rows = rows_for(next.batch, true);
     Prefetched p{next.x.data.data(), {}};
-    auto parts = split(next, rows, p.parts);
+    auto parts = split(next, rows, row_offset(next.batch), p.parts);
     for (size_t r = 0; r < reps_.size(); ++r) {
       if (rows[r] == 0) continue;
       Executor& ex = reps_[r]->executor(rows[r], true, false);
@@ -114,7 +129,7 @@ class DataParallelRunner final : public Runner {
     if (was_prefetched && !prefetched_.front().parts.empty()) {
       for (auto& e : prefetched_.front().parts) parts.push_back(&e);
     } else {
-      parts = split(batch, rows);
+      parts = split(batch, rows, row_offset(batch.batch));
     }
     slot_.assign(reps_.size(), 0);
     std::vector<Executor*> ex(static_cast<size_t>(n));
@@ -147,6 +162,7 @@ class DataParallelRunner final : public Runner {
     for (size_t r = 0; r < ex.size(); ++r)
       for (size_t i = 0; i < losses[r].size(); ++i)
         res.losses[i] += static_cast<float>(static_cast<double>(losses[r][i]) * static_cast<double>(rows[r]) / static_cast<double>(batch.batch));
+    if (procs_ > 1) o_.group->all_reduce_sum(res.losses);  // every process decides on the same (global) loss
     for (float l : res.losses) res.total_loss += l;
     if (!std::isfinite(res.total_loss)) return res;  // no replica changes its weights
 
@@ -173,7 +189,7 @@ class DataParallelRunner final : public Runner {
     drain();  // evaluation reads input slot 0
     sync_buffers();
     auto rows = rows_for(batch.batch, false);
-    auto parts = split(batch, rows);
+    auto parts = split(batch, rows, row_offset(batch.batch));
     const size_t n = reps_.size();
     std::vector<Executor*> ex(n, nullptr);
     for (size_t r = 0; r < n; ++r)
@@ -191,14 +207,16 @@ class DataParallelRunner final : public Runner {
       });
     });
     EvalResult out;
-    for (size_t i = 0; i < part[0].losses.size(); ++i) {
+    const size_t heads = ctx_.model->outputs.size();
+    for (size_t i = 0; i < heads; ++i) {
       float sum = 0;
       std::vector<HostTensor> outs;
       for (size_t r = 0; r < n; ++r)
         if (ex[r]) sum += part[r].losses[i], outs.push_back(std::move(part[r].outputs[i]));
       out.losses.push_back(sum);
-      out.outputs.push_back(concat_rows(outs));
+      out.outputs.push_back(outs.empty() ? HostTensor{} : concat_rows(outs));
     }
+    if (procs_ > 1) gather_eval(out);
     return out;
   }
 
@@ -224,7 +242,18 @@ class DataParallelRunner final : public Runner {
                     name + "' than replica 0 (" + reps_[0]->label() + "), largest difference " + std::to_string(worst) +
                     "; the replicas diverged and no state was saved");
       }
+    if (procs_ > 1) check_same_state(all);
     for (auto& sh : shards_) sh->gather(all);  // each shard's slices of the optimizer state
+    if (procs_ > 1 && layout_) {
+      // The other processes' slices: each tensor is zero outside its owners' slices, so the sum over processes
+      // is exact, and the checkpoint holds whole tensors however many processes wrote it.
+      for (const auto& u : layout_->params)
+        for (const auto& name : u.state_names)
+          if (!name.empty()) all.try_emplace(name, u.shape);
+      for (const auto& u : layout_->params)
+        for (const auto& name : u.state_names)
+          if (!name.empty()) o_.group->all_reduce_sum(all.at(name).data);
+    }
     return all;
   }
 
@@ -243,7 +272,7 @@ class DataParallelRunner final : public Runner {
   std::string find_nonfinite_layer(const Element& batch, int64_t step) override {
     drain();
     auto rows = rows_for(batch.batch, false);
-    auto parts = split(batch, rows);
+    auto parts = split(batch, rows, row_offset(batch.batch));
     for (size_t r = 0; r < reps_.size(); ++r)
       if (rows[r] > 0)
         if (auto l = reps_[r]->find_nonfinite_layer(*parts[r], step); !l.empty()) return l + " on " + reps_[r]->label();
@@ -255,7 +284,8 @@ class DataParallelRunner final : public Runner {
   std::string report() const override {
     std::ostringstream os;
     const size_t n = reps_.size();
-    os << "data_parallel: " << n << " replica(s), global batch " << ctx_.global_batch << ", optimizer state "
+    os << "data_parallel: " << n << " replica(s)" << (procs_ > 1 ? " in each of " + std::to_string(procs_) + " processes" : "")
+       << ", global batch " << ctx_.global_batch << ", optimizer state "
        << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator, buckets of "
        << bytes_text(o_.bucket_bytes) << (overlap_ ? " reduced during backward" : " reduced after backward") << "\n";
     for (size_t r = 0; r < n; ++r) {
@@ -298,22 +328,38 @@ class DataParallelRunner final : public Runner {
     }
   }
 
+  // This process's replicas' rows of a batch of `n` split over every replica of every process.
+  std::vector<int64_t> local_rows(int64_t n) const {
+    const auto rows = split_rows(n, procs_ * static_cast<int>(dev_.size()));
+    return {rows.begin() + first_, rows.begin() + first_ + static_cast<std::ptrdiff_t>(dev_.size())};
+  }
+  // The first row of this process's share.
+  int64_t row_offset(int64_t n) const {
+    const auto rows = split_rows(n, procs_ * static_cast<int>(dev_.size()));
+    int64_t at = 0;
+    for (int g = 0; g < first_; ++g) at += rows[static_cast<size_t>(g)];
+    return at;
+  }
+
   std::vector<int64_t> rows_for(int64_t n, bool training) const {
-    const int parts = static_cast<int>(reps_.size());
+    const int parts = procs_ * static_cast<int>(reps_.size());
     if (training && n == ctx_.global_batch && n % parts != 0 && !o_.uneven)
       throw ConfigError(o_.where + ": a batch of " + std::to_string(n) + " does not split evenly over " + std::to_string(parts) +
                         " replicas; set uneven = true to weight each replica's gradient by its share");
-    return split_rows(n, parts);
+    return local_rows(n);
   }
 
-  // Per replica: its rows of the batch (the batch itself with one replica).
-  std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows) { return split(b, rows, parts_); }
+  // Per replica: its rows of the batch, from row `offset` on (the batch itself when one replica takes all of it).
+  std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows, int64_t offset) {
+    return split(b, rows, offset, parts_);
+  }
   // The same, keeping the sliced rows in `storage` (cleared first).
-  static std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows, std::vector<Element>& storage) {
+  static std::vector<const Element*> split(const Element& b, const std::vector<int64_t>& rows, int64_t offset,
+                                           std::vector<Element>& storage) {
     storage.clear();
-    if (rows.size() == 1) return {&b};
+    if (rows.size() == 1 && offset == 0 && rows[0] == b.batch) return {&b};
     storage.reserve(rows.size());
-    int64_t at = 0;
+    int64_t at = offset;
     for (auto n : rows) storage.push_back(slice_rows(b, at, n)), at += n;
     std::vector<const Element*> out;
     for (auto& p : storage) out.push_back(&p);
@@ -424,6 +470,8 @@ class DataParallelRunner final : public Runner {
   std::unique_ptr<Communicator> comm_;
   bool overlap_ = o_.overlap;
   bool mixed_ = false;  // replicas on more than one backend
+  int procs_ = 1;       // processes in the group
+  int first_ = 0;       // the global index of this process's replica 0
   std::vector<int> dev_;
   std::vector<int64_t> base_rows_;
   std::unique_ptr<ShardLayout> layout_;  // optimizer_state = "sharded"
@@ -457,6 +505,66 @@ class DataParallelRunner final : public Runner {
       for (size_t r = 0; r < reps_.size(); ++r) views[r] = reps_[r]->state().persistent(name);
       comm_->broadcast(views, devices_, 0);
     }
+  }
+
+  // Every process must hold the bits rank 0 saves: a checksum of its tensors is compared before anything is written.
+  void check_same_state(const std::map<std::string, HostTensor>& state) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over names and values
+    auto mix = [&](const void* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+    };
+    for (const auto& [name, t] : state) mix(name.data(), name.size()), mix(t.data.data(), t.data.size() * sizeof(float));
+    std::vector<uint8_t> mine(sizeof h);
+    std::memcpy(mine.data(), &h, sizeof h);
+    const std::string host = o_.group->host();
+    mine.insert(mine.end(), host.begin(), host.end());
+    auto every = o_.group->all_gather(mine);
+    for (size_t r = 1; r < every.size(); ++r)
+      if (every[r].size() < sizeof h || std::memcmp(every[r].data(), every[0].data(), sizeof h) != 0)
+        throw Error("data_parallel: rank " + std::to_string(r) + " (host " +
+                    std::string(every[r].begin() + sizeof h, every[r].end()) + ") holds different weights or optimizer "
+                    "state than rank 0 (host " + std::string(every[0].begin() + sizeof h, every[0].end()) +
+                    "); the processes diverged and no state was saved");
+  }
+
+  // Evaluation across processes: losses summed, outputs concatenated in rank order (each process took its rows).
+  void gather_eval(EvalResult& out) {
+    o_.group->all_reduce_sum(out.losses);
+    std::vector<uint8_t> mine;
+    auto put = [&](const void* p, size_t bytes) {
+      const auto* b = static_cast<const uint8_t*>(p);
+      mine.insert(mine.end(), b, b + bytes);
+    };
+    for (const auto& t : out.outputs) {
+      const uint64_t rank = t.shape.rank(), count = t.data.size();
+      put(&rank, sizeof rank);
+      for (int64_t d : t.shape.dims()) put(&d, sizeof d);
+      put(&count, sizeof count);
+      put(t.data.data(), count * sizeof(float));
+    }
+    auto every = o_.group->all_gather(mine);
+    std::vector<std::vector<HostTensor>> per_head(out.outputs.size());
+    for (const auto& bytes : every) {
+      size_t at = 0;
+      auto get = [&](void* p, size_t n) {
+        if (at + n > bytes.size()) throw Error("data_parallel: a process sent a damaged evaluation result");
+        std::memcpy(p, bytes.data() + at, n);
+        at += n;
+      };
+      for (auto& head : per_head) {
+        uint64_t rank = 0, count = 0;
+        get(&rank, sizeof rank);
+        std::vector<int64_t> dims(rank);
+        for (auto& d : dims) get(&d, sizeof d);
+        get(&count, sizeof count);
+        HostTensor t;
+        t.shape = Shape(std::move(dims));
+        t.data.resize(count);
+        get(t.data.data(), count * sizeof(float));
+        if (count > 0) head.push_back(std::move(t));
+      }
+    }
+    for (size_t i = 0; i < per_head.size(); ++i) out.outputs[i] = concat_rows(per_head[i]);
   }
 
   void drain() noexcept {

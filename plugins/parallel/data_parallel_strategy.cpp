@@ -25,7 +25,9 @@ std::string share_text(int64_t rows, int64_t total) {
 
 std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const RunnerContext& ctx) {
   auto dev = resolve_devices(o.devices, ctx.devices, o.where_devices);
-  const int n = static_cast<int>(dev.size());
+  const int local = static_cast<int>(dev.size());
+  const int first = group_rank(o) * local;  // this process's first replica among every process's
+  const int n = group_size(o) * local;      // replicas of every process
   if (ctx.global_batch < n)
     throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(ctx.global_batch) + " is smaller than the " +
                       std::to_string(n) + " replicas; every replica needs at least one example per step");
@@ -40,13 +42,14 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
     throw ConfigError(o.where + ": optimizer_state = \"sharded\" does not support [optimizer] clip_norm yet (each replica "
                       "updates only its slices); use optimizer_state = \"replicated\" (the default), which clips the "
                       "all-reduced gradient, or remove clip_norm");
-  auto rows = split_rows(ctx.global_batch, n);
+  auto all_rows = split_rows(ctx.global_batch, n);
+  std::vector<int64_t> rows(all_rows.begin() + first, all_rows.begin() + first + local);
   bool overlap = o.overlap;  // the runner reduces after backward unless every device is host memory
   for (int d : dev) overlap = overlap && ctx.devices.at(static_cast<size_t>(d)).device->info().host_addressable;
   std::unique_ptr<ShardLayout> layout;
   if (o.sharded) layout = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx, rows[0], true, false, false), n));
   std::vector<DevicePlan> out;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < local; ++r) {
     Device* d = ctx.devices.at(static_cast<size_t>(dev[static_cast<size_t>(r)])).device;
     Graph train = replica_graph(ctx, rows[static_cast<size_t>(r)], true, false, o.sharded);
     Graph eval = replica_graph(ctx, rows[static_cast<size_t>(r)], false, false, o.sharded);
@@ -61,17 +64,18 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
     if (po.input_slots > 1)
       p.notes.push_back("input buffers: " + std::to_string(po.input_slots) +
                         " batches ([train] device_prefetch: the next batch is copied in while the step runs)");
-    p.notes.push_back("data_parallel replica " + std::to_string(r) + " of " + std::to_string(n) + ": batch " +
+    p.notes.push_back("data_parallel replica " + std::to_string(first + r) + " of " + std::to_string(n) + ": batch " +
                       std::to_string(rows[static_cast<size_t>(r)]) + " of " + std::to_string(ctx.global_batch) +
                       " (gradient weight " + share_text(rows[static_cast<size_t>(r)], ctx.global_batch) + ")");
     p.notes.push_back("gradient all-reduce: " + bytes_text(pt.gradients) + " per step in " + std::to_string(buckets.size()) +
                       " bucket(s) of about " + bytes_text(o.bucket_bytes) + " through the \"" + o.communicator + "\" communicator, " +
                       (overlap ? "overlapped with backward" : "after backward"));
     if (layout) {
-      p.optimizer_state += layout->state_bytes(r);
-      p.notes.push_back("optimizer state sharded (ZeRO stage 1): this replica keeps the state of " + std::to_string(layout->elements(r)) +
+      const int g = first + r;
+      p.optimizer_state += layout->state_bytes(g);
+      p.notes.push_back("optimizer state sharded (ZeRO stage 1): this replica keeps the state of " + std::to_string(layout->elements(g)) +
                         " of " + std::to_string(layout->total_elements) + " weights in " +
-                        std::to_string(layout->slices[static_cast<size_t>(r)].size()) + " slice(s), updates them and broadcasts them");
+                        std::to_string(layout->slices[static_cast<size_t>(g)].size()) + " slice(s), updates them and broadcasts them");
     } else {
       p.notes.push_back("optimizer state replicated: every replica updates every parameter");
     }
@@ -100,6 +104,9 @@ class DataParallelStrategy final : public Strategy {
     o_.concurrent = c.get_bool("concurrent", true);
     o_.sharded = c.get_choice("optimizer_state", {"replicated", "sharded"}, "replicated") == "sharded";
     o_.communicator = c.get_string("communicator", "host");
+    o_.timeout_s = c.get_float("timeout_s", 60.0);
+    if (!(o_.timeout_s > 0)) c.fail("timeout_s", "expected a positive number of seconds, found " + std::to_string(o_.timeout_s));
+    o_.fixed_order = c.get_choice("reduction", {"fast", "fixed_order"}, "fast") == "fixed_order";
     auto limit = c.get_size_text("memory_limit", "");
     if (!limit.empty()) {
       try {
@@ -109,11 +116,21 @@ class DataParallelStrategy final : public Strategy {
       }
     }
     extra_ = std::make_shared<ExtraDevices>(reg, limit, o_.where_devices);
-    if (o_.communicator != "host" && !(reg_ && reg_->has_communicator(o_.communicator)))
+    if (o_.communicator != "host" && reg_ && reg_->has_process_group(o_.communicator)) {
+      ProcessGroupOptions po;
+      po.timeout_s = o_.timeout_s;
+      po.fixed_order = o_.fixed_order;
+      o_.group = reg_->process_group(o_.communicator)(po);  // MPI_Init: every rank of the run takes part from here on
+    } else if (o_.communicator != "host" && !(reg_ && reg_->has_communicator(o_.communicator))) {
       c.fail("communicator", "no communicator \"" + o_.communicator + "\" is registered; \"host\" (in-process, any backend) " +
-                                 "always is, \"nccl\" comes with the cuda plugin");
+                                 "always is, \"nccl\" comes with the cuda plugin, \"mpi\" with the mpi plugin (libkiln_mpi), "
+                                 "which is built when CMake finds MPI: install OpenMPI (Debian: apt-get install openmpi-bin "
+                                 "libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin failed to load");
+    }
     c.finish();
   }
+
+  ProcessGroup* process_group() const override { return o_.group.get(); }
 
   std::string name() const override { return "data_parallel"; }
   int device_count(int visible) const override { return devices_to_open(o_.devices, visible); }
@@ -140,6 +157,7 @@ class DataParallelStrategy final : public Strategy {
     }
     std::unique_ptr<Communicator> comm;
     if (o_.communicator == "host") comm = std::make_unique<HostCommunicator>(devices);
+    else if (o_.group) comm = o_.group->communicator(devices);
     else comm = reg_->communicator(o_.communicator)(devices);
     return make_data_parallel_runner(o_, ctx, std::move(comm), extra_);
   }

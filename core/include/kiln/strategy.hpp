@@ -76,6 +76,8 @@ struct RunnerContext {
   int input_slots = 1;
 };
 
+class ProcessGroup;
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -88,6 +90,9 @@ class Strategy {
   // Memory plan only: nothing is allocated.
   virtual std::vector<DevicePlan> plan(const RunnerContext& ctx) const = 0;
   virtual std::unique_ptr<Runner> create(const RunnerContext& ctx) = 0;
+  // The processes this strategy spans (e.g. MPI ranks), or null for a run inside this process alone. The trainer
+  // lets rank 0 alone write the run's files and checks that every rank has the same config.
+  virtual ProcessGroup* process_group() const { return nullptr; }
 };
 
 // Reads strategy-specific keys from the [strategy] table.
@@ -100,10 +105,39 @@ class Communicator {
   virtual int size() const = 0;
   // In-place sum over all ranks of `bufs[r]` (one buffer per device of this process, same byte size).
   virtual void all_reduce_sum(std::span<const BufferView> bufs, std::span<Device* const> devices) = 0;
+  // `root` counts every device of every process: process p's local device r is p * size() + r (one process: the
+  // local index).
   virtual void broadcast(std::span<const BufferView> bufs, std::span<Device* const> devices, int root) = 0;
 };
 
 // Creates a communicator over these devices (all of one backend for NCCL; any mix for the host ring).
 using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(std::span<Device* const> devices)>;
+
+// The processes of one run (MPI ranks), provided by a plugin and looked up by name ([strategy] communicator).
+// Every collective must be called by every process in the same order; one that does not complete within the
+// group's timeout throws Error naming this rank, the others and their hosts.
+class ProcessGroup {
+ public:
+  ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string host() const = 0;  // this process's host name
+  // Every process's bytes, in rank order (the sizes may differ).
+  virtual std::vector<std::vector<uint8_t>> all_gather(std::span<const uint8_t> mine) = 0;
+  // In-place sum over the processes, added in rank order: the same bits on every process.
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  // A communicator over this process's `devices` that spans every process: reduce inside the process, across the
+  // processes, then back to every local device (hierarchical). Its size() is the local device count.
+  virtual std::unique_ptr<Communicator> communicator(std::span<Device* const> devices) = 0;
+};
+
+struct ProcessGroupOptions {
+  double timeout_s = 60;     // a collective waiting longer reports the missing ranks instead of hanging
+  bool fixed_order = false;  // gradient sums in rank order (bitwise reproducible) instead of the library's order
+};
+using ProcessGroupFactory = std::function<std::shared_ptr<ProcessGroup>(const ProcessGroupOptions&)>;
 
 }  // namespace kiln

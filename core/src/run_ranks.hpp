@@ -1,0 +1,21 @@
+// A run spread over processes (Strategy::process_group): what the trainer checks and agrees on across ranks.
+#pragma once
+#include <string>
+
+#include "kiln/strategy.hpp"
+
+namespace kiln {
+
+// Throws ConfigError on every rank when a rank's resolved config differs from rank 0's, naming the first differing
+// key, both values and the ranks' hosts. Collective.
+void check_same_config(ProcessGroup& pg, const std::string& resolved_text, const std::string& file);
+
+// What every rank does after a step: stop when any rank got a stop signal (its number, else 0); checkpoint when
+// rank 0's clock says one is due. Collective.
+struct StepAgreement {
+  int stop_signal = 0;
+  bool checkpoint_due = false;
+};
+StepAgreement agree_after_step(ProcessGroup& pg, int stop_signal, bool checkpoint_due);
+
+}  // namespace kiln
