@@ -247,3 +247,33 @@ TEST_CASE("two kiln train of one run started at once: one trains, the other refu
   CHECK(step_records(dir / "race" / "metrics.jsonl") == step_records(dir / "solo" / "metrics.jsonl"));
   CHECK(step_records(dir / "race" / "metrics.jsonl").size() == 28);  // 282 steps, a record every 10
 }
+
+TEST_CASE("a version-1 checkpoint (KILNCKP1, FNV-1a) still loads and a version-2 one is checked with XXH3-64",
+          "[checkpoint]") {
+  auto dir = kiln::test::temp_dir("ckptv1");
+  kiln::Checkpoint c;
+  c.epoch = 3;
+  c.step = 77;
+  c.data_state = {1, 2, 3};
+  c.tensors.emplace("w", kiln::HostTensor(kiln::Shape{3, 5}, 0.75f));
+  const std::string v2 = (dir / "v2.kiln").string();
+  kiln::save_checkpoint(v2, c);
+  std::string bytes = slurp(v2);
+  REQUIRE(bytes.substr(0, 8) == "KILNCKP2");
+  // The same content as version 1: the old magic and an FNV-1a 64 checksum, as Kiln wrote it before.
+  std::string v1 = bytes.substr(0, bytes.size() - 8);
+  v1.replace(0, 8, "KILNCKP1");
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : v1) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
+  v1.append(reinterpret_cast<const char*>(&h), 8);
+  std::ofstream(dir / "v1.kiln", std::ios::binary) << v1;
+  auto back = kiln::load_checkpoint((dir / "v1.kiln").string());
+  CHECK(back.step == 77);
+  CHECK(back.data_state == c.data_state);
+  CHECK(back.tensors.at("w").data == c.tensors.at("w").data);
+  // A version-2 file with a version-1 checksum is damaged, not accepted.
+  std::string mixed = v1;
+  mixed.replace(0, 8, "KILNCKP2");
+  std::ofstream(dir / "mixed.kiln", std::ios::binary) << mixed;
+  CHECK_THROWS_WITH(kiln::load_checkpoint((dir / "mixed.kiln").string()), Catch::Contains("checksum mismatch"));
+}
