@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <tuple>
 #include <sstream>
 
 #include "kiln/trainer.hpp"
@@ -225,21 +226,25 @@ TEST_CASE("kiln export writes safetensors whose tensors are the checkpoint's, EM
   CHECK(again.exit_code == 2);
 }
 
-TEST_CASE("exported safetensors and ONNX give kiln predict's outputs in NumPy and ONNX Runtime (MLP and CNN)", "[use_model][python]") {
+TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln predict's outputs (MLP, CNN, ResNet, GPT)",
+          "[use_model][python]") {
   const char* env = std::getenv("KILN_PYTHON");
   const std::string py = env ? env : "python3";
-  if (std::system((py + " -c 'import safetensors, onnx, onnxruntime, numpy' >/dev/null 2>&1").c_str()) != 0)
-    KILN_SKIP(py << " lacks safetensors, onnx, onnxruntime or numpy (set KILN_PYTHON to a Python that has them)");
+  if (std::system((py + " -c 'import torch, safetensors, onnx, onnxruntime, numpy' >/dev/null 2>&1").c_str()) != 0)
+    KILN_SKIP(py << " lacks torch, safetensors, onnx, onnxruntime or numpy (set KILN_PYTHON to a Python that has them: "
+                    "python3 -m venv --system-site-packages with Debian's python3-torch, then pip install safetensors onnx "
+                    "onnxruntime)");
   const fs::path& d = trained_run();
   const std::string script = std::string(KILN_SOURCE_DIR) + "/bench/accuracy/check_export.py";
-  auto check = [&](const std::string& cfg, const std::string& work) {
-    const std::string cmd = py + " " + script + " --kiln " + KILN_APP + " --config " + cfg + " --workdir " + work +
-                            " --examples 300 > " + work + ".log 2>&1";
+  auto check = [&](const std::string& cfg, const std::string& work, const std::string& extra) {
+    const std::string cmd = py + " " + script + " --kiln " + KILN_APP + " --config " + cfg + " --workdir " + work + " " +
+                            extra + " > " + work + ".log 2>&1";
     const int rc = std::system(cmd.c_str());
     INFO(read(work + ".log"));
     CHECK(rc == 0);
+    CHECK_THAT(read(work + ".log"), Catch::Contains("onnx.checker: ok") && Catch::Contains("OK"));
   };
-  check((d / "run.toml").string(), (d / "check_mlp").string());
+  check((d / "run.toml").string(), (d / "check_mlp").string(), "--examples 300");
   // A CNN: the CNN sample's layers, trained for 20 steps.
   std::string cnn = read(std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_cnn.toml");
   cnn = std::regex_replace(cnn, std::regex("\\[train\\]\n"), "[train]\nsteps_per_epoch = 20\nprogress = \"none\"\noutput_dir = \"" +
@@ -249,5 +254,18 @@ TEST_CASE("exported safetensors and ONNX give kiln predict's outputs in NumPy an
   auto r = kiln::test::run_app("train " + cnn_cfg + " --overwrite");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  check(cnn_cfg, (d / "check_cnn").string());
+  check(cnn_cfg, (d / "check_cnn").string(), "--examples 300");
+  // The samples as they are, trained a few steps: the ResNet (batch_norm with its running statistics, residual adds,
+  // global average pooling) and the character GPT (embedding, positional_embedding, layer_norm, attention, gelu,
+  // a tied head whose (64, 65) outputs are a distribution per position).
+  for (const auto& [sample, steps, extra] : {std::tuple<std::string, int, std::string>{"resnet_fashion_mnist", 10, "--examples 100"},
+                                             {"shakespeare_char", 3, "--inputs ids --examples 16"}}) {
+    const std::string cfg = std::string(KILN_SOURCE_DIR) + "/samples/" + sample + ".toml";
+    const fs::path out = d / (sample + "_out");
+    auto t = kiln::test::run_app("train " + cfg + " --overwrite --set train.max_steps=" + std::to_string(steps) +
+                                 " --set 'train.progress=\"none\"' --set 'train.output_dir=\"" + out.string() + "\"'");
+    INFO(t.output);
+    REQUIRE(t.exit_code == 0);
+    check(cfg, (d / ("check_" + sample)).string(), extra + " --checkpoint " + (out / "checkpoint.kiln").string());
+  }
 }
