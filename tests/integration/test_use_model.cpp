@@ -269,3 +269,45 @@ TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln pr
     check(cfg, (d / ("check_" + sample)).string(), extra + " --checkpoint " + (out / "checkpoint.kiln").string());
   }
 }
+
+TEST_CASE("kiln predict gives a sequence head one distribution per position and reads batch norm's running statistics",
+          "[use_model]") {
+  auto d = kiln::test::temp_dir("predict_seq");
+  const std::string gpt = std::string(KILN_SOURCE_DIR) + "/samples/shakespeare_char.toml";
+  auto t = kiln::test::run_app("train " + gpt + " --set train.max_steps=2 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
+                               (d / "gpt").string() + "\"'");
+  INFO(t.output);
+  REQUIRE(t.exit_code == 0);
+  const fs::path csv = d / "gpt.csv";
+  auto p = kiln::test::run_app("predict " + gpt + " --checkpoint " + (d / "gpt" / "checkpoint.kiln").string() + " --data test --output " +
+                               csv.string());
+  INFO(p.output);
+  REQUIRE(p.exit_code == 0);
+  std::istringstream lines(read(csv));
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  CHECK(header.rfind("p0.class_0,p0.class_1,", 0) == 0);
+  CHECK_THAT(header, Catch::Contains(",p63.class_64"));
+  std::vector<double> v;
+  std::stringstream rs(row);
+  for (std::string c; std::getline(rs, c, ',');) v.push_back(std::stod(c));
+  REQUIRE(v.size() == 64 * 65);
+  for (int pos : {0, 31, 63}) {  // each position's 65 probabilities sum to 1 (not the row's 4160)
+    double s = 0;
+    for (int c = 0; c < 65; ++c) s += v[static_cast<size_t>(pos * 65 + c)];
+    CHECK(s == Approx(1.0).epsilon(1e-5));
+  }
+
+  // A batch-norm model: its checkpoint holds running statistics, which evaluate and predict read (once refused as
+  // "a tensor the model has no parameter for").
+  const std::string resnet = std::string(KILN_SOURCE_DIR) + "/samples/resnet_fashion_mnist.toml";
+  auto r = kiln::test::run_app("train " + resnet + " --set train.max_steps=3 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
+                               (d / "resnet").string() + "\"'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto e = kiln::test::run_app("evaluate " + resnet + " --checkpoint " + (d / "resnet" / "checkpoint.kiln").string());
+  INFO(e.output);
+  CHECK(e.exit_code == 0);
+  CHECK_THAT(e.output, Catch::Contains("accuracy"));
+}
