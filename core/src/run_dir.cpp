@@ -95,9 +95,10 @@ RunLock::RunLock(const std::string& dir, const std::string& key, const std::stri
                   "[run] name or output directory (" + key + ")");
     throw Error(path + ": cannot lock the run directory: " + std::strerror(e));
   }
-  // Holding the lock, no other kiln process writes here: temporaries left by a killed writer (<name>.tmp.<pid>) go.
+  // Holding the lock, no other kiln process writes here: temporaries left by a killed writer (<file>.tmp.<pid> of the
+  // files kiln train writes) go.
   std::error_code ec;
-  static const std::regex tmp_re(R"(.+\.tmp\.[0-9]+)");
+  static const std::regex tmp_re(R"((checkpoint[^/]*\.kiln|config\.toml|run\.json|metrics\.jsonl)\.tmp\.[0-9]+)");
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code rm;
     if (it->is_regular_file(rm) && std::regex_match(it->path().filename().string(), tmp_re)) std::filesystem::remove(it->path(), rm);

@@ -299,6 +299,16 @@ TEST_CASE("kiln predict gives a sequence head one distribution per position and 
     CHECK(s == Approx(1.0).epsilon(1e-5));
   }
 
+  // Its ONNX graph (checked against ONNX Runtime by the [python] case) holds the ops of a GPT block.
+  const fs::path onnx = d / "gpt.onnx";
+  auto x = kiln::test::run_app("export " + gpt + " --checkpoint " + (d / "gpt" / "checkpoint.kiln").string() +
+                               " --format onnx --output " + onnx.string());
+  INFO(x.output);
+  REQUIRE(x.exit_code == 0);
+  const std::string graph = read(onnx);
+  for (const char* op : {"LayerNormalization", "Erf", "Gather", "Transpose", "MatMul", "causal_mask/64", "Softmax"})
+    CHECK_THAT(graph, Catch::Contains(op));
+
   // A batch-norm model: its checkpoint holds running statistics, which evaluate and predict read (once refused as
   // "a tensor the model has no parameter for").
   const std::string resnet = std::string(KILN_SOURCE_DIR) + "/samples/resnet_fashion_mnist.toml";
