@@ -227,7 +227,14 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, int64_t keep)
     throw;
   }
   ::close(fd);
-  if (keep > 1) keep_previous(path);
+  if (keep > 1) {
+    try {
+      keep_previous(path);
+    } catch (...) {
+      ::unlink(tmp.c_str());
+      throw;
+    }
+  }
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     const std::string why = ec.message();
@@ -318,7 +325,8 @@ LoadedCheckpoint load_newest_checkpoint(const std::string& path) {
       for (const auto& [d, why] : damaged) {
         std::error_code ec;
         fs::rename(d, d + ".damaged", ec);
-        l.warning += "warning: " + d + " is damaged (" + why + "); " + (ec ? "" : "moved to " + d + ".damaged; ");
+        l.warning += "warning: " + d + " is damaged (" + why + "); " + (ec ? "" : "moved to " + d + ".damaged; ") +
+                     (d == damaged.back().first ? "" : "\n");
       }
       if (!damaged.empty()) {
         l.warning += "resuming from the checkpoint before it, " + f + " (step " + std::to_string(l.checkpoint.step) + ")";

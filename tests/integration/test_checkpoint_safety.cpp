@@ -194,7 +194,7 @@ TEST_CASE("kill -9 aimed inside a checkpoint write leaves the previous checkpoin
 
   const fs::path run = dir / "run";
   const std::string log = (dir / "killed.log").string();
-  const pid_t pid = spawn("train " + cfg, log, "KILN_TEST_CHECKPOINT_WRITE_PAUSE_MS=10");
+  const pid_t pid = spawn("train " + cfg, log, "KILN_TEST_CHECKPOINT_WRITE_PAUSE_MS=20");
   REQUIRE(pid > 0);
   // The second checkpoint (step 40) is half written when checkpoint.kiln (step 20) exists and the temporary holds 1 MiB.
   const fs::path tmp = run / ("checkpoint.kiln.tmp." + std::to_string(pid));
@@ -231,7 +231,10 @@ TEST_CASE("two kiln train of one run started at once: one trains, the other refu
   REQUIRE(solo.exit_code == 0);
 
   const std::string log_a = (dir / "a.log").string(), log_b = (dir / "b.log").string();
-  const pid_t a = spawn("train " + cfg, log_a), b = spawn("train " + cfg, log_b);
+  // Slow checkpoint writes (the same bytes) keep the first one running well past the moment the second takes the
+  // lock, even on a loaded machine: the second must meet a live holder, not a finished run.
+  const std::string slow = "KILN_TEST_CHECKPOINT_WRITE_PAUSE_MS=60";
+  const pid_t a = spawn("train " + cfg, log_a, slow), b = spawn("train " + cfg, log_b, slow);
   REQUIRE(a > 0);
   REQUIRE(b > 0);
   const int code_a = wait_exit(a), code_b = wait_exit(b);

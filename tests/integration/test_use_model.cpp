@@ -229,11 +229,11 @@ TEST_CASE("kiln export writes safetensors whose tensors are the checkpoint's, EM
 TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln predict's outputs (MLP, CNN, ResNet, GPT)",
           "[use_model][python]") {
   const char* env = std::getenv("KILN_PYTHON");
-  const std::string py = env ? env : "python3";
+  const std::string venv = std::string(KILN_SOURCE_DIR) + "/.venv-export/bin/python";  // ./setup.sh test makes it
+  const std::string py = env ? env : fs::exists(venv) ? venv : "python3";
   if (std::system((py + " -c 'import torch, safetensors, onnx, onnxruntime, numpy' >/dev/null 2>&1").c_str()) != 0)
-    KILN_SKIP(py << " lacks torch, safetensors, onnx, onnxruntime or numpy (set KILN_PYTHON to a Python that has them: "
-                    "python3 -m venv --system-site-packages with Debian's python3-torch, then pip install safetensors onnx "
-                    "onnxruntime)");
+    KILN_SKIP(py << " lacks torch, safetensors, onnx, onnxruntime or numpy (./setup.sh test makes .venv-export where "
+                    "Debian's python3-torch is installed; or set KILN_PYTHON to a Python that has them)");
   const fs::path& d = trained_run();
   const std::string script = std::string(KILN_SOURCE_DIR) + "/bench/accuracy/check_export.py";
   auto check = [&](const std::string& cfg, const std::string& work, const std::string& extra) {
