@@ -316,8 +316,10 @@ TEST_CASE("kiln predict gives a sequence head one distribution per position and 
                                (d / "resnet").string() + "\"'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  auto e = kiln::test::run_app("evaluate " + resnet + " --checkpoint " + (d / "resnet" / "checkpoint.kiln").string());
+  auto e = kiln::test::run_app("evaluate " + resnet + " --set 'train.output_dir=\"" + (d / "resnet").string() +
+                               "\"' --set 'data.test.stages[0].limit=300'");
   INFO(e.output);
   CHECK(e.exit_code == 0);
-  CHECK_THAT(e.output, Catch::Contains("accuracy"));
+  CHECK_THAT(e.output, Catch::Contains("300 examples") && Catch::Contains("accuracy"));
+  CHECK(fs::exists(d / "resnet" / "evaluate_test.json"));
 }
