@@ -14,7 +14,7 @@ export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 BUILD_DIR="${KILN_BUILD_DIR:-build}"
 JOBS="${KILN_JOBS:-$(nproc)}"
 
-PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev
+PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev libxxhash-dev
   libtomlplusplus-dev libboost-dev libboost-filesystem-dev catch2 libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
   dataset-fashion-mnist python3-venv clang libclang-rt-14-dev openmpi-bin libopenmpi-dev)
@@ -41,6 +41,19 @@ conan_tools() {
   { { [ -x .venv-tools/bin/pip ] || python3 -m venv .venv-tools; } &&
     .venv-tools/bin/pip install -q --retries 2 --timeout 60 'conan>=2,<3' tensorboard; } ||
     echo "== could not install Conan 2 / TensorBoard: the conan_package and TensorBoard-reader tests will be skipped"
+}
+
+# The export checks (bench/accuracy/check_export.py, the [python] test): PyTorch from Debian's python3-torch where it is
+# installed, with safetensors, onnx and onnxruntime from pip in .venv-export (gitignored), which sees the system's
+# packages. NumPy 1.26 in the venv: Debian's torch is built against NumPy 1.x, and onnx needs at least 1.25. Without
+# them (no torch, no network) that test reports Skipped.
+export_tools() {
+  /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "== no PyTorch in /usr/bin/python3 (python3-torch): the export check will be skipped"; return 0; }
+  [ -x .venv-export/bin/python ] && .venv-export/bin/python -c 'import torch, safetensors, onnx, onnxruntime' 2>/dev/null && return 0
+  echo "== installing safetensors, onnx and onnxruntime into .venv-export (for the export check)"
+  { { [ -x .venv-export/bin/pip ] || /usr/bin/python3 -m venv --system-site-packages .venv-export; } &&
+    .venv-export/bin/pip install -q --retries 2 --timeout 60 safetensors onnx onnxruntime "numpy==1.26.4"; } ||
+    echo "== could not install the export check's packages: it will be skipped"
 }
 
 # KILN_ARCH: x86-64-v3 (AVX2/FMA, what the CPU kernels are written and measured for) where this CPU has it, so
@@ -93,6 +106,7 @@ case "$what" in
   test)
     install_missing
     conan_tools
+    export_tools
     build
     echo "== running the test suite"
     (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 900 -j 1)

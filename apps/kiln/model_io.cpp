@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "kiln/error.hpp"
@@ -44,11 +45,15 @@ std::unique_ptr<TrainedModel> load_trained_model(const Options& o) {
   go.batch = 1;
   go.training = false;
   Graph g = build_graph(s.model(), go);
-  for (const auto& t : g.tensors())
-    if (t.role == TensorRole::parameter) m->params.emplace_back(t.name, t.shape);
+  // Buffers (batch norm's running statistics) are part of the model too: evaluation reads them. They have no EMA.
+  std::set<std::string> buffers;
+  for (const auto& t : g.tensors()) {
+    if (t.role == TensorRole::parameter || t.role == TensorRole::buffer) m->params.emplace_back(t.name, t.shape);
+    if (t.role == TensorRole::buffer) buffers.insert(t.name);
+  }
   const std::string where = m->checkpoint_path + " (the model of " + o.config + ")";
   for (const auto& [name, shape] : m->params) {
-    const std::string key = m->ema ? name + "/ema" : name;
+    const std::string key = m->ema && !buffers.count(name) ? name + "/ema" : name;
     auto it = ck.find(key);
     if (it == ck.end()) {
       if (m->ema && ck.count(name))

@@ -21,7 +21,8 @@ struct TrainedModel {
   std::string checkpoint_path;
   Checkpoint checkpoint;
   bool ema = false;  // the weights are the EMA shadows ("<param>/ema")
-  // The model's parameters in model order (name, shape), and their values from the checkpoint (EMA or raw).
+  // The model's parameters and buffers (batch norm's running statistics) in model order (name, shape), and their
+  // values from the checkpoint (EMA or raw; buffers are always raw).
   std::vector<std::pair<std::string, Shape>> params;
   std::map<std::string, HostTensor> weights;
 };

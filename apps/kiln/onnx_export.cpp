@@ -3,7 +3,10 @@
 // used here, by field number). The batch dimension is symbolic ("N"); the weights are initializers under Kiln's names.
 #include <cmath>
 #include <cstring>
+#include <algorithm>
+#include <cstdio>
 #include <map>
+#include <set>
 
 #include "kiln/error.hpp"
 #include "kiln/graph.hpp"
@@ -139,7 +142,7 @@ class OnnxWriter {
     model_proto.i64(1, 7);  // ir_version
     model_proto.bytes(2, "kiln").bytes(3, KILN_VERSION_STRING);
     model_proto.msg(7, graph);
-    model_proto.msg(8, Pb().bytes(1, "").i64(2, 13));  // opset_import { domain "", version 13 }
+    model_proto.msg(8, Pb().bytes(1, "").i64(2, opset_));  // opset_import { domain "", version 13, or 17 with LayerNormalization }
     return model_proto.b;
   }
 
@@ -151,7 +154,7 @@ class OnnxWriter {
     const TensorInfo& ti = g.tensor(t);
     std::string n;
     if (t == g.input) n = "input";
-    else if (ti.role == TensorRole::parameter) n = ti.name;
+    else if (ti.role == TensorRole::parameter || ti.role == TensorRole::buffer) n = ti.name;
     else n = ti.layer + "/" + std::to_string(t);
     if (ti.alias_of != kNoTensor) {
       const std::string from = name(g, ti.alias_of);
@@ -170,10 +173,29 @@ class OnnxWriter {
     return n;
   }
 
+  // A float constant (an initializer of shape () named after its value), broadcast by the node that reads it.
+  std::string constant(float v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "const/%.9g", static_cast<double>(v));
+    if (consts_.insert(buf).second) init_.push_back(tensor(buf, {}, kFloat, &v, sizeof v));
+    return buf;
+  }
+  std::string int64s(const std::string& n, const std::vector<int64_t>& v) {
+    if (consts_.insert(n).second) init_.push_back(tensor(n, {static_cast<int64_t>(v.size())}, kInt64, v.data(), v.size() * 8));
+    return n;
+  }
+  // `from` reshaped to `dims`, whose first axis is the batch's (-1: any batch size).
+  std::string reshape(const std::string& from, std::vector<int64_t> dims, const std::string& to) {
+    dims[0] = -1;
+    nodes_.push_back(Node{"Reshape", {from, int64s(to + "/shape", dims)}, {to}, {}});
+    return to;
+  }
+
   [[noreturn]] void refuse(const ::kiln::Node& n, const std::string& what) {
     throw ConfigError("--format onnx: layer '" + n.layer + "': " + what +
                       " has no ONNX opset 13 form in this exporter (supported: dense, conv2d, max/avg pooling, flatten, "
-                      "relu/sigmoid/tanh/silu/softmax activations, dropout, add, concat, embedding); export the weights "
+                      "relu/sigmoid/tanh/silu/gelu/softmax activations, dropout, add, concat, embedding, positional_embedding, "
+                      "layer_norm, batch_norm (evaluation), global_avg_pool2d, attention); export the weights "
                       "with --format safetensors instead");
   }
 
@@ -254,14 +276,123 @@ class OnnxWriter {
         else if (act == Activation::silu) {
           nodes_.push_back(Node{"Sigmoid", {in(0)}, {out(0) + "/sig"}, {}});
           nodes_.push_back(Node{"Mul", {in(0), out(0) + "/sig"}, {out(0)}, {}});
+        } else if (act == Activation::gelu) {  // 0.5 x (1 + erf(x / sqrt 2))
+          const std::string o = out(0);
+          nodes_.push_back(Node{"Mul", {in(0), constant(static_cast<float>(1 / std::sqrt(2.0)))}, {o + "/s"}, {}});
+          nodes_.push_back(Node{"Erf", {o + "/s"}, {o + "/erf"}, {}});
+          nodes_.push_back(Node{"Add", {o + "/erf", constant(1.f)}, {o + "/1p"}, {}});
+          nodes_.push_back(Node{"Mul", {in(0), o + "/1p"}, {o + "/x1p"}, {}});
+          nodes_.push_back(Node{"Mul", {o + "/x1p", constant(0.5f)}, {o}, {}});
+        } else if (act == Activation::gelu_tanh) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+          const std::string o = out(0), x = in(0);
+          nodes_.push_back(Node{"Mul", {x, x}, {o + "/x2"}, {}});
+          nodes_.push_back(Node{"Mul", {o + "/x2", x}, {o + "/x3"}, {}});
+          nodes_.push_back(Node{"Mul", {o + "/x3", constant(0.044715f)}, {o + "/cx3"}, {}});
+          nodes_.push_back(Node{"Add", {x, o + "/cx3"}, {o + "/in"}, {}});
+          nodes_.push_back(Node{"Mul", {o + "/in", constant(static_cast<float>(std::sqrt(2.0 / M_PI)))}, {o + "/k"}, {}});
+          nodes_.push_back(Node{"Tanh", {o + "/k"}, {o + "/t"}, {}});
+          nodes_.push_back(Node{"Add", {o + "/t", constant(1.f)}, {o + "/1p"}, {}});
+          nodes_.push_back(Node{"Mul", {x, o + "/1p"}, {o + "/x1p"}, {}});
+          nodes_.push_back(Node{"Mul", {o + "/x1p", constant(0.5f)}, {o}, {}});
         } else {
           refuse(n, "activation " + std::string(activation_name(act)));
         }
         return;
       }
-      case OpKind::SoftmaxForward:
-        nodes_.push_back(Node{"Softmax", {in(0)}, {out(0)}, {}}.i("axis", -1));
+      case OpKind::SoftmaxForward: {
+        const auto& a = std::get<SoftmaxAttrs>(n.attrs);
+        const Shape& xs = g.tensor(n.in[0]).shape;
+        if (xs.rank() < 2 || xs[xs.rank() - 1] != a.cols) refuse(n, "a softmax over other than the last axis");
+        std::string x = in(0);
+        if (a.causal) {  // (..., T, T) + a (T, T) mask of 0 on and below the diagonal, -inf above: exactly 0 there
+          if (xs[xs.rank() - 2] != a.cols) refuse(n, "a causal softmax over a non-square block");
+          std::vector<float> mask(static_cast<size_t>(a.cols * a.cols), 0.f);
+          for (int64_t r = 0; r < a.cols; ++r)
+            for (int64_t c = r + 1; c < a.cols; ++c) mask[static_cast<size_t>(r * a.cols + c)] = -INFINITY;
+          const std::string m = "causal_mask/" + std::to_string(a.cols);
+          if (consts_.insert(m).second) init_.push_back(tensor(m, {a.cols, a.cols}, kFloat, mask.data(), mask.size() * 4));
+          nodes_.push_back(Node{"Add", {x, m}, {out(0) + "/masked"}, {}});
+          x = out(0) + "/masked";
+        }
+        nodes_.push_back(Node{"Softmax", {x}, {out(0)}, {}}.i("axis", -1));
         return;
+      }
+      case OpKind::LayerNormForward: {  // LayerNormalization (opset 17) over the last axis
+        const auto& a = std::get<LayerNormAttrs>(n.attrs);
+        const Shape& xs = g.tensor(n.in[0]).shape;
+        if (xs[xs.rank() - 1] != a.cols) refuse(n, "a layer norm over other than the last axis");
+        Node x{"LayerNormalization", {in(0), in(1)}, {out(0)}, {}};
+        if (a.bias) x.in.push_back(in(2));
+        nodes_.push_back(std::move(x.i("axis", -1).f("epsilon", a.eps)));
+        opset_ = std::max(opset_, 17);
+        return;
+      }
+      case OpKind::BatchNormForward: {  // evaluation: the running statistics
+        const auto& a = std::get<BatchNormAttrs>(n.attrs);
+        if (a.training) refuse(n, "a batch norm in training mode");
+        const Shape& xs = g.tensor(n.in[0]).shape;
+        if (xs.rank() < 2 || xs[1] != a.c) refuse(n, "a batch norm whose channels are not axis 1");
+        nodes_.push_back(Node{"BatchNormalization", {in(0), in(1), in(2), name(g, n.out[3]), name(g, n.out[4])}, {out(0)}, {}}
+                             .f("epsilon", a.eps));
+        return;
+      }
+      case OpKind::Permute: {  // the view's dims (batch first), then Transpose; the output keeps Kiln's shape
+        const auto& a = std::get<PermuteAttrs>(n.attrs);
+        std::vector<int64_t> dims(a.dims.begin(), a.dims.begin() + a.rank), perm(a.perm.begin(), a.perm.begin() + a.rank);
+        const std::string v = reshape(in(0), dims, out(0) + "/view");
+        nodes_.push_back(Node{"Transpose", {v}, {out(0) + "/t"}, {}}.ints("perm", perm));
+        std::vector<int64_t> od(static_cast<size_t>(a.rank));
+        for (int64_t i = 0; i < a.rank; ++i) od[static_cast<size_t>(i)] = dims[static_cast<size_t>(perm[static_cast<size_t>(i)])];
+        const Shape& ys = g.tensor(n.out[0]).shape;
+        if (perm[0] == 0) {
+          reshape(out(0) + "/t", ys.dims(), out(0));
+        } else if (ys.dims() == od) {  // the batch moved off axis 0: the output is the transposed view as it is
+          nodes_.push_back(Node{"Identity", {out(0) + "/t"}, {out(0)}, {}});
+        } else {
+          refuse(n, "a permute that moves the batch axis and reshapes");
+        }
+        return;
+      }
+      case OpKind::Split: {  // attention's q, k, v: equal parts of axis 0, each with that axis dropped
+        const auto& a = std::get<ConcatAttrs>(n.attrs);
+        const Shape& xs = g.tensor(n.in[0]).shape;
+        if (a.outer != 1 || static_cast<int64_t>(n.out.size()) != xs[0])
+          refuse(n, "a split other than into the parts of the first axis");
+        for (size_t i = 0; i < n.out.size(); ++i) {  // Gather with a scalar index drops the axis
+          const std::string idx = "index/" + std::to_string(i);
+          const int64_t v = static_cast<int64_t>(i);
+          if (consts_.insert(idx).second) init_.push_back(tensor(idx, {}, kInt64, &v, sizeof v));
+          nodes_.push_back(Node{"Gather", {in(0), idx}, {out(i)}, {}}.i("axis", 0));
+        }
+        return;
+      }
+      case OpKind::BatchedGemm: {  // MatMul over the leading axes (Kiln's tensors are (batch, ..., rows, cols))
+        const auto& a = std::get<GemmAttrs>(n.attrs);
+        if (a.beta != 0.f) refuse(n, "a batched gemm that accumulates");
+        auto operand = [&](size_t i, int64_t rows, int64_t cols, bool trans) {
+          const Shape& sh = g.tensor(n.in[i]).shape;
+          std::string v = in(i);
+          if (sh.rank() < 3 || sh[sh.rank() - 2] != rows || sh[sh.rank() - 1] != cols)
+            refuse(n, "a batched gemm whose operands are not (..., rows, cols)");
+          if (trans) {
+            std::vector<int64_t> perm(sh.rank());
+            for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+            std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+            nodes_.push_back(Node{"Transpose", {v}, {v + "/T"}, {}}.ints("perm", perm));
+            v += "/T";
+          }
+          return v;
+        };
+        const std::string A = a.trans_a ? operand(0, a.k, a.m, true) : operand(0, a.m, a.k, false);
+        const std::string B = a.trans_b ? operand(1, a.n, a.k, true) : operand(1, a.k, a.n, false);
+        if (a.alpha == 1.f) {
+          nodes_.push_back(Node{"MatMul", {A, B}, {out(0)}, {}});
+        } else {
+          nodes_.push_back(Node{"MatMul", {A, B}, {out(0) + "/mm"}, {}});
+          nodes_.push_back(Node{"Mul", {out(0) + "/mm", constant(a.alpha)}, {out(0)}, {}});
+        }
+        return;
+      }
       case OpKind::Add: {
         const auto& a = std::get<ElementwiseAttrs>(n.attrs);
         if (a.alpha != 1.f || a.beta != 1.f) refuse(n, "a scaled add");
@@ -306,6 +437,8 @@ class OnnxWriter {
   std::vector<Node> nodes_;
   std::vector<Pb> init_;
   TensorId last_fusable_ = kNoTensor;
+  std::set<std::string> consts_;
+  int opset_ = 13;
 };
 
 }  // namespace

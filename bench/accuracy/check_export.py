@@ -2,19 +2,25 @@
 """Checks `kiln export` against `kiln predict` with other tools (issue 13).
 
   check_export.py --kiln build/bin/kiln --config samples/fashion_mnist_mlp.toml --workdir /tmp/x [--checkpoint F]
+  check_export.py ... --config samples/shakespeare_char.toml --inputs ids   (models whose input is token ids)
 
-1. Writes the first --examples Fashion-MNIST test images, scaled to [0, 1] as the samples' [data.test] does, to
-   inputs.npy (N, 1, 28, 28) float32, and runs `kiln predict --input inputs.npy --output preds.npy`.
-2. `kiln export --format safetensors`: loads the file with the `safetensors` package (safetensors.numpy), runs the
-   config's layers in a NumPy reimplementation (dense, conv2d, max/avg pooling, flatten, relu/sigmoid/tanh, dropout as
-   identity) and compares the softmax probabilities with kiln predict's.
+1. Writes the model's inputs to inputs.npy and runs `kiln predict --input inputs.npy --output preds.npy`: the first
+   --examples Fashion-MNIST test images scaled to [0, 1] as the samples' [data.test] does ((N, 1, 28, 28) float32),
+   or with --inputs ids random token ids below the first embedding's vocab ((N, input_shape) float32, seed 0).
+2. `kiln export --format safetensors`: loads the file with the `safetensors` package (safetensors.torch) into the
+   equivalent PyTorch model, built from the config's layers (dense, conv2d, max/avg pooling, global_avg_pool2d,
+   flatten, activations, dropout (identity), batch_norm (evaluation: running statistics), add, concat, embedding,
+   positional_embedding, layer_norm, attention) and run in float64, and compares its outputs (softmax probabilities
+   for a softmax_cross_entropy head) with kiln predict's.
 3. `kiln export --format onnx`: onnx.checker.check_model, then ONNX Runtime's outputs against kiln predict's.
 
-Exit 0 when both agree to --tol (1e-5), 1 when not, 4 (skipped) when safetensors, onnx, onnxruntime or numpy is
-missing. Pass --weights raw|ema to choose the weights (default: as kiln evaluates).
+Exit 0 when both agree to --tol (1e-5), 1 when not, 4 (skipped) when torch, safetensors, onnx, onnxruntime or numpy
+is missing (Debian's python3-torch plus `pip install safetensors onnx onnxruntime` in a venv made with
+--system-site-packages). Pass --weights raw|ema to choose the weights (default: as kiln evaluates).
 """
 import argparse
 import gzip
+import math
 import os
 import subprocess
 import sys
@@ -23,11 +29,13 @@ SKIP = 4
 try:
     import tomllib
     import numpy as np
-    from safetensors.numpy import load_file
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
     import onnx
     import onnxruntime as ort
 except ImportError as e:  # the ctest wrapper reports this as skipped, never passed
-    print(f"KILN-SKIPPED: {e} (pip install safetensors onnx onnxruntime numpy)")
+    print(f"KILN-SKIPPED: {e} (torch from python3-torch; pip install safetensors onnx onnxruntime)")
     sys.exit(SKIP)
 
 FM = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
@@ -35,7 +43,7 @@ FM = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 
 def kiln(args, *rest):
     cmd = [args.kiln, *rest, args.config] + (["--checkpoint", args.checkpoint] if args.checkpoint else [])
-    cmd += ["--weights", args.weights]
+    cmd += ["--weights", args.weights] + sum((["--set", s] for s in args.set), [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
@@ -54,69 +62,106 @@ def geometry(size, k, stride, same):
     return (size - k) // stride + 1, 0, 0
 
 
-def windows(x, kh, kw, sh, sw, same, fill):
-    """x (N, C, H, W) -> (N, C, OH, OW, kh, kw) windows, padded with `fill` (TensorFlow's 'same': extra at the end)."""
-    n, c, h, w = x.shape
-    oh, pt, pb = geometry(h, kh, sh, same)
-    ow, pl, pr = geometry(w, kw, sw, same)
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
-    s = xp.strides
-    v = np.lib.stride_tricks.as_strided(xp, (n, c, oh, ow, kh, kw), (s[0], s[1], s[2] * sh, s[3] * sw, s[2], s[3]))
-    return v
+def pad_same(x, kh, kw, sh, sw, same, fill):
+    """TensorFlow's 'same' padding (the extra row/column at the end), as Kiln pads."""
+    _, pt, pb = geometry(x.shape[2], kh, sh, same)
+    _, pl, pr = geometry(x.shape[3], kw, sw, same)
+    return F.pad(x, (pl, pr, pt, pb), value=fill)
 
 
 def act(x, name):
-    if name in (None, "linear"):
-        return x
-    if name == "relu":
-        return np.maximum(x, 0)
-    if name == "sigmoid":
-        return 1 / (1 + np.exp(-x))
-    if name == "tanh":
-        return np.tanh(x)
-    raise SystemExit(f"check_export.py: activation {name} not in the NumPy reference")
+    fns = {None: lambda v: v, "linear": lambda v: v, "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+           "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+           "softmax": lambda v: torch.softmax(v, -1)}
+    if name not in fns:
+        raise SystemExit(f"check_export.py: activation {name} not in the PyTorch reference")
+    return fns[name](x)
 
 
-def numpy_forward(cfg, w, x):
-    """The config's sequential layers in float64, named as Kiln names parameters (<type>_<k>)."""
-    counts = {}
-    x = x.astype(np.float64)
-    for layer in cfg["model"]["layers"]:
+def torch_forward(cfg, w, x):
+    """The config's layers as PyTorch computes them, in float64, with the exported tensors under Kiln's names
+    (<name> or <type>_<k>). Returns the first output's values as kiln predict writes them."""
+    w = {k: v.to(torch.float64) for k, v in w.items()}
+    model = cfg["model"]
+    counts, vals, prev = {}, {"input": x}, "input"
+    for layer in model["layers"]:
         t = layer["type"]
         counts[t] = counts.get(t, 0) + 1
         name = layer.get("name", f"{t}_{counts[t]}")
+        ins = [vals[i] for i in layer.get("inputs", [prev])]
+        x = ins[0]
+        p = lambda k: w[f"{name}.{k}"]  # noqa: E731
         if t == "flatten":
-            x = x.reshape(x.shape[0], -1)
+            y = x.reshape(x.shape[0], -1)
         elif t == "dense":
-            x = x @ w[name + ".kernel"].astype(np.float64)  # Kiln's kernel is (in, out)
+            if "tie" in layer:  # weight tying: the embedding's table (vocab, dim), transposed
+                y = x @ w[layer["tie"] + ".table"].T
+            else:
+                y = x @ p("kernel")  # Kiln's kernel is (in, out): PyTorch's Linear.weight transposed
             if layer.get("use_bias", True):
-                x = x + w[name + ".bias"]
-            x = act(x, layer.get("activation"))
+                y = y + p("bias")
+            y = act(y, layer.get("activation"))
         elif t == "conv2d":
             kr, ks = pairs(layer.get("kernel", 3))
             sh, sw = pairs(layer.get("strides", 1))
-            win = windows(x, kr, ks, sh, sw, layer.get("padding", "valid") == "same", 0.0)
-            x = np.einsum("ncpqrs,kcrs->nkpq", win, w[name + ".kernel"].astype(np.float64))  # kernel (out, in, kh, kw)
-            if layer.get("use_bias", True):
-                x = x + w[name + ".bias"][None, :, None, None]
-            x = act(x, layer.get("activation"))
+            xp = pad_same(x, kr, ks, sh, sw, layer.get("padding", "valid") == "same", 0.0)
+            y = F.conv2d(xp, p("kernel"), p("bias") if layer.get("use_bias", True) else None, stride=(sh, sw))
+            y = act(y, layer.get("activation"))
         elif t in ("max_pool2d", "avg_pool2d"):
             ph, pw = pairs(layer.get("pool", 2))
             sh, sw = pairs(layer.get("strides", [ph, pw]))
             same = layer.get("padding", "valid") == "same"
             if t == "max_pool2d":
-                x = windows(x, ph, pw, sh, sw, same, -np.inf).max(axis=(4, 5))
-            else:
-                ones = np.ones_like(x)
-                x = windows(x, ph, pw, sh, sw, same, 0.0).sum(axis=(4, 5)) / windows(ones, ph, pw, sh, sw, same, 0.0).sum(axis=(4, 5))
+                y = F.max_pool2d(pad_same(x, ph, pw, sh, sw, same, -math.inf), (ph, pw), (sh, sw))
+            else:  # the mean of the valid elements of each window
+                s = F.avg_pool2d(pad_same(x, ph, pw, sh, sw, same, 0.0), (ph, pw), (sh, sw), divisor_override=1)
+                c = F.avg_pool2d(pad_same(torch.ones_like(x), ph, pw, sh, sw, same, 0.0), (ph, pw), (sh, sw), divisor_override=1)
+                y = s / c
+        elif t == "global_avg_pool2d":
+            y = x.mean(dim=(2, 3))
         elif t == "dropout":
-            pass
+            y = x
         elif t == "activation":
-            x = act(x, layer.get("function", "relu"))
+            y = act(x, layer.get("function", "relu"))
+        elif t == "batch_norm":  # evaluation: PyTorch's BatchNorm2d in eval() mode
+            affine = layer.get("affine", True)
+            y = F.batch_norm(x, p("running_mean"), p("running_var"), p("gamma") if affine else None,
+                             p("beta") if affine else None, training=False, eps=layer.get("epsilon", 1e-5))
+        elif t == "add":
+            y = sum(ins[1:], ins[0])
+        elif t == "concat":
+            y = torch.cat(ins, dim=layer.get("axis", 1))
+        elif t == "embedding":
+            y = F.embedding(x.long(), p("table"))
+        elif t == "positional_embedding":
+            y = x + p("table")
+        elif t == "layer_norm":
+            c = x.shape[-1]
+            y = F.layer_norm(x, (c,), p("gamma"), p("beta") if layer.get("use_bias", True) else None,
+                             eps=layer.get("epsilon", 1e-5))
+        elif t == "attention":  # nanoGPT's CausalSelfAttention with Kiln's (in, out) kernels
+            B, T, C = x.shape
+            H = layer["heads"]
+            bias = layer.get("use_bias", True)
+            qkv = x @ p("qkv_kernel") + (p("qkv_bias") if bias else 0)
+            q, k, v = qkv.view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+            if layer.get("causal", True):
+                att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -math.inf)
+            y = (torch.softmax(att, -1) @ v).transpose(1, 2).reshape(B, T, C)
+            y = y @ p("proj_kernel") + (p("proj_bias") if bias else 0)
         else:
-            raise SystemExit(f"check_export.py: layer type {t} not in the NumPy reference")
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+            raise SystemExit(f"check_export.py: layer type {t} not in the PyTorch reference")
+        vals[name] = y
+        prev = name
+    outs = model.get("outputs")
+    head = outs[0] if outs else {"layer": prev, "loss": model.get("loss")}
+    y = vals[head["layer"]]
+    if head.get("loss") == "softmax_cross_entropy":
+        y = torch.softmax(y, -1)
+    elif head.get("loss") == "binary_cross_entropy" and head.get("from_logits", True):
+        y = torch.sigmoid(y)
+    return y.reshape(y.shape[0], -1).numpy()
 
 
 def main():
@@ -128,14 +173,21 @@ def main():
     p.add_argument("--examples", type=int, default=1000)
     p.add_argument("--weights", default="auto", choices=["auto", "raw", "ema"])
     p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--inputs", default="fashion_mnist", choices=["fashion_mnist", "ids"])
+    p.add_argument("--set", action="append", default=[], help="passed to every kiln command as --set")
     args = p.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     with open(args.config, "rb") as f:
         cfg = tomllib.load(f)
 
-    with gzip.open(FM) as f:
-        raw = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[: args.examples]
-    x = (raw.astype(np.float32) * np.float32(0.00392156862745098)).astype(np.float32)  # the samples' scale stage
+    if args.inputs == "ids":
+        vocab = next(l["vocab"] for l in cfg["model"]["layers"] if l["type"] == "embedding")
+        shape = [args.examples] + list(cfg["model"]["input_shape"])
+        x = np.random.default_rng(0).integers(0, vocab, shape).astype(np.float32)
+    else:
+        with gzip.open(FM) as f:
+            raw = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[: args.examples]
+        x = (raw.astype(np.float32) * np.float32(0.00392156862745098)).astype(np.float32)  # the samples' scale stage
     d = args.workdir
     np.save(f"{d}/inputs.npy", x)
     for f in ("preds.npy", "model.safetensors", "model.onnx"):
@@ -147,19 +199,21 @@ def main():
 
     kiln(args, "export", "--format", "safetensors", "--output", f"{d}/model.safetensors")
     w = load_file(f"{d}/model.safetensors")
-    ref = numpy_forward(cfg, w, x)
+    with torch.no_grad():
+        ref = torch_forward(cfg, w, torch.from_numpy(x).to(torch.float64))
     st = float(np.abs(ref - preds).max())
-    print(f"safetensors + NumPy reference vs kiln predict: max |diff| = {st:.3g} over {preds.size} probabilities")
+    print(f"safetensors in PyTorch {torch.__version__} (float64) vs kiln predict: max |diff| = {st:.3g} over {preds.size} outputs")
 
     kiln(args, "export", "--format", "onnx", "--output", f"{d}/model.onnx")
     m = onnx.load(f"{d}/model.onnx")
     onnx.checker.check_model(m, full_check=True)
     sess = ort.InferenceSession(f"{d}/model.onnx", providers=["CPUExecutionProvider"])
     out = sess.run(None, {"input": x})[0]
+    out = out.reshape(out.shape[0], -1)
     ox = float(np.abs(out - preds).max())
     print(f"onnx.checker: ok (opset {m.opset_import[0].version}, {len(m.graph.node)} nodes); "
           f"onnxruntime {ort.__version__} vs kiln predict: max |diff| = {ox:.3g}")
-    agree = float((out.argmax(1) == preds.argmax(1)).mean())
+    agree = float((out.argmax(1) == preds.argmax(1)).mean())  # (per example; per position for sequences)
     print(f"argmax agreement onnxruntime / kiln: {agree:.4f}")
     ok = st <= args.tol and ox <= args.tol
     print("OK" if ok else f"FAILED: tolerance {args.tol}")

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 def load_checkpoint(path):
     b = open(path, "rb").read()
-    assert b[:8] == b"KILNCKP1", "not a Kiln checkpoint"
+    assert b[:8] in (b"KILNCKP1", b"KILNCKP2"), "not a Kiln checkpoint"
     o = 8 + 16
     ds, = struct.unpack_from("<Q", b, o)
     o += 8 + ds

@@ -3,12 +3,14 @@
 #include "run_dir.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -16,9 +18,11 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
 #include <toml++/toml.h>
 
 #include "kiln/error.hpp"
+#include "kiln/trainer.hpp"
 
 namespace kiln {
 
@@ -67,10 +71,18 @@ RunLock::RunLock(const std::string& dir, const std::string& key, const std::stri
   if (fd_ < 0) throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno) + " (the directory comes from " + key + ")");
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
+    // The holder writes its pid just after it takes the lock: two runs started at once may look before it has, or
+    // see the pid of an earlier holder that has ended; so read until the file names a live process (up to 2 s).
     std::string holder;
-    {
-      std::ifstream f(path);
-      std::getline(f, holder, '\0');
+    for (int tries = 0; tries < 100; ++tries) {
+      {
+        std::ifstream f(path);
+        holder.clear();
+        std::getline(f, holder, '\0');
+      }
+      const long pid = holder.rfind("pid ", 0) == 0 ? std::atol(holder.c_str() + 4) : 0;
+      if (pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     ::close(fd_);
     fd_ = -1;
@@ -83,10 +95,19 @@ RunLock::RunLock(const std::string& dir, const std::string& key, const std::stri
                   "[run] name or output directory (" + key + ")");
     throw Error(path + ": cannot lock the run directory: " + std::strerror(e));
   }
+  // Holding the lock, no other kiln process writes here: temporaries left by a killed writer (<file>.tmp.<pid> of the
+  // files kiln train writes) go.
+  std::error_code ec;
+  static const std::regex tmp_re(R"((checkpoint[^/]*\.kiln|config\.toml|run\.json|metrics\.jsonl)\.tmp\.[0-9]+)");
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code rm;
+    if (it->is_regular_file(rm) && std::regex_match(it->path().filename().string(), tmp_re)) std::filesystem::remove(it->path(), rm);
+  }
   std::string who = "pid " + std::to_string(::getpid()) + "\nstarted " + now_utc() + "\ncommand " + command + "\n";
-  if (::ftruncate(fd_, 0) == 0) {
-    ssize_t n = ::pwrite(fd_, who.data(), who.size(), 0);
-    (void)n;  // the lock is what matters; the text only names the holder
+  // Written over the old text, then cut to length: a reader never finds the file empty.
+  if (::pwrite(fd_, who.data(), who.size(), 0) == static_cast<ssize_t>(who.size())) {
+    int r = ::ftruncate(fd_, static_cast<off_t>(who.size()));
+    (void)r;  // the lock is what matters; the text only names the holder
   }
 }
 
@@ -96,8 +117,7 @@ RunLock::~RunLock() {
 
 PriorRun inspect_run_dir(const std::string& dir) {
   PriorRun p;
-  std::error_code ec;
-  p.checkpoint = std::filesystem::exists(dir + "/checkpoint.kiln", ec);
+  p.checkpoint = !checkpoint_files(dir + "/checkpoint.kiln").empty();  // the newest, or an earlier one kept
   std::ifstream f(dir + "/metrics.jsonl");
   for (std::string l; std::getline(f, l);)
     if (!l.empty()) ++p.metric_lines;

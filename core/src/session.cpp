@@ -138,6 +138,10 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
     train_.checkpoint_every_minutes = t->get_float("checkpoint_every_minutes", 0.0);
     if (!(train_.checkpoint_every_minutes >= 0) || train_.checkpoint_every_minutes > 1e7)
       t->fail("checkpoint_every_minutes", "expected 0 (off) or a positive number of minutes");
+    train_.keep_checkpoints = t->get_int("keep_checkpoints", 1);
+    if (train_.keep_checkpoints < 1)
+      t->fail("keep_checkpoints", "expected a positive number of checkpoints to keep (1 = the newest only), got " +
+                                      std::to_string(train_.keep_checkpoints));
     if (auto es = t->table("early_stopping")) {
       auto& e = train_.early_stopping;
       e.on = true;

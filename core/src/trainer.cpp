@@ -685,13 +685,16 @@ TrainReport Trainer::run() {
                           "are listed in docs/user_guide.md, \"Stopping and resuming\")");
       }
     }
-    Checkpoint c = load_checkpoint(ckpt_path);
+    // The newest checkpoint that loads: a damaged one falls back to the one before ([train] keep_checkpoints).
+    LoadedCheckpoint lc = load_newest_checkpoint(ckpt_path);
+    if (!lc.warning.empty()) out_ << lc.warning << "\n";
+    Checkpoint& c = lc.checkpoint;
     runner->load_state(c.tensors);
     start_epoch = c.epoch;
     step = c.step;
     resumed = true;
-    if (!c.data_state.empty()) resume_at = decode_position(c.data_state, ckpt_path);
-    out_ << "resumed from " << ckpt_path << " at epoch " << start_epoch + (resume_at ? 1 : 0) << ", step " << step;
+    if (!c.data_state.empty()) resume_at = decode_position(c.data_state, lc.path);
+    out_ << "resumed from " << lc.path << " at epoch " << start_epoch + (resume_at ? 1 : 0) << ", step " << step;
     if (resume_at) out_ << " (mid-epoch: " << resume_at->batches << " batches of epoch " << start_epoch + 1 << " done)";
     out_ << "\n";
     // Records written after that checkpoint (the run was stopped before its next one) are written again below.
@@ -702,8 +705,7 @@ TrainReport Trainer::run() {
     out_ << "nothing to resume: " << ts.output_dir << " holds no checkpoint.kiln"
          << (prior.metric_lines > 0 ? " (its metrics.jsonl is started over)" : "") << "; starting a new run\n";
   } else if (lead && prior.exists()) {
-    std::error_code ec;
-    std::filesystem::remove(ckpt_path, ec);  // --overwrite: nothing of the old run may be resumed into the new one
+    remove_checkpoints(ckpt_path);  // --overwrite: nothing of the old run may be resumed into the new one
     out_ << "overwriting the earlier run in " << ts.output_dir << "\n";
   }
   if (lead) {
@@ -751,7 +753,7 @@ TrainReport Trainer::run() {
     c.tensors = runner->save_state();  // every rank: it may gather the optimizer state's shards
     if (!lead) return;
     try {
-      save_checkpoint(ckpt_path, c);
+      save_checkpoint(ckpt_path, c, ts.keep_checkpoints);
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (the output directory comes from " + dir_key + ")");
     }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <tuple>
 #include <sstream>
 
 #include "kiln/trainer.hpp"
@@ -225,21 +226,25 @@ TEST_CASE("kiln export writes safetensors whose tensors are the checkpoint's, EM
   CHECK(again.exit_code == 2);
 }
 
-TEST_CASE("exported safetensors and ONNX give kiln predict's outputs in NumPy and ONNX Runtime (MLP and CNN)", "[use_model][python]") {
+TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln predict's outputs (MLP, CNN, ResNet, GPT)",
+          "[use_model][python]") {
   const char* env = std::getenv("KILN_PYTHON");
-  const std::string py = env ? env : "python3";
-  if (std::system((py + " -c 'import safetensors, onnx, onnxruntime, numpy' >/dev/null 2>&1").c_str()) != 0)
-    KILN_SKIP(py << " lacks safetensors, onnx, onnxruntime or numpy (set KILN_PYTHON to a Python that has them)");
+  const std::string venv = std::string(KILN_SOURCE_DIR) + "/.venv-export/bin/python";  // ./setup.sh test makes it
+  const std::string py = env ? env : fs::exists(venv) ? venv : "python3";
+  if (std::system((py + " -c 'import torch, safetensors, onnx, onnxruntime, numpy' >/dev/null 2>&1").c_str()) != 0)
+    KILN_SKIP(py << " lacks torch, safetensors, onnx, onnxruntime or numpy (./setup.sh test makes .venv-export where "
+                    "Debian's python3-torch is installed; or set KILN_PYTHON to a Python that has them)");
   const fs::path& d = trained_run();
   const std::string script = std::string(KILN_SOURCE_DIR) + "/bench/accuracy/check_export.py";
-  auto check = [&](const std::string& cfg, const std::string& work) {
-    const std::string cmd = py + " " + script + " --kiln " + KILN_APP + " --config " + cfg + " --workdir " + work +
-                            " --examples 300 > " + work + ".log 2>&1";
+  auto check = [&](const std::string& cfg, const std::string& work, const std::string& extra) {
+    const std::string cmd = py + " " + script + " --kiln " + KILN_APP + " --config " + cfg + " --workdir " + work + " " +
+                            extra + " > " + work + ".log 2>&1";
     const int rc = std::system(cmd.c_str());
     INFO(read(work + ".log"));
     CHECK(rc == 0);
+    CHECK_THAT(read(work + ".log"), Catch::Contains("onnx.checker: ok") && Catch::Contains("OK"));
   };
-  check((d / "run.toml").string(), (d / "check_mlp").string());
+  check((d / "run.toml").string(), (d / "check_mlp").string(), "--examples 300");
   // A CNN: the CNN sample's layers, trained for 20 steps.
   std::string cnn = read(std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_cnn.toml");
   cnn = std::regex_replace(cnn, std::regex("\\[train\\]\n"), "[train]\nsteps_per_epoch = 20\nprogress = \"none\"\noutput_dir = \"" +
@@ -249,5 +254,72 @@ TEST_CASE("exported safetensors and ONNX give kiln predict's outputs in NumPy an
   auto r = kiln::test::run_app("train " + cnn_cfg + " --overwrite");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  check(cnn_cfg, (d / "check_cnn").string());
+  check(cnn_cfg, (d / "check_cnn").string(), "--examples 300");
+  // The samples as they are, trained a few steps: the ResNet (batch_norm with its running statistics, residual adds,
+  // global average pooling) and the character GPT (embedding, positional_embedding, layer_norm, attention, gelu,
+  // a tied head whose (64, 65) outputs are a distribution per position).
+  for (const auto& [sample, steps, extra] : {std::tuple<std::string, int, std::string>{"resnet_fashion_mnist", 10, "--examples 100"},
+                                             {"shakespeare_char", 3, "--inputs ids --examples 16"}}) {
+    const std::string cfg = std::string(KILN_SOURCE_DIR) + "/samples/" + sample + ".toml";
+    const fs::path out = d / (sample + "_out");
+    auto t = kiln::test::run_app("train " + cfg + " --overwrite --set train.max_steps=" + std::to_string(steps) +
+                                 " --set 'train.progress=\"none\"' --set 'train.output_dir=\"" + out.string() + "\"'");
+    INFO(t.output);
+    REQUIRE(t.exit_code == 0);
+    check(cfg, (d / ("check_" + sample)).string(), extra + " --checkpoint " + (out / "checkpoint.kiln").string());
+  }
+}
+
+TEST_CASE("kiln predict gives a sequence head one distribution per position and reads batch norm's running statistics",
+          "[use_model]") {
+  auto d = kiln::test::temp_dir("predict_seq");
+  const std::string gpt = std::string(KILN_SOURCE_DIR) + "/samples/shakespeare_char.toml";
+  auto t = kiln::test::run_app("train " + gpt + " --set train.max_steps=2 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
+                               (d / "gpt").string() + "\"'");
+  INFO(t.output);
+  REQUIRE(t.exit_code == 0);
+  const fs::path csv = d / "gpt.csv";
+  auto p = kiln::test::run_app("predict " + gpt + " --checkpoint " + (d / "gpt" / "checkpoint.kiln").string() + " --data test --output " +
+                               csv.string());
+  INFO(p.output);
+  REQUIRE(p.exit_code == 0);
+  std::istringstream lines(read(csv));
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  CHECK(header.rfind("p0.class_0,p0.class_1,", 0) == 0);
+  CHECK_THAT(header, Catch::Contains(",p63.class_64"));
+  std::vector<double> v;
+  std::stringstream rs(row);
+  for (std::string c; std::getline(rs, c, ',');) v.push_back(std::stod(c));
+  REQUIRE(v.size() == 64 * 65);
+  for (int pos : {0, 31, 63}) {  // each position's 65 probabilities sum to 1 (not the row's 4160)
+    double s = 0;
+    for (int c = 0; c < 65; ++c) s += v[static_cast<size_t>(pos * 65 + c)];
+    CHECK(s == Approx(1.0).epsilon(1e-5));
+  }
+
+  // Its ONNX graph (checked against ONNX Runtime by the [python] case) holds the ops of a GPT block.
+  const fs::path onnx = d / "gpt.onnx";
+  auto x = kiln::test::run_app("export " + gpt + " --checkpoint " + (d / "gpt" / "checkpoint.kiln").string() +
+                               " --format onnx --output " + onnx.string());
+  INFO(x.output);
+  REQUIRE(x.exit_code == 0);
+  const std::string graph = read(onnx);
+  for (const char* op : {"LayerNormalization", "Erf", "Gather", "Transpose", "MatMul", "causal_mask/64", "Softmax"})
+    CHECK_THAT(graph, Catch::Contains(op));
+
+  // A batch-norm model: its checkpoint holds running statistics, which evaluate and predict read (once refused as
+  // "a tensor the model has no parameter for").
+  const std::string resnet = std::string(KILN_SOURCE_DIR) + "/samples/resnet_fashion_mnist.toml";
+  auto r = kiln::test::run_app("train " + resnet + " --set train.max_steps=3 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
+                               (d / "resnet").string() + "\"'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto e = kiln::test::run_app("evaluate " + resnet + " --set 'train.output_dir=\"" + (d / "resnet").string() +
+                               "\"' --set 'data.test.stages[0].limit=300'");
+  INFO(e.output);
+  CHECK(e.exit_code == 0);
+  CHECK_THAT(e.output, Catch::Contains("300 examples") && Catch::Contains("accuracy"));
+  CHECK(fs::exists(d / "resnet" / "evaluate_test.json"));
 }

@@ -19,9 +19,10 @@ std::string read(const fs::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-// Writes `bytes` as a checkpoint file with a correct trailing checksum (FNV-1a 64, as checkpoint.cpp computes it),
-// so the damage reaches the parser instead of failing the checksum.
+// Writes `bytes` as a version-1 checkpoint file (KILNCKP1, still read) with a correct trailing checksum (FNV-1a 64, as
+// checkpoint.cpp computes it for that version), so the damage reaches the parser instead of failing the checksum.
 std::string write_checkpoint(const fs::path& p, std::string bytes) {
+  bytes.replace(0, 8, "KILNCKP1");
   uint64_t h = 1469598103934665603ull;
   for (char c : bytes) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
   bytes.append(reinterpret_cast<const char*>(&h), 8);

@@ -46,6 +46,7 @@ struct TrainSettings {
   int64_t checkpoint_every = 1;   // epochs; 0 = never
   int64_t checkpoint_every_steps = 0;     // also a mid-epoch checkpoint every this many steps (0 = off)
   double checkpoint_every_minutes = 0;    // also one when this many minutes passed since the last (0 = off)
+  int64_t keep_checkpoints = 1;   // the newest this many step/epoch checkpoints stay on disk (older: <stem>-step<N>.kiln)
   EarlyStopping early_stopping;
   int64_t max_steps = 0;          // stop after this many global steps, mid-epoch if need be, with a checkpoint (0 = no cap)
   bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists

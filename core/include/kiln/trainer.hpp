@@ -50,8 +50,22 @@ struct Checkpoint {
   std::vector<uint8_t> data_state;
   std::map<std::string, HostTensor> tensors;
 };
-void save_checkpoint(const std::string& path, const Checkpoint& c);
+// keep > 1: the checkpoint that `path` held is kept as <stem>-step<N>.kiln beside it; keep >= 1: of those kept
+// files, only the newest keep - 1 stay (keep = 0: they are left alone).
+void save_checkpoint(const std::string& path, const Checkpoint& c, int64_t keep = 0);
 Checkpoint load_checkpoint(const std::string& path);  // throws DataError naming the file and what is wrong
+
+// `path` (if it exists), then its kept earlier checkpoints, newest first.
+std::vector<std::string> checkpoint_files(const std::string& path);
+// The newest of checkpoint_files(path) that loads. When newer ones are damaged they are renamed <name>.damaged and
+// `warning` names them and the file used; throws DataError listing every file's fault when none loads.
+struct LoadedCheckpoint {
+  Checkpoint checkpoint;
+  std::string path;
+  std::string warning;
+};
+LoadedCheckpoint load_newest_checkpoint(const std::string& path);
+void remove_checkpoints(const std::string& path);  // checkpoint_files(path), all of them
 
 // Thrown by Trainer::run when SIGINT or SIGTERM stopped the run after a step and a checkpoint: the message says where
 // and how to resume; exit_code() is 128 + the signal (130, 143).
