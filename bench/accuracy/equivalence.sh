@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Kiln against PyTorch step for step, from the same initial weights (Kiln's, read from its checkpoint).
-#   bench/accuracy/equivalence.sh [build-dir] [steps] [mlp|gpt|all]
+#   bench/accuracy/equivalence.sh [build-dir] [steps] [mlp|gpt|resnet|all]
 # mlp: the Fashion-MNIST MLP, the same batches in the same order, Adam with the same epsilon; prints the weight
 #      differences after N steps (default 5).
 # gpt: samples/shakespeare_char.toml (nanoGPT's GPT) with the text source's sequential windows, AdamW, warmup and
 #      clipping; prints each step's loss beside PyTorch's and fails when any differs by more than 1e-4 relative
 #      (default 100 steps).
+# resnet: samples/resnet_fashion_mnist.toml (batch norm in training mode, residual adds, global average pooling) on
+#      the first training images in order (no shuffle, no flip), Adam and the cosine decay over the steps; prints each
+#      step's loss beside PyTorch's, fails when any differs by more than 1e-4 relative (default 100 steps), and
+#      prints the weights' and running statistics' differences after the last step.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B="${1:-build}" N="${2:-}" WHAT="${3:-all}"
@@ -32,4 +36,17 @@ if [ "$WHAT" = gpt ] || [ "$WHAT" = all ]; then
   "$B/bin/kiln" train "$cfg" "${seq[@]}" --set train.steps_per_epoch="$n" --set log.every_steps=1 \
     --set train.output_dir="\"$w/gtrained\"" >/dev/null
   /usr/bin/python3 bench/accuracy/gpt_equivalence.py "$w/ginit/checkpoint.kiln" "$w/gtrained/metrics.jsonl" "$n"
+fi
+if [ "$WHAT" = resnet ] || [ "$WHAT" = all ]; then
+  n=${N:-100}
+  cfg=samples/resnet_fashion_mnist.toml
+  fm=/usr/share/datasets/fashion-mnist
+  plain=(--set "data.train.stages=[{type=\"idx\", images=\"$fm/train-images-idx3-ubyte.gz\", labels=\"$fm/train-labels-idx1-ubyte.gz\"}, {type=\"map\", ops=[{op=\"scale\", factor=0.00392156862745098}, {op=\"normalize\", mean=[0.2860], std=[0.3530]}]}, {type=\"batch\"}]"
+         --set train.evaluate=false --set train.epochs=1 --set 'train.progress="none"')
+  "$B/bin/kiln" train "$cfg" "${plain[@]}" --set optimizer.learning_rate=1e-30 --set train.steps_per_epoch=1 \
+    --set train.output_dir="\"$w/rinit\"" >/dev/null
+  "$B/bin/kiln" train "$cfg" "${plain[@]}" --set train.steps_per_epoch="$n" --set log.every_steps=1 \
+    --set train.output_dir="\"$w/rtrained\"" >/dev/null
+  /usr/bin/python3 bench/accuracy/resnet_equivalence.py "$w/rinit/checkpoint.kiln" "$w/rtrained/metrics.jsonl" \
+    "$w/rtrained/checkpoint.kiln" "$n"
 fi
