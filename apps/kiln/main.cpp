@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   kiln::app::LaunchOptions lo;
   auto* launch = app.add_subcommand("launch", "Train across N processes: runs mpirun -np N kiln train (needs the mpi plugin)");
   launch->add_option("-n,--ranks", lo.ranks, "How many ranks (processes)")->required();
-  launch->add_option("config", o.config, "The run's TOML file ([strategy] communicator = \"mpi\")")->required();
+  launch->add_option("config", o.config, "The run's TOML file ([strategy] communicator = \"mpi\", or process_group = \"mpi\")")->required();
   launch->add_option("--hosts", lo.hosts, "Hosts for mpirun --host: h1,h2 or h1:4,h2:4 (slots per host)");
   launch->add_option("--set", o.overrides, "Override a config value (repeatable; passed to every rank)");
   launch->add_flag("--resume", o.resume, "Continue from the run's last checkpoint");

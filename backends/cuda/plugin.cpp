@@ -21,11 +21,13 @@ namespace {
 
 using MakeBackend = Backend* (*)(const BackendOptions*);
 using MakeNccl = Communicator* (*)(Device* const*, size_t);
+using MakeNcclGroup = Communicator* (*)(Device* const*, size_t, ProcessGroup*);
 
 struct Impl {
   std::string path, error;  // error: why it could not be loaded ("" when loaded)
   MakeBackend make_backend = nullptr;
   MakeNccl make_nccl = nullptr;
+  MakeNcclGroup make_nccl_group = nullptr;
 };
 
 // Loads the runtime part once; the library stays loaded for the life of the process (the objects it makes have
@@ -48,6 +50,7 @@ const Impl& impl() {
     }
     i.make_backend = reinterpret_cast<MakeBackend>(dlsym(h, "kiln_cuda_make_backend"));
     i.make_nccl = reinterpret_cast<MakeNccl>(dlsym(h, "kiln_cuda_make_nccl"));
+    i.make_nccl_group = reinterpret_cast<MakeNcclGroup>(dlsym(h, "kiln_cuda_make_nccl_group"));
     if (!i.make_backend) i.error = i.path + " has no kiln_cuda_make_backend entry (a library from another build?)";
   });
   return i;
@@ -97,7 +100,9 @@ class CudaFrontBackend final : public Backend {
 
 const PluginDescriptor* descriptor() {
 #ifdef KILN_CUDA_HAVE_NCCL
-  static const char* what = "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs, NCCL communicator";
+  static const char* what =
+      "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs, NCCL communicator (in one process or "
+      "across MPI ranks)";
 #else
   static const char* what = "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs (built without NCCL)";
 #endif
@@ -115,6 +120,13 @@ void register_all(Registry& reg) {
     if (!i.error.empty()) throw Error("nccl communicator: " + i.error);
     if (!i.make_nccl) throw Error("nccl communicator: " + i.path + " was built without NCCL");
     return std::unique_ptr<Communicator>(i.make_nccl(devices.data(), devices.size()));
+  });
+  // Across processes: the process group (the mpi plugin) carries the NCCL unique id; this plugin never links MPI.
+  reg.add_group_communicator("nccl", [](std::span<Device* const> devices, ProcessGroup& group) -> std::unique_ptr<Communicator> {
+    const Impl& i = impl();
+    if (!i.error.empty()) throw Error("nccl communicator: " + i.error);
+    if (!i.make_nccl_group) throw Error("nccl communicator: " + i.path + " was built without NCCL across processes (another build?)");
+    return std::unique_ptr<Communicator>(i.make_nccl_group(devices.data(), devices.size(), &group));
   });
 #endif
 }

@@ -2,6 +2,8 @@
 # The CUDA backend's checks and benchmarks, for a machine with an NVIDIA GPU (they cannot run without one).
 # Builds Kiln with CUDA required, then writes to bench/results/ (each file starts with the commands that made it):
 #   cuda_tests_<gpu>.txt        the [cuda] unit tests (ops against the reference, graphs, NCCL, OOM, copies)
+#   cuda_nccl_mpi_<gpu>.txt     NCCL across 2 MPI ranks against one process (the [mpi][cuda] integration test; it
+#                               skips without mpirun or with fewer than 2 GPUs, after checking what 1 GPU allows)
 #   cuda_conformance_<gpu>.json `kiln conformance --backend cuda` (the shared op table)
 #   cuda_gemm_<gpu>.txt         GEMM TFLOP/s (FP32 and TF32) and per-op launch cost eager vs CUDA graph
 #   cuda_step_<gpu>.txt         training step of the samples: Kiln (graphs on/off) against PyTorch (eager/graph)
@@ -30,7 +32,7 @@ PY=${PYTHON:-python3}
 if [ "$CARRIED" = 0 ]; then
   set -e
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON
-  cmake --build "$B" -j"$(nproc)" --target kiln kiln_cuda kiln_unit_tests kiln_cuda_gemm_bench kiln_step_bench
+  cmake --build "$B" -j"$(nproc)" --target kiln kiln_cuda kiln_unit_tests kiln_integration_tests kiln_cuda_gemm_bench kiln_step_bench
   set +e
 fi
 "$B/bin/kiln" devices 2>&1 | head -20
@@ -42,6 +44,10 @@ run() { echo "\$ $*"; "$@" 2>&1; echo "(exit $?)"; }
 { header; run "$B/bin/kiln_unit_tests" "[cuda]" -s -r compact; run "$B/bin/kiln_unit_tests" "[cuda]"; } \
   > "$OUT/cuda_tests_$gpu.txt"
 tail -3 "$OUT/cuda_tests_$gpu.txt"
+
+# NCCL across processes: communicator "nccl" over process group "mpi", one GPU per rank.
+{ header; run "$B/bin/kiln_integration_tests" "[mpi][cuda]" -s -r compact; } > "$OUT/cuda_nccl_mpi_$gpu.txt"
+tail -3 "$OUT/cuda_nccl_mpi_$gpu.txt"
 
 "$B/bin/kiln" conformance --backend cuda --report "$OUT/cuda_conformance_$gpu.json" 2>&1 | tail -5
 

@@ -50,6 +50,10 @@ void Registry::add_process_group(const std::string& name, ProcessGroupFactory f)
   process_groups_[name] = std::move(f);
   note("process group " + name);
 }
+void Registry::add_group_communicator(const std::string& name, GroupCommunicatorFactory f) {
+  group_communicators_[name] = std::move(f);
+  note("communicator " + name + " across processes");
+}
 
 OpKind Registry::add_op(OpDesc d) {
   d.plugin = current_;
@@ -76,6 +80,9 @@ const CommunicatorFactory& Registry::communicator(const std::string& n) const {
 }
 const ProcessGroupFactory& Registry::process_group(const std::string& n) const {
   return find_or_throw(process_groups_, n, "process group");
+}
+const GroupCommunicatorFactory& Registry::group_communicator(const std::string& n) const {
+  return find_or_throw(group_communicators_, n, "communicator across processes");
 }
 std::vector<std::string> Registry::backend_names() const { return keys_of(backends_); }
 std::vector<std::string> Registry::layer_names() const { return keys_of(layers_); }

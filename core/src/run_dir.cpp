@@ -174,7 +174,7 @@ bool may_change_on_resume(const std::string& key) {
       "log.", "device.", "memory.", "plugins.", "data.test", "run.name",
       // How data_parallel spreads the same global batch (the checkpoint does not depend on it): processes, devices,
       // buckets and where the optimizer state lives.
-      "strategy.communicator", "strategy.devices", "strategy.timeout_s", "strategy.reduction", "strategy.bucket_size",
+      "strategy.communicator", "strategy.process_group", "strategy.devices", "strategy.timeout_s", "strategy.reduction", "strategy.bucket_size",
       "strategy.overlap", "strategy.concurrent", "strategy.optimizer_state"};
   for (const char* p : prefixes)
     if (key.rfind(p, 0) == 0) return true;

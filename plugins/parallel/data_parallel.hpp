@@ -19,13 +19,16 @@ struct DataParallelOptions {
   bool concurrent = true;            // one thread per replica (false: replicas run one after another)
   bool sharded = false;              // optimizer_state = "sharded"
   std::string communicator = "host";
-  // A process group (communicator = "mpi"): the global batch is split over every replica of every process and
-  // this process runs replicas rank * n .. rank * n + n - 1 of them. Null: this process alone.
+  // A process group (communicator = "mpi", or process_group = "mpi" with a communicator that spans processes such as
+  // "nccl"): the global batch is split over every replica of every process and this process runs replicas
+  // rank * n .. rank * n + n - 1 of them. Null: this process alone.
   std::shared_ptr<ProcessGroup> group;
+  std::string process_group;  // the group's name ("" without one); communicator == process_group: the group's own
   double timeout_s = 60;     // [strategy] timeout_s: a collective waiting longer is an error
   bool fixed_order = false;  // [strategy] reduction = "fixed_order"
   std::string where = "[strategy]";          // "run.toml:12: key 'strategy'", for errors
   std::string where_devices = "[strategy] devices";
+  std::string where_communicator = "[strategy] communicator";
 };
 
 // Creates the Runner for these options (used by the strategy and by benchmarks).

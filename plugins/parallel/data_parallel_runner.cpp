@@ -286,7 +286,9 @@ class DataParallelRunner final : public Runner {
     const size_t n = reps_.size();
     os << "data_parallel: " << n << " replica(s)" << (procs_ > 1 ? " in each of " + std::to_string(procs_) + " processes" : "")
        << ", global batch " << ctx_.global_batch << ", optimizer state "
-       << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator, buckets of "
+       << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator"
+       << (o_.group && o_.communicator != o_.process_group ? " across the " + o_.process_group + " process group" : "")
+       << ", buckets of "
        << bytes_text(o_.bucket_bytes) << (overlap_ ? " reduced during backward" : " reduced after backward") << "\n";
     for (size_t r = 0; r < n; ++r) {
       const auto& st = stats_[r];

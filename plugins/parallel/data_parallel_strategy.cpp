@@ -26,6 +26,16 @@ std::string share_text(int64_t rows, int64_t total) {
 std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const RunnerContext& ctx) {
   auto dev = resolve_devices(o.devices, ctx.devices, o.where_devices);
   const int local = static_cast<int>(dev.size());
+  // NCCL joins CUDA devices only: say so while planning (and in `kiln plan`), not when the communicator is made.
+  if (o.communicator == "nccl")
+    for (size_t r = 0; r < dev.size(); ++r) {
+      const DeviceInfo& info = ctx.devices.at(static_cast<size_t>(dev[r])).device->info();
+      if (info.backend != "cuda")
+        throw ConfigError(o.where_communicator + ": communicator = \"nccl\" joins CUDA devices only, but replica " +
+                          std::to_string(r) + " runs on " + info.label() + " (backend \"" + info.backend +
+                          "\"); expected [device] backend = \"cuda\". On other devices use communicator = \"host\" in "
+                          "one process, or communicator = \"mpi\" across processes");
+    }
   const int first = group_rank(o) * local;  // this process's first replica among every process's
   const int n = group_size(o) * local;      // replicas of every process
   if (ctx.global_batch < n)
@@ -104,6 +114,7 @@ class DataParallelStrategy final : public Strategy {
     o_.concurrent = c.get_bool("concurrent", true);
     o_.sharded = c.get_choice("optimizer_state", {"replicated", "sharded"}, "replicated") == "sharded";
     o_.communicator = c.get_string("communicator", "host");
+    o_.where_communicator = c.has("communicator") ? c.where("communicator") : c.where();
     o_.timeout_s = c.get_float("timeout_s", 60.0);
     if (!(o_.timeout_s > 0)) c.fail("timeout_s", "expected a positive number of seconds, found " + std::to_string(o_.timeout_s));
     o_.fixed_order = c.get_choice("reduction", {"fast", "fixed_order"}, "fast") == "fixed_order";
@@ -116,18 +127,50 @@ class DataParallelStrategy final : public Strategy {
       }
     }
     extra_ = std::make_shared<ExtraDevices>(reg, limit, o_.where_devices);
-    if (o_.communicator != "host" && reg_ && reg_->has_process_group(o_.communicator)) {
-      ProcessGroupOptions po;
-      po.timeout_s = o_.timeout_s;
-      po.fixed_order = o_.fixed_order;
-      o_.group = reg_->process_group(o_.communicator)(po);  // MPI_Init: every rank of the run takes part from here on
+    const bool names_group = o_.communicator != "host" && reg_ && reg_->has_process_group(o_.communicator);
+    if (c.has("process_group")) {
+      // Across processes with a communicator of its own that spans them (NCCL), the group only carrying its setup.
+      o_.process_group = c.get_string("process_group");
+      const std::string& g = o_.process_group;
+      if (!(reg_ && reg_->has_process_group(g)))
+        c.fail("process_group", "no process group \"" + g + "\" is registered; \"mpi\" comes with the mpi plugin " +
+                                    "(libkiln_mpi), which is built when CMake finds MPI: install OpenMPI (Debian: apt-get " +
+                                    "install openmpi-bin libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin " +
+                                    "failed to load");
+      if (o_.communicator == "host")
+        c.fail("communicator", "expected a communicator that spans the processes of process_group = \"" + g +
+                                   "\", found \"host\", which reduces inside one process; use communicator = \"" + g +
+                                   "\" (through host memory, any backend) or \"nccl\" (CUDA devices)");
+      if (names_group && o_.communicator != g)
+        c.fail("communicator", "names the process group \"" + o_.communicator + "\" but process_group = \"" + g +
+                                   "\"; expected the same group in both, or a communicator such as \"nccl\"");
+      if (!names_group && !reg_->has_group_communicator(o_.communicator))
+        c.fail("communicator", "expected a communicator that spans the processes of process_group = \"" + g +
+                                   "\", found \"" + o_.communicator + "\", which " +
+                                   (reg_->has_communicator(o_.communicator) ? "reduces inside one process only"
+                                                                             : "is not registered") +
+                                   "; use communicator = \"" + g + "\" (through host memory, any backend) or \"nccl\" " +
+                                   "(CUDA devices; the cuda plugin built with NCCL, `kiln plugins` lists \"communicator " +
+                                   "nccl across processes\")");
+    } else if (names_group) {
+      o_.process_group = o_.communicator;  // communicator = "mpi": the group and its own (hierarchical) communicator
     } else if (o_.communicator != "host" && !(reg_ && reg_->has_communicator(o_.communicator))) {
       c.fail("communicator", "no communicator \"" + o_.communicator + "\" is registered; \"host\" (in-process, any backend) " +
                                  "always is, \"nccl\" comes with the cuda plugin, \"mpi\" with the mpi plugin (libkiln_mpi), "
                                  "which is built when CMake finds MPI: install OpenMPI (Debian: apt-get install openmpi-bin "
                                  "libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin failed to load");
     }
+    if (o_.fixed_order && !o_.process_group.empty() && o_.communicator != o_.process_group)
+      c.fail("reduction", "\"fixed_order\" sums in rank order through the process group's own communicator (communicator = \"" +
+                              o_.process_group + "\"); communicator = \"" + o_.communicator +
+                              "\" picks its own order: expected reduction = \"fast\" (the default) with it");
     c.finish();
+    if (!o_.process_group.empty()) {
+      ProcessGroupOptions po;
+      po.timeout_s = o_.timeout_s;
+      po.fixed_order = o_.fixed_order;
+      o_.group = reg_->process_group(o_.process_group)(po);  // MPI_Init: every rank of the run takes part from here on
+    }
   }
 
   ProcessGroup* process_group() const override { return o_.group.get(); }
@@ -157,7 +200,8 @@ class DataParallelStrategy final : public Strategy {
     }
     std::unique_ptr<Communicator> comm;
     if (o_.communicator == "host") comm = std::make_unique<HostCommunicator>(devices);
-    else if (o_.group) comm = o_.group->communicator(devices);
+    else if (o_.group && o_.communicator == o_.process_group) comm = o_.group->communicator(devices);
+    else if (o_.group) comm = reg_->group_communicator(o_.communicator)(devices, *o_.group);  // e.g. NCCL over every rank
     else comm = reg_->communicator(o_.communicator)(devices);
     return make_data_parallel_runner(o_, ctx, std::move(comm), extra_);
   }

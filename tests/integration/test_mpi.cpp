@@ -238,6 +238,103 @@ TEST_CASE("communicator mpi without the mpi plugin is a config error that says w
                            Catch::Contains("apt-get install openmpi-bin libopenmpi-dev"));
 }
 
+TEST_CASE("process_group without the mpi plugin is a config error naming the key", "[mpi]") {
+  auto dir = kiln::test::temp_dir("mpi_missing_pg");
+  const fs::path plugins = dir / "plugins";
+  fs::create_directories(plugins);
+  for (const auto& e : fs::directory_iterator(KILN_PLUGIN_DIR))
+    if (e.path().extension() == ".so" && e.path().filename() != "libkiln_mpi.so")
+      fs::create_symlink(e.path(), plugins / e.path().filename());
+  auto r = shell("KILN_PLUGIN_PATH=" + plugins.string() + " " + KILN_APP + " train " + kSample + kShort +
+                 " --set 'strategy.process_group=\"mpi\"' --set 'strategy.communicator=\"nccl\"'" + out_dir(dir, "run"));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("strategy.process_group") && Catch::Contains("no process group \"mpi\" is registered") &&
+                           Catch::Contains("apt-get install openmpi-bin libopenmpi-dev"));
+}
+
+namespace {
+
+// The sample with one device per rank, asking for NCCL across the MPI ranks (communicator "nccl" spanning the
+// process group "mpi").
+const std::string kNcclPerRank = " --set device.virtual_devices=1 --set 'strategy.devices=[0]' "
+                                 "--set 'strategy.process_group=\"mpi\"' --set 'strategy.communicator=\"nccl\"'";
+
+}  // namespace
+
+TEST_CASE("nccl across processes: wrong keys are config errors before MPI starts, and CPU devices stop every rank at planning",
+          "[mpi]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_nccl_cpu");
+  const std::string one = std::string(KILN_APP) + " train " + kSample + kShort + " --set device.virtual_devices=1 --set 'strategy.devices=[0]'";
+  auto host = shell(one + " --set 'strategy.process_group=\"mpi\"'" + out_dir(dir, "host"));  // communicator "host"
+  INFO(host.output);
+  CHECK(host.exit_code == 2);
+  CHECK_THAT(host.output, Catch::Contains("strategy.communicator") && Catch::Contains("found \"host\", which reduces inside one process") &&
+                              Catch::Contains("communicator = \"mpi\"") && Catch::Contains("\"nccl\" (CUDA devices)"));
+  auto other = shell(one + " --set 'strategy.process_group=\"slurm\"'" + out_dir(dir, "other"));
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK_THAT(other.output, Catch::Contains("strategy.process_group") && Catch::Contains("no process group \"slurm\""));
+  if (!kiln::test::registry().has_group_communicator("nccl")) {
+    KILN_SKIP("this build has no NCCL communicator (the cuda plugin built with NCCL)");
+  }
+  auto fixed = shell(one + kNcclPerRank + " --set 'strategy.reduction=\"fixed_order\"'" + out_dir(dir, "fixed"));
+  INFO(fixed.output);
+  CHECK(fixed.exit_code == 2);
+  CHECK_THAT(fixed.output, Catch::Contains("strategy.reduction") && Catch::Contains("expected reduction = \"fast\""));
+  // Both ranks start MPI, open their CPU device and refuse it while planning, naming the key and what it needs.
+  auto r = shell(kMpirun + " -np 2 " + KILN_APP + " train " + kSample + kShort + kNcclPerRank + out_dir(dir, "run"));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains("strategy.communicator") && Catch::Contains("joins CUDA devices only") &&
+                           Catch::Contains("cpu:0") && Catch::Contains("[device] backend = \"cuda\""));
+  CHECK_FALSE(fs::exists(dir / "run" / "checkpoint.kiln"));
+}
+
+TEST_CASE("2 MPI ranks of one GPU each with communicator nccl end 30 steps within 1e-6 of 2 GPUs in one process "
+          "(skipped without 2 CUDA devices)",
+          "[mpi][cuda]") {
+  auto& reg = kiln::test::registry();
+  if (!reg.has_backend("cuda") || !reg.has_group_communicator("nccl")) {
+    KILN_SKIP("this build has no CUDA backend with NCCL");
+  }
+  const size_t gpus = reg.backend("cuda")(kiln::BackendOptions{})->enumerate().size();
+  if (gpus == 0) {
+    KILN_SKIP("no CUDA device");
+  }
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_nccl_gpu");
+  // Each rank sees one GPU of its own: its local rank's (what docs/scaling.md shows users).
+  const fs::path wrap = dir / "gpu_per_rank.sh";
+  std::ofstream(wrap) << "#!/bin/sh\nexport CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK\nexec \"$@\"\n";
+  fs::permissions(wrap, fs::perms::owner_all);
+  const std::string gpu = kShort + " --set train.max_steps=30 --set 'device.backend=\"cuda\"'";
+  // Two ranks on one GPU: refused before NCCL is asked, naming both ranks and the GPU.
+  auto same = shell(kMpirun + " -np 2 " + KILN_APP + " train " + kSample + gpu + kNcclPerRank + out_dir(dir, "same"));
+  INFO(same.output);
+  CHECK(same.exit_code != 0);
+  CHECK_THAT(same.output, Catch::Contains("the same GPU") && Catch::Contains("NCCL needs one rank per GPU"));
+  if (gpus < 2) {
+    // One rank: the unique id still goes through the group and ncclCommInitRank makes a 1-rank communicator.
+    auto one = shell(kMpirun + " -np 1 " + KILN_APP + " train " + kSample + gpu + kNcclPerRank + out_dir(dir, "one"));
+    INFO(one.output);
+    CHECK(one.exit_code == 0);
+    CHECK_THAT(one.output, Catch::Contains("nccl communicator across the mpi process group"));
+    KILN_SKIP("only 1 CUDA device: checked 1 rank and the refusal of 2 ranks on one GPU, not a 2-rank all-reduce");
+  }
+  auto ref = kiln::test::run_app("train " + kSample + gpu + " --set 'strategy.devices=[0, 1]' --set 'strategy.communicator=\"nccl\"'" +
+                                 out_dir(dir, "ref"));
+  INFO(ref.output);
+  REQUIRE(ref.exit_code == 0);
+  auto mpi = shell(kMpirun + " -np 2 " + wrap.string() + " " + KILN_APP + " train " + kSample + gpu + kNcclPerRank + out_dir(dir, "mpi"));
+  INFO(mpi.output);
+  REQUIRE(mpi.exit_code == 0);
+  CHECK_THAT(mpi.output, Catch::Contains("data_parallel: 1 replica(s) in each of 2 processes, global batch 32") &&
+                             Catch::Contains("nccl communicator across the mpi process group"));
+  CHECK(max_difference(dir / "ref" / "checkpoint.kiln", dir / "mpi" / "checkpoint.kiln") <= 1e-6);
+}
+
 namespace {
 
 // Two hosts on this machine: network namespaces joined by a veth link (tests/integration/netns_hosts.sh), removed

@@ -27,6 +27,7 @@ TEST_CASE("cuda plugin loads and registers the cuda backend and the nccl communi
   // The plugin registers "nccl" whenever it was built with NCCL, and says so in its description.
   const bool with_nccl = std::string(cuda->descriptor.description).find("NCCL communicator") != std::string::npos;
   CHECK(test::registry().has_communicator("nccl") == with_nccl);
+  CHECK(test::registry().has_group_communicator("nccl") == with_nccl);  // the same, across MPI ranks
 }
 
 TEST_CASE("cuda backend without a device lists none and gives the driver's reason", "[cuda]") {
@@ -146,6 +147,62 @@ TEST_CASE("nccl communicator refuses devices that are not CUDA devices", "[cuda]
 }
 
 namespace {
+// A process group in this process: rank `rank` of `replies.size()`; all_gather answers with `replies` for the other
+// ranks and counts its calls. Stands in for the mpi plugin, which this test does not need.
+class ScriptedGroup final : public ProcessGroup {
+ public:
+  ScriptedGroup(int rank, std::vector<std::string> replies) : rank_(rank), replies_(std::move(replies)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(replies_.size()); }
+  std::string host() const override { return "host-" + std::to_string(rank_); }
+  std::vector<std::vector<uint8_t>> all_gather(std::span<const uint8_t> mine) override {
+    ++gathers;
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& r : replies_) out.emplace_back(r.begin(), r.end());
+    out.at(static_cast<size_t>(rank_)).assign(mine.begin(), mine.end());
+    return out;
+  }
+  void all_reduce_sum(std::span<float>) override {}
+  std::unique_ptr<Communicator> communicator(std::span<Device* const>) override { return nullptr; }
+  int gathers = 0;
+
+ private:
+  int rank_;
+  std::vector<std::string> replies_;
+};
+}  // namespace
+
+TEST_CASE("nccl across processes: a rank without CUDA devices tells the group before it stops, naming itself and its host",
+          "[cuda]") {
+  if (!test::registry().has_group_communicator("nccl")) {
+    KILN_SKIP("this build has no NCCL communicator");
+  }
+  const auto& make = test::registry().group_communicator("nccl");
+  {
+    ScriptedGroup group(1, {"host-0\n1\ncuda:0\t0000:3b:00.0\n", ""});
+    CHECK_THROWS_WITH(make({}, group), Catch::Contains("nccl communicator across 2 processes: rank 1 (host host-1)") &&
+                                           Catch::Contains("no devices given"));
+    CHECK(group.gathers == 1);  // the others learn it instead of waiting in their next collective
+  }
+  if (!test::registry().has_backend("cpu")) {
+    WARN("skipped the cpu half: no cpu backend in this build");
+    return;
+  }
+  auto cpu = test::registry().backend("cpu")(BackendOptions{});
+  auto dev = cpu->open(0);
+  Device* devs[] = {dev.get()};
+  ScriptedGroup group(0, {"", "host-1\n1\ncuda:0\t0000:3b:00.0\n"});
+  try {
+    make(devs, group);
+    FAIL("a cpu device was accepted");
+  } catch (const DeviceError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("rank 0 (host host-0)") && Catch::Contains("cpu:0") &&
+                                          Catch::Contains("not a CUDA device"));
+  }
+  CHECK(group.gathers == 1);
+}
+
+namespace {
 std::string needed_libraries(const std::filesystem::path& lib) {  // the DT_NEEDED entries, as readelf prints them
   std::string out;
   if (FILE* p = popen(("readelf -d '" + lib.string() + "' 2>&1").c_str(), "r")) {
@@ -187,5 +244,8 @@ TEST_CASE("without its runtime part the cuda plugin still loads, lists no device
   if (reg.has_communicator("nccl")) {
     std::vector<Device*> none;
     CHECK_THROWS_WITH(reg.communicator("nccl")(none), Catch::Contains("could not be loaded"));
+    ScriptedGroup group(0, {""});
+    REQUIRE(reg.has_group_communicator("nccl"));
+    CHECK_THROWS_WITH(reg.group_communicator("nccl")(none, group), Catch::Contains("could not be loaded"));
   }
 }

@@ -16,7 +16,7 @@
 namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
-inline constexpr int kApiVersion = 6;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group, Registry::add_process_group, Stage::label_names
+inline constexpr int kApiVersion = 6;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group, Registry::add_process_group, Stage::label_names, GroupCommunicatorFactory, Registry::add_group_communicator
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif
@@ -47,8 +47,11 @@ class Registry {
   void add_strategy(const std::string& type, StrategyFactory f);
   void add_stage(const std::string& type, StageFactory f);
   void add_communicator(const std::string& name, CommunicatorFactory f);
-  // A group of processes (MPI) that a strategy's `communicator` key may name.
+  // A group of processes (MPI) that a strategy's `communicator` or `process_group` key may name.
   void add_process_group(const std::string& name, ProcessGroupFactory f);
+  // A communicator that spans the processes of any process group by itself (NCCL across MPI ranks), for a strategy
+  // whose `communicator` names it together with a `process_group`.
+  void add_group_communicator(const std::string& name, GroupCommunicatorFactory f);
   // A plugin's own op (op_table.hpp): returns its kind for layers and gradient rules to emit. The descriptor's
   // `plugin` is set to the registering plugin. Throws Error for a name taken by another plugin or a built-in.
   OpKind add_op(OpDesc d);
@@ -64,6 +67,8 @@ class Registry {
   bool has_communicator(const std::string& n) const { return communicators_.count(n) != 0; }
   const ProcessGroupFactory& process_group(const std::string& name) const;
   bool has_process_group(const std::string& n) const { return process_groups_.count(n) != 0; }
+  const GroupCommunicatorFactory& group_communicator(const std::string& name) const;
+  bool has_group_communicator(const std::string& n) const { return group_communicators_.count(n) != 0; }
   bool has_backend(const std::string& n) const { return backends_.count(n) != 0; }
   bool has_layer(const std::string& n) const { return layers_.count(n) != 0; }
   bool has_stage(const std::string& n) const { return stages_.count(n) != 0; }
@@ -88,6 +93,7 @@ class Registry {
   std::map<std::string, StageFactory> stages_;
   std::map<std::string, CommunicatorFactory> communicators_;
   std::map<std::string, ProcessGroupFactory> process_groups_;
+  std::map<std::string, GroupCommunicatorFactory> group_communicators_;
   std::string current_ = "core";
   std::map<std::string, std::vector<std::string>> provided_;
 };

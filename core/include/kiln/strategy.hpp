@@ -112,6 +112,12 @@ class Communicator {
 
 // Creates a communicator over these devices (all of one backend for NCCL; any mix for the host ring).
 using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(std::span<Device* const> devices)>;
+// Creates a communicator over this process's `devices` that spans every process of `group` by itself (e.g. "nccl":
+// one NCCL communicator over every GPU of every MPI rank, set up through the group's all_gather). Every process
+// calls it with the same device count; process p's local device r is rank p * devices.size() + r, and size() is the
+// local device count, as for ProcessGroup::communicator.
+using GroupCommunicatorFactory =
+    std::function<std::unique_ptr<Communicator>(std::span<Device* const> devices, ProcessGroup& group)>;
 
 // The processes of one run (MPI ranks), provided by a plugin and looked up by name ([strategy] communicator).
 // Every collective must be called by every process in the same order; one that does not complete within the
