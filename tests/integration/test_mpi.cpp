@@ -164,27 +164,29 @@ TEST_CASE("ranks started with different configs are refused at start naming the 
   CHECK_FALSE(fs::exists(dir / "run" / "checkpoint.kiln"));
 }
 
-TEST_CASE("a rank killed with SIGKILL mid-run stops the other 3 within the timeout, naming it, and the run resumes on 2 ranks",
+TEST_CASE("a rank killed with SIGKILL mid-run stops the other 3 within the timeout, naming it, and the run resumes on 4 ranks",
           "[mpi]") {
   REQUIRE_MPI();
   auto dir = kiln::test::temp_dir("mpi_kill");
-  // 4 ranks on this host's cores, one device each, killed 3 s in (the whole epoch would take far longer), with a
-  // checkpoint every 20 steps.
+  // 4 ranks on this host's cores, one device each, with a checkpoint every 20 steps; rank 2 is killed 1 s after the
+  // first checkpoint exists (the whole epoch would take far longer), however slow the host is today.
   const std::string opts = " --set 'train.progress=\"none\"' --set strategy.timeout_s=20 --set train.checkpoint_every_steps=20";
-  auto r = shell(std::string(KILN_SOURCE_DIR) + "/tests/integration/mpi_fault.sh 2 KILL 3 100 --allow-run-as-root "
+  auto r = shell("MPI_FAULT_WAIT_FOR=" + (dir / "run" / "checkpoint.kiln").string() + " " + std::string(KILN_SOURCE_DIR) +
+                 "/tests/integration/mpi_fault.sh 2 KILL 1 100 --allow-run-as-root "
                  "--oversubscribe --mca btl self,tcp -np 4 " + KILN_APP + " train " + kSample + kShort + kPerRank + opts +
                  out_dir(dir, "run"));
   INFO(r.output);
   REQUIRE_THAT(r.output, Catch::Contains("mpi_fault: sent SIGKILL to rank 2"));
   std::smatch m;
-  REQUIRE(std::regex_search(r.output, m, std::regex("rc=([0-9]+) seconds=([0-9]+)")));
+  REQUIRE(std::regex_search(r.output, m, std::regex("rc=([0-9]+) seconds=([0-9]+) signalled_at=([0-9]+)")));
   CHECK(std::stoi(m[1]) != 0);
-  CHECK(std::stoi(m[2]) < 3 + 20 + 10);  // the kill, the timeout, starting and stopping
+  CHECK(std::stoi(m[2]) - std::stoi(m[3]) < 20 + 10);  // the timeout, then stopping every rank
   CHECK(std::regex_search(r.output, std::regex("rank 2 .*(Killed|exited on signal 9)|rank 2 on")));
-  // The last checkpoint is whole, and the run continues from it with 2 ranks.
+  // The last checkpoint is whole, and the run continues from it with 4 ranks again (the issue's "3 or 4"; 3 ranks
+  // cannot split this sample's global batch of 32 evenly).
   const auto ckpt = kiln::load_checkpoint((dir / "run" / "checkpoint.kiln").string());
   REQUIRE(ckpt.step >= 20);
-  auto rest = mpi_train(2, opts + " --resume --set train.max_steps=" + std::to_string(ckpt.step + 10) + out_dir(dir, "run"));
+  auto rest = mpi_train(4, opts + " --resume --set train.max_steps=" + std::to_string(ckpt.step + 10) + out_dir(dir, "run"));
   INFO(rest.output);
   CHECK(rest.exit_code == 0);
   CHECK_THAT(rest.output, Catch::Contains("resumed from") && Catch::Contains("done: " + std::to_string(ckpt.step + 10) + " steps"));
@@ -391,10 +393,11 @@ TEST_CASE("SIGTERM to mpirun stops every rank after the same step with rank 0's 
   REQUIRE_MPI();
   auto dir = kiln::test::temp_dir("mpi_term");
   const fs::path run = dir / "run";
-  // SIGTERM once the run has written run.json and trained a moment (an epoch takes far longer).
+  // SIGTERM once the run has recorded its first step (an epoch takes far longer), however slow the host is today.
   auto r = shell("bash -c '" + kMpirun + " -np 2 " + KILN_APP + " train " + kSample + kShort + kPerRank +
-                 " --set train.progress=none --set train.output_dir=\\\"" + run.string() + "\\\" & mp=$!; "
-                 "for i in $(seq 100); do [ -e " + (run / "run.json").string() + " ] && break; sleep 0.1; done; sleep 1; "
+                 " --set train.progress=none --set log.every_steps=1 --set train.output_dir=\\\"" + run.string() +
+                 "\\\" & mp=$!; for i in $(seq 600); do grep -qs event.:.step " + (run / "metrics.jsonl").string() +
+                 " && break; sleep 0.1; done; sleep 0.5; "
                  "kill -TERM $mp; wait $mp; echo rc=$?'");
   INFO(r.output);
   CHECK_THAT(r.output, !Catch::Contains("rc=0"));
