@@ -84,6 +84,9 @@ int cmd_train(const Options& o) {
   auto rep = t.run();
   if (out != &std::cout) return 0;
   std::cout << "done: " << rep.steps << " steps in " << std::fixed << std::setprecision(1) << rep.seconds << " s";
+  if (rep.first_step_start)
+    std::cout << " (first step began " << std::setprecision(2)
+              << std::chrono::duration<double>(*rep.first_step_start - o.started).count() << " s after start)";
   if (!rep.epochs.empty() && rep.epochs.back().test_accuracy >= 0)
     std::cout << ", final test accuracy " << std::setprecision(4) << rep.epochs.back().test_accuracy;
   std::cout << "; metrics in " << s.train().output_dir << "/metrics.jsonl\n";

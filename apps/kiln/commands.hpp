@@ -1,5 +1,6 @@
 // The host app's subcommands.
 #pragma once
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 namespace kiln::app {
 
 struct Options {
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // when kiln's main began
   std::string config;
   std::vector<std::string> overrides;
   std::vector<std::string> plugin_dirs;

@@ -1,10 +1,16 @@
 // Device state (persistent tensors, shared regions) and the executor that runs a bound graph.
 #include "kiln/executor.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <random>
+#include <thread>
 
+#include "init_random.hpp"
 #include "kiln/error.hpp"
 #include "kiln/op_table.hpp"
 
@@ -18,40 +24,75 @@ uint64_t name_hash(const std::string& s, uint32_t seed) {
   return h;
 }
 
-HostTensor initial_value(const TensorInfo& t, uint32_t seed) {
-  HostTensor h(t.shape);
+// Initial values of one persistent tensor: a stream of its own (mt19937_64 seeded by the run seed and the tensor's
+// name; uniform and normal draws as libstdc++ makes them, see init_random.hpp), so tensors can be filled in any
+// order and on any thread with the same result.
+void fill_initial(const TensorInfo& t, uint32_t seed, float* out) {
   const Init& in = t.init;
-  std::mt19937_64 rng(name_hash(t.name, seed));
+  const int64_t n = t.shape.numel();
+  detail::Mt19937_64 rng(name_hash(t.name, seed));
   switch (in.kind) {
-    case InitKind::zeros: break;
-    case InitKind::ones: std::fill(h.data.begin(), h.data.end(), 1.f); break;
-    case InitKind::constant: std::fill(h.data.begin(), h.data.end(), in.value); break;
+    case InitKind::zeros: std::fill(out, out + n, 0.f); break;
+    case InitKind::ones: std::fill(out, out + n, 1.f); break;
+    case InitKind::constant: std::fill(out, out + n, in.value); break;
     case InitKind::glorot_uniform: {
       double limit = std::sqrt(6.0 / static_cast<double>(std::max<int64_t>(in.fan_in + in.fan_out, 1)));
-      std::uniform_real_distribution<double> d(-limit, limit);
-      for (auto& v : h.data) v = static_cast<float>(d(rng));
+      detail::fill_uniform(out, n, rng, -limit, limit);
       break;
     }
-    case InitKind::normal: {
-      std::normal_distribution<double> d(0.0, static_cast<double>(in.value));
-      for (auto& v : h.data) v = static_cast<float>(d(rng));
+    case InitKind::normal: detail::fill_normal(out, n, rng, static_cast<double>(in.value)); break;
+    case InitKind::he_normal:
+      detail::fill_normal(out, n, rng, std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(in.fan_in, 1))));
       break;
-    }
-    case InitKind::he_normal: {
-      std::normal_distribution<double> d(0.0, std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(in.fan_in, 1))));
-      for (auto& v : h.data) v = static_cast<float>(d(rng));
-      break;
-    }
   }
-  return h;
+}
+
+// Runs fn(i) for i in [0, n) on up to hardware_concurrency threads, largest work first (weights[i] is task i's
+// size); rethrows the first exception on the calling thread.
+template <class Fn>
+void parallel_tasks(const std::vector<int64_t>& weights, Fn&& fn) {
+  const size_t n = weights.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
+  int64_t total = 0;
+  for (int64_t w : weights) total += w;
+  // Small models: threads cost more than they save.
+  size_t threads = total < (int64_t{1} << 20) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min(threads, n);
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < n;) {
+      try {
+        fn(order[k]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next.store(n);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace
 
 void DeviceState::ensure_persistent(const Graph& g, int device_index) {
   if (owner_) return owner_->ensure_persistent(g, device_index);
-  // Parameters first: EMA shadows start as copies of them.
+  // Parameters first: EMA shadows start as copies of them. Storage is allocated in graph order on this thread;
+  // the values, each tensor a stream of its own, are computed on every core.
+  const bool direct = ctx_.device->info().host_addressable;
+  std::mutex copy_mu;  // copy_from_host is called from one thread at a time
   for (int pass = 0; pass < 2; ++pass) {
+    std::vector<const TensorInfo*> fill;
+    std::vector<Entry*> target;
+    std::vector<std::pair<const Entry*, const Entry*>> copies;  // EMA shadow <- its tensor, after the values exist
     for (const auto& t : g.tensors()) {
       if (t.alias_of != kNoTensor || !role_persistent(t.role) || t.device != device_index) continue;
       bool is_param = t.role == TensorRole::parameter;
@@ -59,17 +100,25 @@ void DeviceState::ensure_persistent(const Graph& g, int device_index) {
       Entry e;
       e.shape = t.shape;
       e.mem = ctx_.allocator->allocate(t.bytes(), AllocationSite{role_tag(t.role), "layer " + t.layer + " " + t.name});
-      HostTensor init;
       const std::string suffix = "/ema";
       if (t.role == TensorRole::ema && t.name.size() > suffix.size() && persistent_.count(t.name.substr(0, t.name.size() - suffix.size()))) {
-        auto& src = persistent_.at(t.name.substr(0, t.name.size() - suffix.size()));
-        ctx_.device->copy_on_device(src.mem.view(), e.mem.view());
+        const Entry* src = &persistent_.at(t.name.substr(0, t.name.size() - suffix.size()));
+        copies.emplace_back(&persistent_.emplace(t.name, std::move(e)).first->second, src);
       } else {
-        init = initial_value(t, seed_);
-        ctx_.device->copy_from_host(init.data.data(), e.mem.view());
+        fill.push_back(&t);
+        target.push_back(&persistent_.emplace(t.name, std::move(e)).first->second);
       }
-      persistent_.emplace(t.name, std::move(e));
     }
+    std::vector<int64_t> sizes;
+    for (const TensorInfo* t : fill) sizes.push_back(t->shape.numel());
+    parallel_tasks(sizes, [&](size_t i) {
+      if (direct) return fill_initial(*fill[i], seed_, target[i]->mem.view().host());
+      HostTensor h(fill[i]->shape);
+      fill_initial(*fill[i], seed_, h.data.data());
+      std::lock_guard<std::mutex> lock(copy_mu);
+      ctx_.device->copy_from_host(h.data.data(), target[i]->mem.view());
+    });
+    for (auto& [dst, src] : copies) ctx_.device->copy_on_device(src->mem.view(), dst->mem.view());
   }
 }
 

@@ -851,6 +851,7 @@ TrainReport Trainer::run() {
         if (nb && ts.device_prefetch) runner->prefetch(*nb);
       }
       StepScalars sc{step, static_cast<float>(s_.optimizer().learning_rate_at(step))};
+      if (!report.first_step_start) report.first_step_start = Clock::now();
       StepResult r = runner->train_step(*b, sc);
       if (!std::isfinite(r.total_loss)) {
         prog.finish();

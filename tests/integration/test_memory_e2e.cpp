@@ -103,6 +103,8 @@ TEST_CASE("an out-of-memory failure names the site, advises what fits, and leave
   auto first = test::run_app("train " + cfg.string());
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
+  // The last line says how long the run waited before its first step.
+  CHECK(found(first.output, R"(done: \d+ steps in [\d.]+ s \(first step began \d+\.\d\d s after start\); metrics in)"));
   const std::string ckpt = read(dir / "out" / "checkpoint.kiln"), metrics = read(dir / "out" / "metrics.jsonl");
   REQUIRE(!ckpt.empty());
   // Resume for a second epoch on a device whose first block request fails.

@@ -1,7 +1,9 @@
 // The training loop: epochs, evaluation, progress, metrics (JSON lines), atomic checkpoints, NaN detection.
 #pragma once
+#include <chrono>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,9 @@ struct TrainReport {
   std::vector<EpochMetrics> epochs;
   double seconds = 0;
   int64_t steps = 0;
+  // When this process began its first training step (steady clock); unset when it ran none. `kiln train` reports
+  // the time from its start to this point, the wait a user sees before training begins.
+  std::optional<std::chrono::steady_clock::time_point> first_step_start;
 };
 
 // Evaluation over a whole pipeline: mean loss per output and, for classification heads, accuracy.
