@@ -1,4 +1,4 @@
-// Op names and buffer sizes: lookups into the op table (op_table.cpp), which holds every op's descriptor.
+// Op names and buffer sizes: lookups into the op table (op_table.cpp, op_builtins.cpp): every op's descriptor.
 #include "kiln/ops.hpp"
 
 #include "kiln/op_table.hpp"

@@ -1,5 +1,5 @@
-// A run's output directory: one process at a time (flock), what an earlier run left, metrics trimmed on resume, and
-// the record of what ran.
+// A run's output directory: where it is (checked before anything else), one process at a time (flock), what an
+// earlier run left, metrics trimmed on resume, and the record of what ran.
 #include "run_dir.hpp"
 
 #include <fcntl.h>
@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -64,6 +65,49 @@ void write_atomically(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+std::string check_output_dir(const Session& s) {
+  namespace fs = std::filesystem;
+  ConfigNode root = s.config().root();
+  auto run = root.table("run");
+  auto train = root.table("train");
+  const bool explicit_dir = train && train->has("output_dir");
+  std::string key;
+  if (explicit_dir) {
+    key = train->where("output_dir");
+    if (s.train().output_dir.empty() || train->get_string("output_dir").empty())
+      train->fail("output_dir", "is empty; leave it out to write to runs/<run name>");
+  } else {
+    const bool named = run && run->has("name");
+    const std::string name = named ? run->get_string("name") : s.run_name();  // "" given explicitly counts
+    key = named ? run->where("name") : s.config().file() + ": [run] name (from the file name)";
+    std::string why;
+    if (name.empty()) why = "is empty (leave [run] name out to use the config file's name)";
+    else if (name == "." || name == "..") why = "is '" + name + "', which is not a run name";
+    else if (name.find_first_of("/\\") != std::string::npos) why = "contains a path separator";
+    else if (std::any_of(name.begin(), name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+      why = "contains a control character";
+    if (!why.empty()) {
+      const std::string msg = "\"" + name + "\" " + why +
+                              "; the run writes to runs/<name>, so the name must be one directory name (no '/', "
+                              "not '.' or '..'). Set [train] output_dir to write elsewhere";
+      if (named) run->fail("name", msg);
+      throw ConfigError(key + ": " + msg);
+    }
+  }
+  std::error_code ec;
+  const fs::path dir = s.train().output_dir;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw ConfigError(key + ": the output directory '" + dir.string() +
+                      "' exists and is not a directory; choose another [train] output_dir or [run] name");
+  return key;
+}
+
+void create_output_dir(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(key + ": cannot create the output directory '" + dir + "': " + ec.message());
+}
 
 RunLock::RunLock(const std::string& dir, const std::string& key, const std::string& command) {
   const std::string path = dir + "/.kiln.lock";

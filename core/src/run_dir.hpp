@@ -7,6 +7,16 @@
 
 namespace kiln {
 
+class Session;
+
+// Where the run writes, validated before anything else happens: a run name is one path component (it becomes
+// runs/<name>), an output directory is a directory. Returns the config key responsible for the directory, for
+// later filesystem errors.
+std::string check_output_dir(const Session& s);
+
+// Creates the output directory `dir` (and its parents); an error names `key`, the config key it comes from.
+void create_output_dir(const std::string& dir, const std::string& key);
+
 // An exclusive lock on <dir>/.kiln.lock (flock), held while the object lives and released by the kernel when the
 // process ends however it ends (so a killed run never leaves a stale lock). The file holds the holder's pid, start
 // time and command. Throws Error naming the directory, `key` and the holder's pid when another process holds it.
