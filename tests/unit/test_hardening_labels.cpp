@@ -159,7 +159,7 @@ class ZeroLabels final : public kiln::Stage {
 TEST_CASE("a non-finite loss in evaluation is an error naming the batch and layer, not an accuracy",
           "[hardening][labels]") {
   kiln::ModelSpec m;
-  m.outputs.push_back({"dense_2", kiln::LossKind::softmax_cross_entropy, 1.f, true});
+  m.outputs.push_back({"dense_2", kiln::LossKind::softmax_cross_entropy, 1.f, true, ""});
   NanEvalRunner runner;
   ZeroLabels data;
   try {
