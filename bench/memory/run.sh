@@ -1,6 +1,6 @@
 #!/bin/bash
 # Peak memory of the same training steps in Kiln and PyTorch (CPU, RSS), plus Kiln's plan and allocator peak.
-# Usage: bench/memory/run.sh BUILD_DIR > bench/results/memory.md   (takes several minutes on 2 cores)
+# Usage: bench/memory/run.sh BUILD_DIR   (prints a Markdown table for bench/results/memory.md; several minutes on 2 cores)
 set -euo pipefail
 BUILD=${1:-build}
 KILN="$BUILD/bin/kiln"
@@ -9,8 +9,11 @@ export KILN_RESERVATION_DIR=off
 common=(--set train.epochs=1 --set train.evaluate=false --set train.checkpoint_every=0 --set 'train.progress="none"')
 
 kiln_rss() {  # config steps -> "peak_rss_mib seconds"
-  /usr/bin/time -f "%M %e" -o "$OUT/time" "$KILN" train "$1" "${common[@]}" --set train.steps_per_epoch="$2" \
-    --set "train.output_dir=\"$OUT/run\"" "${@:3}" > "$OUT/log" 2>&1
+  rm -rf "$OUT/run"  # a run directory is never reused silently: a second run into it would be refused
+  if ! /usr/bin/time -f "%M %e" -o "$OUT/time" "$KILN" train "$1" "${common[@]}" --set train.steps_per_epoch="$2" \
+    --set "train.output_dir=\"$OUT/run\"" "${@:3}" > "$OUT/log" 2>&1; then
+    echo "kiln train $1 failed:" >&2; cat "$OUT/log" >&2; echo "failed -"; return
+  fi
   awk '{printf "%.1f %s", $1 / 1024, $2}' "$OUT/time"
 }
 kiln_plan() {  # config batch -> "predicted_mib measured_mib" (one real step, allocator peak in use)
@@ -18,19 +21,23 @@ kiln_plan() {  # config batch -> "predicted_mib measured_mib" (one real step, al
   awk -F, 'NR == 2 {printf "%.1f %.1f", $2 / 1048576, $3 / 1048576}' "$OUT/sweep/memory_sweep.csv"
 }
 
-echo "| model | steps | Kiln plan (MiB) | Kiln allocator peak (MiB) | Kiln peak RSS (MiB) | PyTorch peak RSS (MiB) | PyTorch RSS after import (MiB) |"
-echo "|---|---|---|---|---|---|---|"
+# PyTorch runs twice: with glibc's default malloc thresholds (how a user runs it) and with
+# MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 (the setting bench/ tries for PyTorch's speed; it
+# keeps freed memory up to 64 MiB in the heap rather than returning it). "during the steps" is the peak from the first step on
+# (torch_peak.py's train_peak_mib), without the transient of reading the data set.
+echo "| model | steps | Kiln plan (MiB) | Kiln allocator peak (MiB) | Kiln peak RSS (MiB) | PyTorch peak RSS (MiB) | PyTorch peak RSS, raised malloc thresholds (MiB) | PyTorch peak during the steps, default / raised (MiB) | PyTorch RSS after import (MiB) |"
+echo "|---|---|---|---|---|---|---|---|---|"
 row() {  # name config torch_name steps batch [kiln extra args...]
   local name=$1 cfg=$2 tname=$3 steps=$4 batch=$5
   shift 5
   read -r pred meas <<< "$(kiln_plan "$cfg" "$batch" "$@")"
   read -r krss ksec <<< "$(kiln_rss "$cfg" "$steps" "$@")"
-  local t
+  local t r
   t=$(/usr/bin/python3 "$(dirname "$0")/torch_peak.py" "$tname" "$steps")
-  local trss timp
-  trss=$(sed -E 's/.*peak_rss_mib=([0-9.]+).*/\1/' <<< "$t")
-  timp=$(sed -E 's/.*rss_after_import_mib=([0-9.]+).*/\1/' <<< "$t")
-  echo "| $name | $steps | $pred | $meas | $krss | $trss | $timp |"
+  r=$(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 /usr/bin/python3 "$(dirname "$0")/torch_peak.py" "$tname" "$steps")
+  field() { sed -E "s/.*$1=([0-9.]+).*/\\1/" <<< "$2"; }
+  echo "| $name | $steps | $pred | $meas | $krss | $(field peak_rss_mib "$t") | $(field peak_rss_mib "$r") |" \
+    "$(field train_peak_mib "$t") / $(field train_peak_mib "$r") | $(field rss_after_import_mib "$t") |"
 }
 row "fashion_mnist_mlp (Adam, batch 32)" samples/fashion_mnist_mlp.toml mlp 200 32
 row "fashion_mnist_cnn (Adam, batch 64)" samples/fashion_mnist_cnn.toml cnn 50 64

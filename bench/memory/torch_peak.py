@@ -2,10 +2,17 @@
 """Peak resident memory of the same training steps as Kiln's samples, in PyTorch on the CPU.
 
 Usage: /usr/bin/python3 bench/memory/torch_peak.py {mlp|cnn|deep} STEPS
-Prints one line: model=... steps=... rss_after_import_mib=... peak_rss_mib=... seconds=...
+Prints one line: model=... steps=... loss=... rss_after_import_mib=... rss_after_data_mib=... loading_peak_mib=...
+train_peak_mib=... peak_rss_mib=... seconds=... malloc=...
+  peak_rss_mib       the whole process's peak (ru_maxrss; max of the two below), what /usr/bin/time reports for Kiln
+  loading_peak_mib   the peak before the first step (import, reading the data set, building the model)
+  rss_after_data_mib the resident set once the data set is in memory (not a peak)
+  train_peak_mib     the peak during the training steps alone (VmHWM reset through /proc/self/clear_refs first)
+  malloc             glibc's MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ from the environment, "default" if unset
 The models, batch sizes, optimizers and data mirror samples/fashion_mnist_{mlp,cnn}.toml and samples/seed_deep_conv.toml.
 """
 import gzip
+import os
 import resource
 import sys
 import time
@@ -19,6 +26,21 @@ FM = "/usr/share/datasets/fashion-mnist/"
 
 def rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def status_mib(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def reset_peak():  # VmHWM := VmRSS (Linux >= 4.0); this resets ru_maxrss's source too, so keep the peak before it
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def idx(path, offset):
@@ -65,7 +87,10 @@ def main():
         y = torch.randint(0, 2, (64, 1), generator=g).float()
     else:
         x, y = fashion()
+    after_data = status_mib("VmRSS")
     model, opt, loss_fn, batch = build(name)
+    loading_peak = rss_mib()
+    reset_peak()
     t0 = time.time()
     perm = torch.randperm(x.shape[0])
     for s in range(steps):
@@ -74,8 +99,12 @@ def main():
         loss = loss_fn(model(x[i]), y[i])
         loss.backward()
         opt.step()
+    seconds = time.time() - t0
+    train_peak = status_mib("VmHWM")
+    mm, tr = os.environ.get("MALLOC_MMAP_THRESHOLD_"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
     print(f"model={name} steps={steps} loss={loss.item():.4f} rss_after_import_mib={after_import:.1f} "
-          f"peak_rss_mib={rss_mib():.1f} seconds={time.time() - t0:.1f}")
+          f"rss_after_data_mib={after_data:.1f} loading_peak_mib={loading_peak:.1f} train_peak_mib={train_peak:.1f} "
+          f"peak_rss_mib={max(loading_peak, rss_mib()):.1f} seconds={seconds:.1f} malloc={f'{mm}/{tr}' if mm or tr else 'default'}")
 
 
 if __name__ == "__main__":
