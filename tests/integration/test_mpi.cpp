@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kSample = std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_dp.toml";
-const std::string kMpirun = "timeout -s KILL 120 mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp";
+const std::string kMpirunNoTimeout = "mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp";
+const std::string kMpirun = "timeout -s KILL 120 " + kMpirunNoTimeout;
 // Every run: 50 steps of the sample's MLP (global batch 32), no evaluation, quiet.
 const std::string kShort = " --set train.epochs=1 --set train.evaluate=false --set 'train.progress=\"lines\"'";
 // The sample in one process per rank: one CPU device each, the mpi communicator.
@@ -394,7 +395,10 @@ TEST_CASE("SIGTERM to mpirun stops every rank after the same step with rank 0's 
   auto dir = kiln::test::temp_dir("mpi_term");
   const fs::path run = dir / "run";
   // SIGTERM once the run has recorded its first step (an epoch takes far longer), however slow the host is today.
-  auto r = shell("bash -c '" + kMpirun + " -np 2 " + KILN_APP + " train " + kSample + kShort + kPerRank +
+  // The signal goes to mpirun itself, as from a user or a batch system: not to a `timeout` wrapped around it, which
+  // would also send SIGCONT and SIGTERM to the process group and race mpirun's own shutdown (mpirun then exits at
+  // once and the ranks abort a second later without a checkpoint). The outer timeout bounds the whole script.
+  auto r = shell("timeout -s KILL 150 bash -c '" + kMpirunNoTimeout + " -np 2 " + KILN_APP + " train " + kSample + kShort + kPerRank +
                  " --set train.progress=none --set log.every_steps=1 --set train.output_dir=\\\"" + run.string() +
                  "\\\" & mp=$!; for i in $(seq 600); do grep -qs event.:.step " + (run / "metrics.jsonl").string() +
                  " && break; sleep 0.1; done; sleep 0.5; "
