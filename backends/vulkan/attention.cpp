@@ -1,5 +1,6 @@
-// The ops attention is built from: batched GEMM (gemm's shared-memory tile, the batch along z) and axis
-// permutation (one invocation per output element). Causal softmax is softmax.cpp's.
+// The ops attention is built from: batched GEMM (gemm's shared-memory tile, the batch along z; on llvmpipe the
+// gemm_lvp kernel when the operands allow, gemm.cpp) and axis permutation (one invocation per output element).
+// Causal softmax is softmax.cpp's.
 #include <algorithm>
 #include <variant>
 
@@ -12,6 +13,7 @@ namespace kiln::vulkan {
 void run_batched_gemm(Encoder& e, const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   if (a.m == 0 || a.n == 0 || a.batch == 0) return;
+  if (run_gemm_lvp(e, c)) return;  // llvmpipe (gemm.cpp)
   const int64_t zmax = std::max<uint32_t>(e.limits().max_groups[2], 1);
   for (int64_t b0 = 0; b0 < a.batch; b0 += zmax) {
     const int64_t nb = std::min(zmax, a.batch - b0);

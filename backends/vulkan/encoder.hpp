@@ -19,6 +19,7 @@ struct DeviceLimits {
   size_t max_range = 0;        // maxStorageBufferRange: the largest view a kernel can bind
   size_t offset_align = 16;    // minStorageBufferOffsetAlignment
   uint32_t max_groups[3] = {65535, 65535, 65535};
+  bool llvmpipe_gemm = false;  // PhysicalDevice::llvmpipe_gemm: gemm/batched_gemm may use gemm_lvp_*.comp
 };
 
 // `unused`: bound because the kernel declares it, but not touched by this dispatch (no hazard).

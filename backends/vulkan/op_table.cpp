@@ -128,8 +128,10 @@ Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits
   }
 }
 
-size_t op_workspace_bytes(const OpCall& call) {
-  if (call.kind == OpKind::Conv2dBackwardFilter) return conv_workspace_bytes(std::get<ConvAttrs>(call.attrs));
+size_t op_workspace_bytes(const OpCall& call, const DeviceLimits& limits) {
+  if (call.kind == OpKind::Conv2dForward || call.kind == OpKind::Conv2dBackwardData ||
+      call.kind == OpKind::Conv2dBackwardFilter)
+    return conv_workspace_bytes(call.kind, std::get<ConvAttrs>(call.attrs), limits);
   return 0;
 }
 

@@ -169,7 +169,9 @@ void VulkanInstance::enumerate() {
     auto ids = vk_init<VkPhysicalDeviceIDProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES);
     auto m3 = vk_init<VkPhysicalDeviceMaintenance3Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES);
     auto pci = vk_init<VkPhysicalDevicePCIBusInfoPropertiesEXT>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PCI_BUS_INFO_PROPERTIES_EXT);
-    p2.pNext = &ids;
+    auto sub = vk_init<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+    p2.pNext = &sub;
+    sub.pNext = &ids;
     ids.pNext = &m3;
     auto m4 = vk_init<VkPhysicalDeviceMaintenance4Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES);
     void** tail = &m3.pNext;
@@ -181,6 +183,9 @@ void VulkanInstance::enumerate() {
     vkGetPhysicalDeviceProperties2(h, &p2);
     pd.max_allocation_bytes = m3.maxMemoryAllocationSize;
     pd.max_buffer_bytes = pd.props.apiVersion >= VK_API_VERSION_1_3 ? m4.maxBufferSize : SIZE_MAX;
+    pd.llvmpipe_gemm = std::string(pd.props.deviceName).find("llvmpipe") != std::string::npos &&
+                       sub.subgroupSize == 8 && (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                       (sub.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
 
     uint32_t qn = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(h, &qn, nullptr);
@@ -261,7 +266,7 @@ std::string PhysicalDevice::describe() const {
   s += std::string("VK_EXT_memory_budget: ") + (memory_budget ? "yes" : "no") +
        "\nVK_EXT_pci_bus_info: " + (pci_bus_info ? "yes" : "no") +
        "\nVK_KHR_cooperative_matrix: " + (cooperative_matrix_khr ? "present, unused (see kernels/vulkan/README.md)" : "no") +
-       "\n";
+       "\nllvmpipe GEMM kernel: " + (llvmpipe_gemm ? "yes (gemm_lvp, unless KILN_VULKAN_LVP_GEMM=0)" : "no") + "\n";
   return s;
 }
 

@@ -25,6 +25,9 @@ struct PhysicalDevice {
   bool pci_bus_info = false;   // VK_EXT_pci_bus_info
   bool cooperative_matrix_khr = false;  // VK_KHR_cooperative_matrix (reported; no kernel compiled for it yet)
   bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix
+  // llvmpipe (lavapipe, Vulkan on the CPU) with 8-wide subgroups that support ballot (subgroupBroadcast) in
+  // compute shaders: the GEMM then runs its llvmpipe kernel (kernels/vulkan/gemm_lvp.glsl).
+  bool llvmpipe_gemm = false;
   std::string vendor;  // "NVIDIA", "AMD", "Intel", "Mesa (software)", or the PCI vendor id in hex
   std::string describe() const;  // vendor, type, versions, heaps, limits and extensions, one per line
 };

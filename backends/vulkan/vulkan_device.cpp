@@ -1,6 +1,7 @@
 #include "vulkan_device.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -11,6 +12,12 @@
 
 namespace kiln::vulkan {
 namespace {
+
+// KILN_VULKAN_LVP_GEMM=0 keeps the generic tiled GEMM on llvmpipe (to compare the two kernels, or to test the tile).
+bool env_disables_lvp_gemm() {
+  const char* v = std::getenv("KILN_VULKAN_LVP_GEMM");
+  return v && std::strcmp(v, "0") == 0;
+}
 
 constexpr uint32_t kReservedAllocations = 64;  // left for staging chunks and internal buffers
 constexpr size_t kCopyPiece = 16u << 20;         // host copies are staged in pieces of one staging chunk
@@ -28,6 +35,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<VulkanInstance> instance, const Physi
   limits_.max_range = l.maxStorageBufferRange;
   limits_.offset_align = std::max<size_t>(l.minStorageBufferOffsetAlignment, 4);
   for (int i = 0; i < 3; ++i) limits_.max_groups[i] = l.maxComputeWorkGroupCount[i];
+  limits_.llvmpipe_gemm = pd_.llvmpipe_gemm && !env_disables_lvp_gemm();
 
   const float priority = 1.0f;
   auto qi = vk_init<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
@@ -205,7 +213,7 @@ void VulkanDevice::copy_on_device(const BufferView& src, const BufferView& dst) 
 
 Support VulkanDevice::supports(OpKind kind, const OpAttrs& attrs) const { return op_support(kind, attrs, limits_); }
 
-size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return op_workspace_bytes(call); }
+size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return op_workspace_bytes(call, limits_); }
 
 // Calls arrive checked against the op's contract and this device's supports() (the executor, when it binds).
 // What only this device can tell stays here: every buffer is memory of this device (a foreign VkBuffer would
@@ -248,7 +256,8 @@ void* VulkanDevice::extension(std::string_view name) {
   }
   if (name == "vulkan.vendor") return const_cast<char*>(pd_.vendor.c_str());
   if (name == "vulkan.describe") {
-    description_ = pd_.describe() + "free (budget): " + std::to_string(query_free_memory() >> 20) + " MiB\n";
+    description_ = pd_.describe() + "llvmpipe GEMM kernel in use: " + (limits_.llvmpipe_gemm ? "yes" : "no") +
+                   "\nfree (budget): " + std::to_string(query_free_memory() >> 20) + " MiB\n";
     return const_cast<char*>(description_.c_str());
   }
   if (name == "vulkan.debug.submit_test_message")

@@ -14,12 +14,12 @@ void run_op(Encoder& e, const OpCall& call);
 // Whether this backend runs the op with these attrs on a device with these limits, and why not.
 Support op_support(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits);
 // Scratch an op would like (the split-K partial sums of conv2d_backward_filter); ops run without it too.
-size_t op_workspace_bytes(const OpCall& call);
+size_t op_workspace_bytes(const OpCall& call, const DeviceLimits& limits);
 
 void run_gemm(Encoder& e, const OpCall& c);
 void run_bias(Encoder& e, const OpCall& c);
 void run_conv(Encoder& e, const OpCall& c);
-size_t conv_workspace_bytes(const ConvAttrs& a);
+size_t conv_workspace_bytes(OpKind kind, const ConvAttrs& a, const DeviceLimits& limits);
 void run_pool(Encoder& e, const OpCall& c);
 void run_activation(Encoder& e, const OpCall& c);
 void run_softmax(Encoder& e, const OpCall& c);
@@ -111,6 +111,24 @@ inline int64_t pool_item_cost(OpKind kind, const PoolAttrs& a) {
 // The shared-memory GEMM tile (kernels/vulkan/gemm_tile.glsl) walks K in steps of 16 with its constant inner loops
 // unrolled, one counted iteration per step; this many K per dispatch leaves room for the hooks and stores.
 inline constexpr int64_t kTileMaxK = 16 * (kLoopBudget - 256);
+// The llvmpipe GEMM (kernels/vulkan/gemm_lvp.glsl) runs one counted iteration per 4 steps of K.
+inline constexpr int64_t kLvpMaxK = 4 * (kLoopBudget - 256);
+
+// gemm and batched_gemm on llvmpipe: runs the whole op with gemm_lvp_*.comp and returns true, or returns false
+// (nothing recorded) when the device is not llvmpipe or the operands do not allow its vec4 loads (gemm.cpp).
+bool run_gemm_lvp(Encoder& e, const OpCall& c);
+// The same kernel for other ops (the convolutions): `batch` products y_b = alpha op(A_b) op(B_b) + beta y_b with
+// A_b at a + b*sa elements (sa = 0: a shared A), B_b at b + b*sb, y_b at y + b*sy. lvp_gemm_ok says whether the
+// device and the operands allow it (vec4 loads: the contiguous dimensions, sa and sb multiples of 4, the views
+// 16-byte aligned); lvp_gemm records it (K in ranges of kLvpMaxK, batches in ranges of maxComputeWorkGroupCount[2]).
+struct LvpGemm {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.f, beta = 0.f;
+  int64_t sa = 0, sb = 0, sy = 0;
+};
+bool lvp_gemm_ok(const Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b);
+void lvp_gemm(Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b, const BufferView& y);
 
 // Narrowing for push constants; op_support has already refused sizes that do not fit.
 inline uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }

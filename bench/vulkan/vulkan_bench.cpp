@@ -33,7 +33,7 @@ struct Case {
 
 std::vector<Case> cases() {
   std::vector<Case> v;
-  for (int64_t s : {128, 256, 512, 1024}) {
+  for (int64_t s : {128, 256, 512, 1024, 2048}) {
     v.push_back({"gemm", std::to_string(s) + "^3", OpKind::Gemm, GemmAttrs{s, s, s}, 2.0 * s * s * s});
   }
   v.push_back({"gemm", "256x784x128 (dense fwd)", OpKind::Gemm, GemmAttrs{256, 128, 784}, 2.0 * 256 * 128 * 784});

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kiln/allocator.hpp"
@@ -293,4 +294,129 @@ units = 10
   CHECK(std::isfinite(cpu));
   CHECK(std::abs(vk - cpu) <= 1e-5f * std::abs(cpu));
   CHECK(messages == 0);
+}
+
+// The GEMM has two kernels on llvmpipe: gemm_lvp_*.comp (vec4 loads, subgroup broadcasts, no shared memory) where
+// each operand's contiguous dimension is a multiple of 4 and its view is 16-byte aligned, and the shared-memory
+// tile otherwise (and everywhere with KILN_VULKAN_LVP_GEMM=0). Both must give the reference result, exactly for
+// small integers, on every transpose, on edge tiles, on K past llvmpipe's loop limit (30004, and 70001, odd, which
+// only the A^T B form accepts with vec4 loads), with alpha/beta, batched, and on an unaligned view.
+TEST_CASE("vulkan gemm and batched_gemm give the reference result on both llvmpipe kernels", "[vulkan]") {
+  struct S {
+    int64_t batch, m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+  };
+  std::vector<S> shapes;
+  for (int tr = 0; tr < 4; ++tr) {
+    const bool ta = tr & 2, tb = tr & 1;
+    shapes.push_back({1, 64, 64, 64, ta, tb, 1.f, 0.f});
+    shapes.push_back({1, 68, 36, 44, ta, tb, 1.f, 0.f});     // edge tiles in both directions
+    shapes.push_back({1, 132, 100, 12, ta, tb, 2.f, -1.f});  // alpha, beta
+    shapes.push_back({1, 4, 8, 30004, ta, tb, 1.f, 0.f});    // past 65535 loop iterations at one per K step
+    shapes.push_back({3, 20, 16, 12, ta, tb, 1.f, 0.f});     // batched
+    shapes.push_back({1, 17, 12, 8, ta, tb, 1.f, 0.f});      // M = 17: the vec4 kernel only without A^T
+  }
+  shapes.push_back({1, 8, 12, 70001, true, false, 1.f, 0.f});  // A^T B: K need not be a multiple of 4
+  for (const char* lvp : {"1", "0"}) {
+    ::setenv("KILN_VULKAN_LVP_GEMM", lvp, 1);
+    Vk v = open_vulkan();
+    ::unsetenv("KILN_VULKAN_LVP_GEMM");
+    if (!v) return;
+    const std::string desc = static_cast<const char*>(v.device->extension("vulkan.describe"));
+    if (v.device->info().name.find("llvmpipe") != std::string::npos) {
+      CHECK(desc.find("llvmpipe GEMM kernel: yes") != std::string::npos);
+      CHECK(desc.find(std::string("llvmpipe GEMM kernel in use: ") + (lvp[0] == '1' ? "yes" : "no")) !=
+            std::string::npos);
+    }
+    for (const S& s : shapes)
+      for (size_t shift : {size_t(0), size_t(4)}) {  // a view 4 bytes past an aligned offset: the tile
+        INFO("lvp " << lvp << " batch " << s.batch << " " << s.m << "x" << s.n << "x" << s.k << " ta " << s.ta
+                    << " tb " << s.tb << " shift " << shift);
+        const GemmAttrs a{s.m, s.n, s.k, s.ta, s.tb, s.alpha, s.beta, s.batch};
+        const OpKind kind = s.batch > 1 ? OpKind::BatchedGemm : OpKind::Gemm;
+        std::vector<float> x(s.batch * s.m * s.k), w(s.batch * s.k * s.n), y(s.batch * s.m * s.n), want;
+        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7 % 5) - 2);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i * 3 % 7) - 3);
+        for (size_t i = 0; i < y.size(); ++i) y[i] = float(int(i % 3) - 1);
+        want = y;
+        const float* in[] = {x.data(), w.data()};
+        float* out[] = {want.data()};
+        reference_op(kind, a, in, out);
+        Allocation xb = v.alloc->allocate(x.size() * 4 + 16, {}), wb = v.alloc->allocate(w.size() * 4 + 16, {}),
+                   yb = v.alloc->allocate(y.size() * 4 + 16, {});
+        BufferView xv = xb.view(), wv = wb.view(), yv = yb.view();
+        xv.offset += shift, wv.offset += shift, yv.offset += shift;
+        xv.bytes = x.size() * 4, wv.bytes = w.size() * 4, yv.bytes = y.size() * 4;
+        v.device->copy_from_host(x.data(), xv);
+        v.device->copy_from_host(w.data(), wv);
+        v.device->copy_from_host(y.data(), yv);
+        v.device->run(OpCall{kind, a, {xv, wv}, {yv}, {}});
+        CHECK(download(*v.device, yv) == want);  // small integers: exact in any summation order
+      }
+    CHECK(v.validation_messages() == 0);
+  }
+}
+
+// On llvmpipe the convolutions, given their workspace, run on gemm_lvp around the patch matrix of a chunk of
+// images: forward = filters * patches (conv_im2col), backward data = filters^T * dy folded back (conv_col2im,
+// stride 1), filter gradient = dy * patches^T summed over the images; without the workspace, or where c*r*s or
+// oh*ow is not a multiple of 4, the implicit-GEMM tile. Every path against the reference, exactly (small integers).
+TEST_CASE("vulkan convolutions give the reference result through im2col + gemm_lvp and the tile", "[vulkan]") {
+  Vk v = open_vulkan();
+  if (!v) return;
+  const bool lvp = std::string(static_cast<const char*>(v.device->extension("vulkan.describe")))
+                       .find("llvmpipe GEMM kernel in use: yes") != std::string::npos;
+  struct S {
+    int64_t n, c, h, w, k, r, s, sh, pad;
+  };
+  const S shapes[] = {{3, 4, 10, 10, 5, 3, 3, 1, 1},     // c*r*s = 36, oh*ow = 100
+                      {2, 4, 16, 16, 7, 3, 3, 2, 1},     // stride 2: oh*ow = 64
+                      {2, 4, 12, 12, 3, 4, 4, 2, 1},     // even filter, stride 2: taps that skip rows
+                      {2, 64, 64, 64, 3, 3, 3, 1, 1},    // 9.4 MB of patches per image: one image per chunk
+                      {2, 3, 8, 8, 4, 3, 3, 1, 1},       // c*r*s = 27: the tile
+                      {1, 4, 5, 5, 6, 1, 1, 1, 0}};      // oh*ow = 25: the tile
+  for (const S& s : shapes)
+    for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
+      ConvAttrs a;
+      a.n = s.n, a.c = s.c, a.h = s.h, a.w = s.w, a.k = s.k, a.r = s.r, a.s = s.s, a.stride_h = s.sh;
+      a.stride_w = s.sh, a.pad_h = s.pad, a.pad_w = s.pad;
+      a.oh = (s.h + 2 * s.pad - s.r) / s.sh + 1, a.ow = (s.w + 2 * s.pad - s.s) / s.sh + 1;
+      INFO("kind " << int(kind) << " n " << a.n << " c " << a.c << " h " << a.h << " k " << a.k << " r " << a.r
+                   << " stride " << s.sh);
+      const int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+      std::vector<int64_t> sizes_in, sizes_out;
+      if (kind == OpKind::Conv2dForward) sizes_in = {nx, nw}, sizes_out = {ny};
+      else if (kind == OpKind::Conv2dBackwardData) sizes_in = {ny, nw}, sizes_out = {nx};
+      else sizes_in = {nx, ny}, sizes_out = {nw};
+      std::vector<std::vector<float>> in(2);
+      for (int t = 0; t < 2; ++t) {
+        in[t].resize(sizes_in[t]);
+        for (size_t i = 0; i < in[t].size(); ++i) in[t][i] = float(int(i * (t ? 3 : 7) % (t ? 7 : 5)) - (t ? 3 : 2));
+      }
+      std::vector<float> want(sizes_out[0]);
+      const float* inp[] = {in[0].data(), in[1].data()};
+      float* out[] = {want.data()};
+      reference_op(kind, a, inp, out);
+      Allocation b0 = v.alloc->allocate(in[0].size() * 4, {}), b1 = v.alloc->allocate(in[1].size() * 4, {}),
+                 yb = v.alloc->allocate(want.size() * 4, {});
+      v.device->copy_from_host(in[0].data(), b0.view());
+      v.device->copy_from_host(in[1].data(), b1.view());
+      OpCall call{kind, a, {b0.view(), b1.view()}, {yb.view()}, {}};
+      v.device->run(call);  // no workspace: the tile
+      CHECK(download(*v.device, yb.view()) == want);
+      const size_t ws = v.device->workspace_bytes(call);
+      const bool fits = lvp && (a.c * a.r * a.s) % 4 == 0 && (a.oh * a.ow) % 4 == 0 &&
+                        (kind != OpKind::Conv2dBackwardData || s.sh == 1);  // conv_col2im: stride 1
+      if (kind != OpKind::Conv2dBackwardFilter)  // (the tiled filter gradient asks for split-K scratch too)
+        CHECK((ws > 0) == fits);
+      if (ws > 0) {
+        Allocation wsb = v.alloc->allocate(ws, {});
+        call.workspace = wsb.view();
+        v.device->run(fill(yb.view(), int64_t(want.size()), -1.f));
+        v.device->run(call);
+        CHECK(download(*v.device, yb.view()) == want);
+      }
+    }
+  CHECK(v.validation_messages() == 0);
 }
