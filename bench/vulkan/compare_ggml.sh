@@ -11,16 +11,18 @@
 # carries llama.cpp with ggml, ggml-vulkan and tests/test-backend-ops.cpp):
 #   pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /work/peers/dl   # or fetch the sdist URL
 #   tar xzf /work/peers/dl/llama_cpp_python-0.3.36.tar.gz -C /work/peers
-#   apt-get install spirv-headers glslc                                    # ggml-vulkan's CMake needs both
-#   # test-backend-ops's perf list has no square FP32 products: add them (the patch below), then build
+#   apt-get install spirv-headers glslc                      # ggml-vulkan's CMake needs SPIRV-Headers' config
 #   cd /work/peers/llama_cpp_python-0.3.36/vendor/llama.cpp
-#   sed -i '/^static std::vector<std::unique_ptr<test_case>> make_test_cases_perf() {/{n;a\
-#       for (int64_t s : {256, 512, 1024, 2048}) test_cases.emplace_back(new test_mul_mat(GGML_TYPE_F32, GGML_TYPE_F32, s, s, s, {1, 1}, {1, 1}));
-#   }' tests/test-backend-ops.cpp
+#   patch -p1 < KILN/bench/vulkan/ggml_peer.patch
 #   kbuild cmake -S . -B /work/peers/ggml-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON \
 #     -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF \
 #     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF
 #   kbuild cmake --build /work/peers/ggml-build -j2 --target test-backend-ops      # ~15 min on 2 cores (shaders)
+# ggml_peer.patch changes no kernel: (1) test-backend-ops's perf list gets square FP32 x FP32 MUL_MAT cases
+# (256..2048; its own list has none); (2) GGML_PERF_TARGET_GFLOP lowers the 100 GFLOP each GPU perf case runs
+# (minutes per case on lavapipe; the figure stays total flops / total time over >= 1 s); (3) ggml-vulkan.cpp
+# builds against Debian 12's Vulkan headers (1.3.239), which lack VK_EXT_layer_settings (validation-layer options
+# only). ggml-vulkan skips CPU-type devices unless named: GGML_VK_VISIBLE_DEVICES=0 selects lavapipe.
 set -euo pipefail
 ggml=${1:?usage: compare_ggml.sh GGML_BUILD_DIR [KILN_BUILD_DIR] [RUNS]}
 kiln=${2:-build-vk}
@@ -34,15 +36,17 @@ bench="$kiln/bin/kiln_vulkan_bench"
 [[ -x "$bench" ]] || { echo "no $bench: build Kiln with Vulkan first" >&2; exit 2; }
 sizes='(256|512|1024|2048)'
 filter="type_a=f32,type_b=f32,m=$sizes,n=$sizes,k=$sizes,bs=\\[1,1\\],nr=\\[1,1\\]"
-if ! "$tbo" perf -o MUL_MAT -b Vulkan0 -p "$filter" 2>&1 | grep -q 'm=256,n=256,k=256'; then
-  echo "test-backend-ops in $ggml has no square FP32 MUL_MAT perf case: apply the patch at the top of $0" >&2
+export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0} GGML_PERF_TARGET_GFLOP=${GGML_PERF_TARGET_GFLOP:-4}
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$ggml/CMakeCache.txt" 2>/dev/null || true)
+if ! grep -q 'Kiln comparison' "$src/tests/test-backend-ops.cpp" 2>/dev/null; then
+  echo "test-backend-ops in $ggml (source ${src:-unknown}) lacks bench/vulkan/ggml_peer.patch: see the top of $0" >&2
   exit 2
 fi
-echo "# $(date -u '+%F %T UTC'), $(nproc) cores, $runs runs; ggml: $tbo; kiln: $bench"
+echo "# $(date -u '+%F %T UTC'), $(nproc) cores, $runs runs; ggml: $tbo (GGML_PERF_TARGET_GFLOP=$GGML_PERF_TARGET_GFLOP); kiln: $bench"
 for ((r = 1; r <= runs; r++)); do
   echo "## run $r, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "### ggml-vulkan test-backend-ops perf -o MUL_MAT -b Vulkan0 (FP32, m = n = k)"
-  "$tbo" perf -o MUL_MAT -b Vulkan0 -p "$filter" 2>&1 | grep -E '^ *MUL_MAT|Vulkan0|device' || true
+  "$tbo" perf -o MUL_MAT -b Vulkan0 -p "$filter" 2>&1 | grep -E 'MUL_MAT|Device description' | sed 's/\x1b\[[0-9;]*m//g' || true
   echo "### kiln_vulkan_bench --backends vulkan --only gemm, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   "$bench" --backends vulkan --only gemm
   echo "### kiln_vulkan_bench --backends vulkan --only conv2d, load average $(cut -d' ' -f1-3 /proc/loadavg)"

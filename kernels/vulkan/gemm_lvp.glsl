@@ -9,7 +9,7 @@
 // llvmpipe), and every load is a vec4 (the per-lane loop is paid once for four components):
 //  - a subgroup (8 lanes) computes 32 rows x 32 columns; lane l owns columns 4l..4l+3 of them, all 32 rows
 //    (32x4 accumulators), and loads four vec4 of A and four vec4 of B per 4 steps of K: 8 vec4 loads per 512
-//    FMAs (LVP_R = 16, 16 rows: 6 per 256);
+//    FMAs;
 //  - a workgroup of 64 invocations = 8 subgroups covers 64 rows x 128 columns (2 x 4 subgroups);
 //  - vec4 loads need 16-byte aligned rows: the host picks this kernel only when the contiguous dimension of each
 //    operand is a multiple of 4 and both views start 16-byte aligned (else the generic tile runs);
@@ -27,15 +27,13 @@
 #extension GL_KHR_shader_subgroup_ballot : require
 layout(local_size_x = 64) in;
 
-#ifndef LVP_R
-#define LVP_R 32  // rows per subgroup: 16 or 32
-#endif
+#define LVP_R 32           // rows per subgroup (16 measured slower: bench/results/vulkan_lavapipe.md)
 #define LVP_P (LVP_R / 8)  // A rows per lane (A not transposed)
 
 void main() {
   const uint lane = gl_LocalInvocationID.x & 7u, sg = gl_LocalInvocationID.x >> 3u;
   const uint M = lvp_m(), N = lvp_n(), K = lvp_k();
-  // 8 subgroups: 2 along M, 4 along N (LVP_R = 32: a 64x128 workgroup tile; 16: 32x128).
+  // 8 subgroups: 2 along M, 4 along N: a 64x128 workgroup tile (gemm.cpp kLvpTileM, kLvpTileN).
   const uint row0 = gl_WorkGroupID.y * (2u * LVP_R) + (sg >> 2u) * LVP_R;
   const uint col0 = gl_WorkGroupID.x * 128u + (sg & 3u) * 32u;
   const uint kb = lvp_kbegin(), ke = min(lvp_kend(), K);
@@ -46,13 +44,9 @@ void main() {
   // A (M, K): rows row0 + 8p + lane; a vec4 along K each.
   uint aoff[LVP_P];
   KILN_UNROLL for (uint p = 0u; p < LVP_P; ++p) aoff[p] = abase + min(row0 + 8u * p + lane, M - 1u) * K;
-#elif LVP_R == 32
+#else
   // A (K, M): rows row0 + 4*lane .. +3 (a vec4 along M) at each K step.
   const uint acol = min(row0 + 4u * lane, M - 4u);
-#else
-  // A (K, M): rows row0 + 4*(lane & 3) .. +3 (a vec4 along M) at K step 2q + (lane >> 2), q = 0, 1.
-  const uint acol = min(row0 + 4u * (lane & 3u), M - 4u);
-  const uint ahalf = lane >> 2u;
 #endif
 #if LVP_TRANS_B == 0
   // B (K, N): columns col0 + 4*lane .. +3 (a vec4 along N) at each K step.
@@ -101,7 +95,6 @@ void main() {
 #define LVP_GROUP(g, src, l, kk)                                                                  \
   LVP_ROWT(4u * g + 0u, src, 0u, l, kk) LVP_ROWT(4u * g + 1u, src, 1u, l, kk)                  \
   LVP_ROWT(4u * g + 2u, src, 2u, l, kk) LVP_ROWT(4u * g + 3u, src, 3u, l, kk)
-#if LVP_R == 32
     // q[kk]: rows row0 + 4*lane .. +3 at step k + kk; row 4g + c comes from lane g, component c.
     vec4 q[4];
     KILN_UNROLL for (uint kk = 0u; kk < 4u; ++kk) {
@@ -113,21 +106,6 @@ void main() {
       LVP_GROUP(3u, q[kk], 3u, kk) LVP_GROUP(4u, q[kk], 4u, kk) LVP_GROUP(5u, q[kk], 5u, kk)
       LVP_GROUP(6u, q[kk], 6u, kk) LVP_GROUP(7u, q[kk], 7u, kk)
     }
-#else
-    // q0 / q1: rows row0 + 4*(lane & 3) .. +3 at K steps k + (lane >> 2) and k + 2 + (lane >> 2). Row 4g + c at
-    // step kk comes from lane g + 4*(kk & 1), load kk >> 1, component c.
-    const uint kq0 = k + ahalf, kq1 = k + 2u + ahalf;
-    vec4 q0 = A4[(abase + min(kq0, ke - 1u) * M + acol) >> 2u];
-    vec4 q1 = A4[(abase + min(kq1, ke - 1u) * M + acol) >> 2u];
-    if (kq0 >= ke) q0 = vec4(0.0);
-    if (kq1 >= ke) q1 = vec4(0.0);
-#define LVP_STEP(src, h, kk) LVP_GROUP(0u, src, 0u + 4u * h, kk) LVP_GROUP(1u, src, 1u + 4u * h, kk) \
-                             LVP_GROUP(2u, src, 2u + 4u * h, kk) LVP_GROUP(3u, src, 3u + 4u * h, kk)
-    LVP_STEP(q0, 0u, 0u)
-    LVP_STEP(q0, 1u, 1u)
-    LVP_STEP(q1, 0u, 2u)
-    LVP_STEP(q1, 1u, 3u)
-#endif
 #endif
   }
 
