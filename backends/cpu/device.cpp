@@ -17,7 +17,9 @@ constexpr size_t kAlignment = 64;
 }  // namespace
 
 CpuDevice::CpuDevice(DeviceInfo info, int threads)
-    : info_(std::move(info)), threads_(threads), pool_(threads), partials_(loss_partials(threads)) {}
+    : info_(std::move(info)), threads_(threads), pool_(threads), partials_(loss_partials(threads)) {
+  blas_warm_up(pool_);
+}
 
 CpuDevice::~CpuDevice() {
   {

@@ -4,13 +4,24 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels.hpp"
 
 namespace kiln::cpu {
 
 void blas_init() { openblas_set_num_threads(1); }
+
+void blas_warm_up(ThreadPool& pool) {
+  if (const char* e = std::getenv("KILN_OPENBLAS_WARMUP"); e && std::strcmp(e, "0") == 0) return;
+  pool.run(pool.size(), [](int64_t, int) {
+    constexpr int64_t m = 256, n = 512, k = 200;
+    std::vector<float> a(m * k, 1.f), b(k * n, 1.f), c(m * n);
+    sgemm_1t(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);
+  });
+}
 
 void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
