@@ -16,7 +16,7 @@ void blas_init() { openblas_set_num_threads(1); }
 
 void blas_warm_up(ThreadPool& pool) {
   if (const char* e = std::getenv("KILN_OPENBLAS_WARMUP"); e && std::strcmp(e, "0") == 0) return;
-  pool.run(pool.size(), [](int64_t, int) {
+  pool.run(4 * static_cast<int64_t>(pool.size()), [](int64_t, int) {
     constexpr int64_t m = 256, n = 512, k = 200;
     std::vector<float> a(m * k, 1.f), b(k * n, 1.f), c(m * n);
     sgemm_1t(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);

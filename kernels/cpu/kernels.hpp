@@ -20,10 +20,10 @@ inline int64_t parts_for(int64_t work, const ThreadPool& pool) {
 
 // gemm.cpp. OpenBLAS runs single-threaded inside our pool's threads (see gemm.cpp for why).
 void blas_init();
-// One 256x512x200 sgemm on each of the pool's threads when a device opens. Measured, not explained: on Kiln's
+// Four 256x512x200 sgemm calls per pool thread, spread over the pool, when a device opens. Measured, not explained: on Kiln's
 // development VM (Zen 4 under Firecracker, Debian's OpenBLAS 0.3.21 on 4 KiB pages), a process whose first sgemm
 // calls had narrow outputs stays in a state where OpenBLAS's kernel runs at a third of its speed (12 against 37
-// GFLOP/s single-threaded at 256x256x784) for the rest of its life, and one wider call first avoids it; with
+// GFLOP/s single-threaded at 256x256x784) for the rest of its life, and wider calls first avoid it (most of the time: 23 of 24 runs; one call per thread, 5 of 6); with
 // transparent huge pages "always" neither happens (bench/results/cpu_ops.md). KILN_OPENBLAS_WARMUP=0 skips it.
 void blas_warm_up(ThreadPool& pool);
 void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPool& pool);
