@@ -328,6 +328,14 @@ HostTensor Executor::read(TensorId t) {
   return h;
 }
 
+void Executor::write(TensorId t, const HostTensor& h) {
+  const BufferView v = view(t);
+  if (h.data.size() * sizeof(float) != v.bytes)
+    throw Error("Executor::write: tensor '" + g_.tensor(t).name + "' holds " + std::to_string(v.bytes / sizeof(float)) +
+                " values, got " + std::to_string(h.data.size()));
+  state_.context().device->copy_from_host(h.data.data(), v);
+}
+
 std::string first_nonfinite_layer(Graph g, DeviceState& state, const Element& batch, int64_t step) {
   PlanOptions po;
   for (const auto& l : g.layer_outputs) po.keep_alive.push_back(l.out);

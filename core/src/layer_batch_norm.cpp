@@ -12,7 +12,9 @@ namespace {
 
 // Training normalizes with the batch's per-channel statistics and updates the running statistics (buffers
 // "<layer>.running_mean" = 0 and "<layer>.running_var" = 1 at start, checkpointed, never trained); evaluation
-// graphs normalize with the running statistics. gamma (ones) and beta (zeros) are parameters, or with
+// graphs normalize with the running statistics. sync = true (PyTorch's SyncBatchNorm) makes data_parallel compute
+// the statistics over the global batch, every replica's and process's rows; elsewhere one device holds the whole
+// batch and it changes nothing. gamma (ones) and beta (zeros) are parameters, or with
 // affine = false constant buffers (PyTorch's affine=False).
 class BatchNormLayer : public Layer {
  public:
@@ -23,10 +25,7 @@ class BatchNormLayer : public Layer {
                          "by this fraction of the batch's each step), found " + std::to_string(momentum_));
     if (!(eps_ > 0) || !std::isfinite(eps_) || eps_ > 1)
       c.fail("epsilon", "expected a small positive number such as 1e-5 (PyTorch's default), found " + std::to_string(eps_));
-    if (c.get_bool("sync", false))
-      c.fail("sync", "synchronized batch norm (PyTorch's SyncBatchNorm, statistics over the global batch) is not "
-                     "supported yet; under data_parallel each replica normalizes with its own batch's statistics, as "
-                     "PyTorch DDP does with BatchNorm2d; remove the key or set sync = false");
+    sync_ = c.get_bool("sync", false);
     c.finish();
   }
   std::string type() const override { return "batch_norm"; }
@@ -37,7 +36,7 @@ class BatchNormLayer : public Layer {
       throw ConfigError("layer '" + g.layer() + "': batch_norm expects input (batch, channels, height, width) or "
                         "(batch, features), got " + s.str());
     const int64_t c = s[1], inner = s.rank() == 4 ? s[2] * s[3] : 1;
-    BatchNormAttrs a{s[0], c, inner, static_cast<float>(eps_), static_cast<float>(momentum_), g.training()};
+    BatchNormAttrs a{s[0], c, inner, static_cast<float>(eps_), static_cast<float>(momentum_), g.training(), sync_};
     if (a.training && a.n * a.inner < 2)
       throw ConfigError("layer '" + g.layer() + "': batch_norm in training needs more than one value per channel, "
                         "input " + s.str() + " has " + std::to_string(a.n * a.inner) + " (raise [train] batch_size)");
@@ -62,6 +61,7 @@ class BatchNormLayer : public Layer {
  private:
   double momentum_, eps_;
   bool affine_;
+  bool sync_ = false;  // statistics over every data_parallel replica's rows (the strategy does it; see ops.hpp)
 };
 
 }  // namespace

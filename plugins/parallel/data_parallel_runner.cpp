@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <set>
 #include <sstream>
+#include <variant>
 
 #include "data_parallel.hpp"
 #include "kiln/error.hpp"
@@ -146,16 +147,27 @@ class DataParallelRunner final : public Runner {
     }
     const size_t fwd_end = ex[0]->first_node_of(Phase::backward);
     std::vector<std::vector<float>> losses(static_cast<size_t>(n));
-    lanes_->run([&](int lane) {
-      each_replica(lane, [&](size_t r) {
-        if (rows[r] == 0) return;
-        auto t0 = Clock::now();
-        slot_[r] = reps_[r]->input().acquire(*ex[r], *parts[r], key);  // prefetched, or copied now
-        ex[r]->run_range(0, fwd_end, s, slot_[r]);
-        for (auto t : ex[r]->graph().losses) losses[r].push_back(ex[r]->read_scalar(t));
-        stats_[r].compute += since(t0);
+    // The forward pass, in segments that end at each synchronized batch norm: the replicas run up to it, the
+    // statistics over every replica's rows are computed here, and they go on from the node after it.
+    const auto sync_fwd = sync_nodes(ex, 0, fwd_end);
+    size_t at = 0;
+    for (size_t seg = 0; seg <= sync_fwd.size(); ++seg) {
+      const bool last = seg == sync_fwd.size();
+      const size_t stop = last ? fwd_end : sync_fwd[seg];
+      lanes_->run([&](int lane) {
+        each_replica(lane, [&](size_t r) {
+          if (rows[r] == 0) return;
+          auto t0 = Clock::now();
+          if (seg == 0) slot_[r] = reps_[r]->input().acquire(*ex[r], *parts[r], key);  // prefetched, or copied now
+          ex[r]->run_range(at, stop, s, slot_[r]);
+          if (last)
+            for (auto t : ex[r]->graph().losses) losses[r].push_back(ex[r]->read_scalar(t));
+          stats_[r].compute += since(t0);
+        });
       });
-    });
+      if (!last) sync_batch_norm(ex, rows, batch.batch, stop);
+      at = stop + 1;
+    }
     if (was_prefetched) prefetched_.pop_front();  // every replica waited on its upload: nothing reads the rows now
     StepResult res;
     res.losses.assign(ex[0]->graph().losses.size(), 0.f);
@@ -171,9 +183,27 @@ class DataParallelRunner final : public Runner {
     reduced_ = comm_lane_ < 0 ? nb : 0;
     backward_done_ = updated_ = 0;
     sent_ = comm_lane_ < 0;
+    // Backward up to the last synchronized batch norm runs in segments too (each such node's input gradient needs
+    // sums over every replica's rows, and a recomputed one's forward the global statistics again); gradient
+    // buckets are reduced from there on, while the rest runs.
+    const size_t bwd_begin = ex[0]->first_node_of(Phase::backward);
+    const auto sync_bwd = sync_nodes(ex, bwd_begin, ex[0]->first_node_of(Phase::update));
+    size_t bwd_at = bwd_begin;
+    for (size_t node : sync_bwd) {
+      lanes_->run([&](int lane) {
+        each_replica(lane, [&](size_t r) {
+          if (rows[r] == 0) return;
+          auto t0 = Clock::now();
+          ex[r]->run_range(bwd_at, node, s, slot_[r]);
+          stats_[r].compute += since(t0);
+        });
+      });
+      sync_batch_norm(ex, rows, batch.batch, node);
+      bwd_at = node + 1;
+    }
     lanes_->run([&](int lane) {
       if (lane == comm_lane_) return reduce_and_send(*buckets[0]);
-      each_replica(lane, [&](size_t r) { backward(r, *ex[r], *buckets[r], rows[r], batch.batch, s); });
+      each_replica(lane, [&](size_t r) { backward(r, *ex[r], *buckets[r], rows[r], batch.batch, s, bwd_at); });
       each_replica(lane, [&](size_t r) { update(r, *ex[r], s, false); });
       each_replica(lane, [&](size_t r) { update(r, *ex[r], s, true); });
     });
@@ -375,18 +405,23 @@ class DataParallelRunner final : public Runner {
     return buckets_.emplace(&ex, make_buckets(ex.graph(), ex.plan(), o_.bucket_bytes)).first->second;
   }
 
-  void backward(size_t r, Executor& ex, const std::vector<Bucket>& bk, int64_t rows, int64_t global, const StepScalars& s) {
+  // Replica r's backward pass from node `from` (the first backward node, or the one after the last synchronized
+  // batch norm), each gradient bucket signalled to the communication lane as soon as it is complete.
+  void backward(size_t r, Executor& ex, const std::vector<Bucket>& bk, int64_t rows, int64_t global, const StepScalars& s,
+                size_t from) {
     Replica& rep = *reps_[r];
     auto t0 = Clock::now();
     const BufferView grads = rep.state().region(Region::gradients);
     const float share = static_cast<float>(static_cast<double>(rows) / static_cast<double>(global));
     const size_t end = ex.first_node_of(Phase::update);
-    size_t at = ex.first_node_of(Phase::backward);
+    size_t at = from;
     for (size_t k = 0; k < bk.size(); ++k) {
       const bool last = k + 1 == bk.size();
       if (rows > 0) {
-        ex.run_range(at, last ? end : bk[k].ready, s, slot_[r]);  // the last bucket also takes backward's trailing nodes
-        at = last ? end : bk[k].ready;
+        // The last bucket also takes backward's trailing nodes; a bucket completed before `from` runs nothing.
+        const size_t stop = last ? end : std::max(at, bk[k].ready);
+        ex.run_range(at, stop, s, slot_[r]);
+        at = stop;
         if (share != 1.f) rep.run_op(OpKind::Scale, share, range_of(grads, bk[k]));
       } else {
         rep.run_op(OpKind::Fill, 0.f, range_of(grads, bk[k]));  // a replica without rows contributes nothing
@@ -400,6 +435,201 @@ class DataParallelRunner final : public Runner {
       rep.device().synchronize();
       finish_backward(r, t0);
     }
+  }
+
+  // The synchronized batch norms (sync = true, PyTorch's SyncBatchNorm) among nodes [begin, end) of the replicas'
+  // training graphs, which share one node order: forward nodes (recomputed ones in backward too) and backward
+  // nodes. None with a single replica in all.
+  std::vector<size_t> sync_nodes(const std::vector<Executor*>& ex, size_t begin, size_t end) const {
+    std::vector<size_t> out;
+    if (procs_ * static_cast<int>(reps_.size()) < 2) return out;
+    const auto& nodes = ex[0]->graph().nodes();
+    for (size_t i = begin; i < end && i < nodes.size(); ++i) {
+      const auto* a = std::get_if<BatchNormAttrs>(&nodes[i].attrs);
+      if (!a || !a->sync || !a->training) continue;
+      if (nodes[i].kind != OpKind::BatchNormForward && nodes[i].kind != OpKind::BatchNormBackward) continue;
+      for (const Executor* e : ex)
+        if (e->graph().nodes().size() <= i || e->graph().nodes()[i].kind != nodes[i].kind)
+          throw Error("data_parallel: the replicas' graphs differ at synchronized batch norm node " + std::to_string(i) +
+                      " (layer '" + nodes[i].layer + "')");
+      out.push_back(i);
+    }
+    return out;
+  }
+
+  void sync_batch_norm(const std::vector<Executor*>& ex, const std::vector<int64_t>& rows, int64_t global, size_t node) {
+    if (ex[0]->graph().nodes()[node].kind == OpKind::BatchNormForward)
+      sync_batch_norm_forward(ex, rows, node);
+    else
+      sync_batch_norm_backward(ex, rows, global, node);
+  }
+
+  // Sums over every process of the group, in double precision: each value travels as a float and the float
+  // remainder, so totals keep about 48 bits.
+  void all_reduce_double(std::vector<double>& v) const {
+    if (procs_ < 2) return;
+    std::vector<float> parts(2 * v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      parts[2 * i] = static_cast<float>(v[i]);
+      parts[2 * i + 1] = static_cast<float>(v[i] - static_cast<double>(parts[2 * i]));
+    }
+    o_.group->all_reduce_sum(parts);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
+  }
+
+  // Runs f(r) for every replica with rows in this step, each on its own lane (in parallel when concurrent).
+  template <class F>
+  void each_with_rows(const std::vector<int64_t>& rows, F&& f) {
+    lanes_->run([&](int lane) {
+      each_replica(lane, [&](size_t r) {
+        if (rows[r] > 0) f(r);
+      });
+    });
+  }
+
+  // BatchNormForward over the global batch (ops.hpp's semantics with m = every replica's n * inner): mean and
+  // biased variance from two passes in double precision, each replica summing its own rows on its lane, the sums
+  // added over replicas and processes here; every replica gets the same mean, rstd and running statistics and
+  // normalizes its own rows with them.
+  void sync_batch_norm_forward(const std::vector<Executor*>& ex, const std::vector<int64_t>& rows, size_t node) {
+    const size_t R = reps_.size();
+    const Node& n0 = ex[0]->graph().nodes()[node];
+    const auto& a0 = std::get<BatchNormAttrs>(n0.attrs);
+    const auto C = static_cast<size_t>(a0.c), I = static_cast<size_t>(a0.inner);
+    std::vector<HostTensor> x(R);
+    std::vector<std::vector<double>> part(R, std::vector<double>(C + 1, 0.0));  // per channel, then the count
+    // Per channel of replica r's rows: the sum of f(value).
+    auto channel_sums = [&](size_t r, auto f) {
+      const size_t N = x[r].data.size() / (C * I);
+      for (size_t o = 0; o < N; ++o)
+        for (size_t c = 0; c < C; ++c) {
+          const float* p = x[r].data.data() + (o * C + c) * I;
+          double acc = 0;
+          for (size_t i = 0; i < I; ++i) acc += f(c, p[i]);
+          part[r][c] += acc;
+        }
+    };
+    each_with_rows(rows, [&](size_t r) {
+      x[r] = ex[r]->read(ex[r]->graph().nodes()[node].in[0]);
+      channel_sums(r, [](size_t, float v) { return double(v); });
+      part[r][C] = static_cast<double>(x[r].data.size() / C);
+    });
+    std::vector<double> sum(C + 1, 0.0);
+    for (size_t r = 0; r < R; ++r)
+      for (size_t c = 0; c <= C; ++c) sum[c] += part[r][c];
+    all_reduce_double(sum);
+    const double m = sum[C];
+    std::vector<double> mean(C), sq(C, 0.0);
+    for (size_t c = 0; c < C; ++c) mean[c] = m > 0 ? sum[c] / m : 0.0;
+    each_with_rows(rows, [&](size_t r) {
+      std::fill(part[r].begin(), part[r].end(), 0.0);
+      channel_sums(r, [&](size_t c, float v) { return (v - mean[c]) * (v - mean[c]); });
+    });
+    for (size_t r = 0; r < R; ++r)
+      for (size_t c = 0; c < C; ++c) sq[c] += part[r][c];
+    all_reduce_double(sq);
+    HostTensor mean_out(Shape{a0.c}), rstd_out(Shape{a0.c});
+    HostTensor run_mean = ex[0]->read(n0.out[3]), run_var = ex[0]->read(n0.out[4]);
+    std::vector<double> rstd(C);
+    const double mom = a0.momentum;
+    for (size_t c = 0; c < C; ++c) {
+      const double var = m > 0 ? sq[c] / m : 0.0;
+      rstd[c] = 1.0 / std::sqrt(var + double(a0.eps));
+      mean_out.data[c] = static_cast<float>(mean[c]);
+      rstd_out.data[c] = static_cast<float>(rstd[c]);
+      const double unbiased = m > 1 ? var * m / (m - 1) : var;
+      run_mean.data[c] = static_cast<float>((1.0 - mom) * run_mean.data[c] + mom * mean[c]);
+      run_var.data[c] = static_cast<float>((1.0 - mom) * run_var.data[c] + mom * unbiased);
+    }
+    // Every replica keeps the same running statistics, those without rows in this batch included.
+    for (size_t r = 0; r < R; ++r) {
+      const Node& nd = ex[r]->graph().nodes()[node];
+      ex[r]->write(nd.out[3], run_mean);
+      ex[r]->write(nd.out[4], run_var);
+    }
+    each_with_rows(rows, [&](size_t r) {
+      const Node& nd = ex[r]->graph().nodes()[node];
+      const HostTensor gamma = ex[r]->read(nd.in[1]), beta = ex[r]->read(nd.in[2]);
+      HostTensor& y = x[r];  // normalized in place, then written to the node's output
+      const size_t N = y.data.size() / (C * I);
+      for (size_t o = 0; o < N; ++o)
+        for (size_t c = 0; c < C; ++c) {
+          float* p = y.data.data() + (o * C + c) * I;
+          const double scale = rstd[c] * gamma.data[c], shift = beta.data[c] - mean[c] * scale;
+          for (size_t i = 0; i < I; ++i) p[i] = static_cast<float>(p[i] * scale + shift);
+        }
+      ex[r]->write(nd.out[0], y);
+      ex[r]->write(nd.out[1], mean_out);
+      ex[r]->write(nd.out[2], rstd_out);
+    });
+  }
+
+  // BatchNormBackward over the global batch. Each replica's dy is the gradient of its own mean loss, share =
+  // rows / global of the step's loss: the means over the global batch are taken of share * dy, and the replica's
+  // dx is divided by its share again (its later gradients are scaled by it, as every gradient is). dgamma and
+  // dbeta are the replica's own sums, which the gradient all-reduce adds up like any other gradient.
+  void sync_batch_norm_backward(const std::vector<Executor*>& ex, const std::vector<int64_t>& rows, int64_t global, size_t node) {
+    const size_t R = reps_.size();
+    const Node& n0 = ex[0]->graph().nodes()[node];
+    const auto& a0 = std::get<BatchNormAttrs>(n0.attrs);
+    const auto C = static_cast<size_t>(a0.c), I = static_cast<size_t>(a0.inner);
+    // The saved statistics are the same on every replica (the forward pass wrote them).
+    const HostTensor mean = ex[0]->read(n0.in[2]), rstd = ex[0]->read(n0.in[3]);
+    std::vector<HostTensor> x(R), dy(R);
+    std::vector<std::vector<double>> sdy(R, std::vector<double>(C, 0.0)), sdyx(R, std::vector<double>(C, 0.0));
+    std::vector<double> count(R, 0.0);
+    each_with_rows(rows, [&](size_t r) {
+      const Node& nd = ex[r]->graph().nodes()[node];
+      x[r] = ex[r]->read(nd.in[0]);
+      dy[r] = ex[r]->read(nd.in[4]);
+      const size_t N = x[r].data.size() / (C * I);
+      for (size_t o = 0; o < N; ++o)
+        for (size_t c = 0; c < C; ++c) {
+          const size_t j = (o * C + c) * I;
+          const double mu = mean.data[c], rs = rstd.data[c];
+          double a = 0, b = 0;
+          for (size_t i = 0; i < I; ++i) {
+            a += dy[r].data[j + i];
+            b += double(dy[r].data[j + i]) * (x[r].data[j + i] - mu) * rs;
+          }
+          sdy[r][c] += a;
+          sdyx[r][c] += b;
+        }
+      count[r] = static_cast<double>(N * I);
+    });
+    std::vector<double> total(2 * C + 1, 0.0);  // share-weighted sums of dy, then of dy * xhat, then m
+    for (size_t r = 0; r < R; ++r) {
+      if (rows[r] == 0) continue;
+      const double share = static_cast<double>(rows[r]) / static_cast<double>(global);
+      for (size_t c = 0; c < C; ++c) total[c] += share * sdy[r][c], total[C + c] += share * sdyx[r][c];
+      total[2 * C] += count[r];
+    }
+    all_reduce_double(total);
+    const double m = total[2 * C];
+    each_with_rows(rows, [&](size_t r) {
+      const Node& nd = ex[r]->graph().nodes()[node];
+      const HostTensor gamma = ex[r]->read(nd.in[1]);
+      const double share = static_cast<double>(rows[r]) / static_cast<double>(global);
+      HostTensor dgamma(Shape{a0.c}), dbeta(Shape{a0.c});
+      HostTensor& dx = dy[r];  // overwritten in place
+      const size_t N = dx.data.size() / (C * I);
+      for (size_t c = 0; c < C; ++c) {
+        const double ga = gamma.data[c], rs = rstd.data[c], mu = mean.data[c];
+        const double mg = m > 0 ? ga * total[c] / m / share : 0.0, mgx = m > 0 ? ga * total[C + c] / m / share : 0.0;
+        for (size_t o = 0; o < N; ++o) {
+          const size_t j = (o * C + c) * I;
+          for (size_t i = 0; i < I; ++i) {
+            const double xhat = (x[r].data[j + i] - mu) * rs;
+            dx.data[j + i] = static_cast<float>(rs * (double(dx.data[j + i]) * ga - mg - xhat * mgx));
+          }
+        }
+        dgamma.data[c] = static_cast<float>(sdyx[r][c]);
+        dbeta.data[c] = static_cast<float>(sdy[r][c]);
+      }
+      ex[r]->write(nd.out[0], dx);
+      ex[r]->write(nd.out[1], dgamma);
+      ex[r]->write(nd.out[2], dbeta);
+    });
   }
 
   // Records the end of replica r's backward compute (the reference for how much communication was hidden).
@@ -498,9 +728,9 @@ class DataParallelRunner final : public Runner {
   std::vector<int> slot_;  // the input slot each replica's executor reads in the current step
   // Buffers (batch norm's running statistics) are replica 0's, as PyTorch DDP's broadcast_buffers makes them: each
   // replica updates its own from its own batch while training; evaluation and checkpoints use replica 0's, sent to
-  // the others first.
+  // the others first, those of other processes included (collective: every process calls it at the same point).
   void sync_buffers() {
-    if (buffer_names_.empty() || reps_.size() < 2) return;
+    if (buffer_names_.empty() || (reps_.size() < 2 && procs_ < 2)) return;
     drain();
     std::vector<BufferView> views(reps_.size());
     for (const auto& name : buffer_names_) {

@@ -136,6 +136,53 @@ TEST_CASE("2 MPI ranks of 2 devices each (hierarchical, fast reduction) end 50 s
   CHECK(max_difference(dir / "ref" / "checkpoint.kiln", dir / "mpi" / "checkpoint.kiln") <= 1e-6);
 }
 
+TEST_CASE("batch_norm sync = true over 2 MPI ranks ends 30 steps within 1e-5 of 2 replicas in one process and of one "
+          "device, where per-replica statistics do not",
+          "[mpi][sync_bn]") {
+  REQUIRE_MPI();
+  auto dir = kiln::test::temp_dir("mpi_sync_bn");
+  // The sample with a convolution + batch norm model in place of its MLP (no bias before the batch norm).
+  std::string text = slurp(kSample);
+  const auto from = text.find("[model]"), to = text.find("[optimizer]");
+  REQUIRE((from != std::string::npos && to != std::string::npos));
+  for (bool sync : {true, false}) {
+    const std::string bn_sync = sync ? "sync = true\n" : "";
+    const std::string model =
+        "[model]\ninput_shape = [1, 28, 28]\nloss = \"softmax_cross_entropy\"\n"
+        "[[model.layers]]\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\nstrides = 2\nuse_bias = false\n"
+        "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n" + bn_sync +
+        "[[model.layers]]\ntype = \"activation\"\nfunction = \"relu\"\n"
+        "[[model.layers]]\ntype = \"flatten\"\n"
+        "[[model.layers]]\ntype = \"dense\"\nunits = 10\n\n";
+    const fs::path cfg = dir / (sync ? "sync.toml" : "plain.toml");
+    std::ofstream(cfg) << text.substr(0, from) + model + text.substr(to);
+    const std::string run = "train " + cfg.string() + kShort + " --set train.max_steps=30";
+    const std::string tag = sync ? "sync" : "plain";
+    auto two = kiln::test::run_app(run + out_dir(dir, tag + "_two"));
+    INFO(two.output);
+    REQUIRE(two.exit_code == 0);
+    auto one = kiln::test::run_app(run + " --set device.virtual_devices=1 --set 'strategy.devices=[0]'" + out_dir(dir, tag + "_one"));
+    INFO(one.output);
+    REQUIRE(one.exit_code == 0);
+    auto mpi = shell(kMpirun + " -np 2 " + KILN_APP + " " + run + kPerRank + out_dir(dir, tag + "_mpi"));
+    INFO(mpi.output);
+    REQUIRE(mpi.exit_code == 0);
+    CHECK_THAT(mpi.output, Catch::Contains("1 replica(s) in each of 2 processes"));
+    const double mpi_vs_two = max_difference(dir / (tag + "_two") / "checkpoint.kiln", dir / (tag + "_mpi") / "checkpoint.kiln");
+    const double two_vs_one = max_difference(dir / (tag + "_two") / "checkpoint.kiln", dir / (tag + "_one") / "checkpoint.kiln");
+    CAPTURE(sync, mpi_vs_two, two_vs_one);
+    if (sync) {
+      CHECK(mpi_vs_two <= 1e-5);
+      CHECK(two_vs_one <= 1e-5);
+    } else {
+      // The same per-replica statistics in both; each rank's running statistics differ, and the checkpoint holds
+      // rank 0's (before that was sent to every rank, saving stopped with "the processes diverged").
+      CHECK(mpi_vs_two <= 1e-5);
+      CHECK(two_vs_one > 1e-4);   // which are not the whole batch's
+    }
+  }
+}
+
 TEST_CASE("a checkpoint saved by 2 MPI ranks with sharded optimizer state resumes in one process bit-identically", "[mpi]") {
   REQUIRE_MPI();
   auto dir = kiln::test::temp_dir("mpi_resume");

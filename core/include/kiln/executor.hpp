@@ -106,6 +106,9 @@ class Executor {
   size_t size() const { return node_index_.size(); }
   float read_scalar(TensorId t);
   HostTensor read(TensorId t);
+  // Overwrites tensor t with `h` (same element count), in order with the device's ops: what a node's kernel would
+  // write (data_parallel's synchronized batch norm computes some nodes across replicas on the host).
+  void write(TensorId t, const HostTensor& h);
   BufferView view(TensorId t, int slot = 0) const;
   const Graph& graph() const { return g_; }
   const MemoryPlan& plan() const { return plan_; }

@@ -259,6 +259,9 @@ struct BatchNormAttrs {
   int64_t n = 0, c = 0, inner = 1;
   float eps = 1e-5f, momentum = 0.1f;
   bool training = true;  // batch statistics (and the running-statistics update) or the running statistics
+  // The batch_norm layer's sync = true (PyTorch's SyncBatchNorm): under data_parallel the strategy computes this
+  // node's statistics over every replica's rows instead of running the kernel; kernels ignore it.
+  bool sync = false;
 };
 // Attributes of an op registered by a plugin (op_table.hpp): its own integers and floats, in its own order.
 struct CustomAttrs {
