@@ -33,15 +33,23 @@ void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
 
 // conv.cpp. Workspace in floats; the kernels check the size they were given.
 size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads);
-void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool);
+// What a fused conv2d_forward also does: y += bias[k] per filter (BiasAdd), then relu_out = ReLU(y)
+// (ActivationForward relu; relu_out may be y, or null for no ReLU). A null epilogue: neither.
+struct ConvEpilogue {
+  const float* bias = nullptr;
+  float* relu_out = nullptr;
+};
+void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
+                    const ConvEpilogue* ep = nullptr);
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool);
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
                             ThreadPool& pool);
 
 // pool.cpp
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
+// relu_grad: also the ReLU backward that follows when x is a ReLU's output, dx = x > 0 ? dx : 0.
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool);
+                       ThreadPool& pool, bool relu_grad = false);
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool);
 
