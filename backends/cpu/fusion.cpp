@@ -2,8 +2,9 @@
 // where the unfused ops would stream the same tensor through memory two or three times. A fused kernel writes
 // every output buffer the calls would, with the same final contents (up to float rounding), so only these
 // layouts are fused; anything else (partial overlaps, an output over an input still to be read) runs unfused.
-//  - Conv2dForward y0, BiasAdd y1 = y0 + b[k], [ActivationForward relu y2 = relu(y1)]: the bias and the ReLU
-//    become the conv's epilogue (conv2d_forward with a ConvEpilogue), on each image while it is in cache.
+//  - Conv2dForward y0, BiasAdd y1 = y0 + b[k], [ActivationForward relu y2 = relu(y1), [MaxPoolForward of y2]]:
+//    the bias, the ReLU and the pool become the conv's epilogue (conv2d_forward with a ConvEpilogue), on each
+//    image while it is in cache.
 //    Fused when the bias runs in place (y1 == y0), or when y1 is separate and the ReLU writes back over y0
 //    (y2 == y0, the planner's ping-pong without [memory] inplace): y0's raw contents are never left behind.
 //  - MaxPoolBackward dx, ActivationBackward relu dx in place, its y the pool's x: max_pool_backward with
@@ -35,8 +36,9 @@ bool is_relu(const OpCall& c, OpKind kind, int64_t count) {
   return a && a->act == Activation::relu && a->count == count;
 }
 
-// conv, bias [, relu]: how many calls (2 or 3) fuse, 0 if none. `y` is where the GEMM writes (y1), `relu_out` y2.
-size_t conv_run(std::span<const OpCall> c, const BufferView*& y, const BufferView*& relu_out) {
+// conv, bias [, relu [, max pool]]: how many calls (2-4) fuse, 0 if none. `y` is where the GEMM writes (y1),
+// `relu_out` y2, `pool` the max pool's call.
+size_t conv_run(std::span<const OpCall> c, const BufferView*& y, const BufferView*& relu_out, const OpCall*& pool) {
   if (c.size() < 2 || c[0].kind != OpKind::Conv2dForward || c[1].kind != OpKind::BiasAdd) return 0;
   const auto& a = std::get<ConvAttrs>(c[0].attrs);
   const auto* b = std::get_if<BiasAttrs>(&c[1].attrs);
@@ -47,6 +49,7 @@ size_t conv_run(std::span<const OpCall> c, const BufferView*& y, const BufferVie
   if (!in_place && !disjoint(y1, {&y0, &x, &w, &ws, &bias})) return 0;
   y = &y1;
   relu_out = nullptr;
+  pool = nullptr;
   const int64_t count = a.n * a.k * a.oh * a.ow;
   if (c.size() >= 3 && is_relu(c[2], OpKind::ActivationForward, count) && same(c[2].in[0], y1)) {
     const BufferView& y2 = c[2].out[0];
@@ -54,6 +57,15 @@ size_t conv_run(std::span<const OpCall> c, const BufferView*& y, const BufferVie
     const bool ok = same(y2, y1) || (in_place ? disjoint(y2, {&y1, &x, &w, &ws, &bias}) : same(y2, y0) && disjoint(y2, {&bias}));
     if (ok) {
       relu_out = &y2;
+      // A max pool of y2 into its own buffer, apart from everything the conv, bias and ReLU read or write.
+      const BufferView* p = c.size() >= 4 && c[3].kind == OpKind::MaxPoolForward ? &c[3].out[0] : nullptr;
+      if (p && same(c[3].in[0], y2) && disjoint(*p, {&y0, &y1, &y2, &x, &w, &ws, &bias})) {
+        const auto& pa = std::get<PoolAttrs>(c[3].attrs);
+        if (pa.n == a.n && pa.c == a.k && pa.h == a.oh && pa.w == a.ow) {
+          pool = &c[3];
+          return 4;
+        }
+      }
       return 3;
     }
   }
@@ -85,9 +97,11 @@ void* CpuDevice::extension(std::string_view name) {
 size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
   if (calls.size() < 2) return 0;
   const BufferView *y = nullptr, *relu_out = nullptr;
-  if (const size_t k = conv_run(calls, y, relu_out)) {
+  const OpCall* pool = nullptr;
+  if (const size_t k = conv_run(calls, y, relu_out, pool)) {
     const OpCall& c = calls[0];
-    const ConvEpilogue ep{calls[1].in[1].host(), relu_out ? relu_out->host() : nullptr};
+    const ConvEpilogue ep{calls[1].in[1].host(), relu_out ? relu_out->host() : nullptr,
+                          pool ? &std::get<PoolAttrs>(pool->attrs) : nullptr, pool ? pool->out[0].host() : nullptr};
     conv2d_forward(std::get<ConvAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), y->host(),
                    c.workspace.block ? c.workspace.host() : nullptr, pool_, &ep);
     return k;

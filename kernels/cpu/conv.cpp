@@ -95,7 +95,7 @@ size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
 }
 
 // With an epilogue, the bias is written into y(n) first and the GEMM accumulates onto it (beta = 1, which also
-// spares OpenBLAS its pass zeroing C), then the ReLU reads y(n) while it is still in cache.
+// spares OpenBLAS its pass zeroing C), then the ReLU and the max pool read y(n) while it is still in cache.
 namespace {
 
 void prefill_bias(const ConvAttrs& a, const ConvEpilogue* ep, float* yn) {
@@ -110,13 +110,14 @@ void relu(const float* x, float* y, int64_t count) {  // y may be x
 
 }  // namespace
 
-// y(n) (k, oh*ow) = w (k, c*r*s) * col(n) [+ bias, then ReLU].
+// y(n) (k, oh*ow) = w (k, c*r*s) * col(n) [+ bias, then ReLU, then max pool].
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
                     const ConvEpilogue* ep) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
   const bool bias = ep && ep->bias;
   float* relu_out = ep ? ep->relu_out : nullptr;
+  const bool pooled = relu_out && ep->pool && ep->pool_out;
   const float beta = bias ? 1.f : 0.f;
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
   const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
@@ -129,6 +130,7 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
       if (bias) prefill_bias(a, ep, yn);
       sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, beta, yn, P);
       if (relu_out) relu(yn, relu_out + n * K * P, K * P);
+      if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
     });
     return;
   }
@@ -139,6 +141,7 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
     if (bias) prefill_bias(a, ep, yn);
     gemm(GemmAttrs{K, P, CRS, false, false, 1.f, beta}, w, pw ? src : ws, yn, pool);
     if (relu_out) relu(yn, relu_out + n * K * P, K * P);
+    if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
   }
 }
 

@@ -232,6 +232,26 @@ TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals
           CHECK(max_rel_diff(read(d, y), unfused_y0) < 1e-5);
           CHECK(max_rel_diff(read(d, y1), unfused_y1) < 1e-5);
           CHECK(read(d, y1) != read(d, y));  // y1 keeps its negatives
+
+          // ... followed by a 2x2 max pool of y2 into its own buffer: four calls in one.
+          PoolAttrs pa{a.n, a.k, a.oh, a.ow, 2, 2, 2, 2, 0, 0, a.oh / 2, a.ow / 2};
+          const int64_t np = a.n * a.k * pa.oh * pa.ow;
+          Arena pool_arena(d, {np});
+          const BufferView& pout = pool_arena.view(0);
+          pp.push_back({OpKind::MaxPoolForward, pa, {y}, {pout}, {}});
+          for (const OpCall& c : pp) d.run(c);
+          const Vec unfused_pool = read(d, pout);
+          const Vec nan_pool(static_cast<size_t>(np), NAN);
+          d.copy_from_host(nan.data(), y);
+          d.copy_from_host(nan.data(), y1);
+          d.copy_from_host(nan_pool.data(), pout);
+          CHECK(fused_runner(d).run_fused(pp) == 4);
+          CHECK(max_rel_diff(read(d, pout), unfused_pool) < 1e-5);
+          CHECK(max_rel_diff(read(d, y), unfused_y0) < 1e-5);
+          CHECK(max_rel_diff(read(d, y1), unfused_y1) < 1e-5);
+          // A pool reading something other than the ReLU's output stays unfused (the first three still fuse).
+          pp[3].in[0] = y1;
+          CHECK(fused_runner(d).run_fused(pp) == 3);
         }
 
         // Not fused: a bias written to another buffer with nothing writing over y0, or a lone conv.
