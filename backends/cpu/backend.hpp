@@ -26,8 +26,8 @@ HostInfo read_host_info();
 size_t read_available_memory();
 
 // One logical CPU device. Blocks come from posix_memalign; the stream is the calling thread (run() returns
-// when the op is done), helped by the device's own worker threads.
-class CpuDevice final : public Device {
+// when the op is done), helped by the device's own worker threads. It fuses some runs of calls (fusion.cpp).
+class CpuDevice final : public Device, public FusedRunner {
  public:
   CpuDevice(DeviceInfo info, int threads);
   ~CpuDevice() override;
@@ -48,6 +48,8 @@ class CpuDevice final : public Device {
   // the caller runs meanwhile: the final copy of a prefetched batch never sits on the step's path.
   uint64_t upload_async(const void* src, const BufferView& dst) override;
   void wait_upload(uint64_t ticket) override;
+  void* extension(std::string_view name) override;      // kRunFused: this device
+  size_t run_fused(std::span<const OpCall> calls) override;  // fusion.cpp
 
   int threads() const { return threads_; }
 

@@ -305,7 +305,12 @@ void Executor::run_range(size_t begin, size_t end, const StepScalars& s, int slo
   patch(s);
   Device* dev = state_.context().device;
   const auto& calls = calls_[static_cast<size_t>(slot)];
-  for (size_t i = begin; i < end; ++i) dev->run(calls[i]);
+  auto* fused = static_cast<FusedRunner*>(dev->extension(kRunFused));
+  for (size_t i = begin; i < end;) {
+    const size_t k = fused ? fused->run_fused(std::span<const OpCall>(calls).subspan(i, end - i)) : 0;
+    if (k) i += k;
+    else dev->run(calls[i++]);
+  }
 }
 
 size_t Executor::first_node_of(Phase p) const {

@@ -94,25 +94,54 @@ size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
   return t * col;
 }
 
-// y(n) (k, oh*ow) = w (k, c*r*s) * col(n).
-void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool) {
+// With an epilogue, the bias is written into y(n) first and the GEMM accumulates onto it (beta = 1, which also
+// spares OpenBLAS its pass zeroing C), then the ReLU and the max pool read y(n) while it is still in cache.
+namespace {
+
+void prefill_bias(const ConvAttrs& a, const ConvEpilogue* ep, float* yn) {
+  const int64_t P = ohw(a);
+  for (int64_t k = 0; k < a.k; ++k) std::fill(yn + k * P, yn + (k + 1) * P, ep->bias[k]);
+}
+
+void relu(const float* x, float* y, int64_t count) {  // y may be x
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) y[i] = x[i] < 0.f ? 0.f : x[i];  // NaN passes through, as ActivationForward
+}
+
+}  // namespace
+
+// y(n) (k, oh*ow) = w (k, c*r*s) * col(n) [+ bias, then ReLU, then max pool].
+void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
+                    const ConvEpilogue* ep) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
+  const bool bias = ep && ep->bias;
+  float* relu_out = ep ? ep->relu_out : nullptr;
+  const bool pooled = relu_out && ep->pool && ep->pool_out;
+  const float beta = bias ? 1.f : 0.f;
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
   const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
   if (images_in_parallel(a, pool.size())) {
     pool.run(a.n, [&](int64_t n, int slot) {
       float* col = ws + static_cast<size_t>(slot) * col_floats;
       const float* src = x + n * img;
+      float* yn = y + n * K * P;
       if (!pw) im2col(a, src, col);
-      sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, 0.f, y + n * K * P, P);
+      if (bias) prefill_bias(a, ep, yn);
+      sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, beta, yn, P);
+      if (relu_out) relu(yn, relu_out + n * K * P, K * P);
+      if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
     });
     return;
   }
   for (int64_t n = 0; n < a.n; ++n) {
     const float* src = x + n * img;
+    float* yn = y + n * K * P;
     if (!pw) im2col(a, src, ws);
-    gemm(GemmAttrs{K, P, CRS, false, false, 1.f, 0.f}, w, pw ? src : ws, y + n * K * P, pool);
+    if (bias) prefill_bias(a, ep, yn);
+    gemm(GemmAttrs{K, P, CRS, false, false, 1.f, beta}, w, pw ? src : ws, yn, pool);
+    if (relu_out) relu(yn, relu_out + n * K * P, K * P);
+    if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
   }
 }
 

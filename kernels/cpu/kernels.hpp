@@ -33,15 +33,28 @@ void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
 
 // conv.cpp. Workspace in floats; the kernels check the size they were given.
 size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads);
-void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool);
+// What a fused conv2d_forward also does: y += bias[k] per filter (BiasAdd), then relu_out = ReLU(y)
+// (ActivationForward relu; relu_out may be y, or null for no ReLU), then pool_out = MaxPoolForward(relu_out)
+// with `pool` (null: no pooling; only after a ReLU). A null epilogue: none of these.
+struct ConvEpilogue {
+  const float* bias = nullptr;
+  float* relu_out = nullptr;
+  const PoolAttrs* pool = nullptr;
+  float* pool_out = nullptr;
+};
+void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
+                    const ConvEpilogue* ep = nullptr);
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool);
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
                             ThreadPool& pool);
 
 // pool.cpp
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
+// max_pool_forward's planes [pb, pe) of the (n, c) planes, on the calling thread.
+void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe);
+// relu_grad: also the ReLU backward that follows when x is a ReLU's output, dx = x > 0 ? dx : 0.
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool);
+                       ThreadPool& pool, bool relu_grad = false);
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool);
 

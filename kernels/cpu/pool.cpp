@@ -31,45 +31,50 @@ bool is_2x2_s2(const PoolAttrs& a) {
 
 }  // namespace
 
-void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
-  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe) {
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
-  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
-    for (int64_t p = pb; p < pe; ++p) {
-      const float* xp = x + p * in_plane;
-      float* yp = y + p * out_plane;
-      for (int64_t oy = 0; oy < a.oh; ++oy) {
-        if (fast) {  // first element wins ties and NaN, as in the general path
-          const float* r0 = xp + 2 * oy * a.w;
-          const float* r1 = r0 + a.w;
-          for (int64_t ox = 0; ox < a.ow; ++ox) {
-            float b = r0[2 * ox];
-            b = r0[2 * ox + 1] > b ? r0[2 * ox + 1] : b;
-            b = r1[2 * ox] > b ? r1[2 * ox] : b;
-            b = r1[2 * ox + 1] > b ? r1[2 * ox + 1] : b;
-            yp[oy * a.ow + ox] = b;
-          }
-          continue;
-        }
+  for (int64_t p = pb; p < pe; ++p) {
+    const float* xp = x + p * in_plane;
+    float* yp = y + p * out_plane;
+    for (int64_t oy = 0; oy < a.oh; ++oy) {
+      if (fast) {  // first element wins ties and NaN, as in the general path
+        const float* r0 = xp + 2 * oy * a.w;
+        const float* r1 = r0 + a.w;
         for (int64_t ox = 0; ox < a.ow; ++ox) {
-          const Window w = window(a, oy, ox);
-          float best = 0.f;
-          bool found = false;
-          for (int64_t iy = w.y0; iy < w.y1; ++iy)
-            for (int64_t ix = w.x0; ix < w.x1; ++ix) {
-              const float v = xp[iy * a.w + ix];
-              if (!found || v > best) best = v;
-              found = true;
-            }
-          yp[oy * a.ow + ox] = best;
+          float b = r0[2 * ox];
+          b = r0[2 * ox + 1] > b ? r0[2 * ox + 1] : b;
+          b = r1[2 * ox] > b ? r1[2 * ox] : b;
+          b = r1[2 * ox + 1] > b ? r1[2 * ox + 1] : b;
+          yp[oy * a.ow + ox] = b;
         }
+        continue;
+      }
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const Window w = window(a, oy, ox);
+        float best = 0.f;
+        bool found = false;
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix) {
+            const float v = xp[iy * a.w + ix];
+            if (!found || v > best) best = v;
+            found = true;
+          }
+        yp[oy * a.ow + ox] = best;
       }
     }
-  });
+  }
 }
 
+void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
+  parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool),
+                  [&](int64_t pb, int64_t pe) { max_pool_planes(a, x, y, pb, pe); });
+}
+
+// With relu_grad a window whose maximum yv is not > 0 passes no gradient: its argmax is where x == yv, so
+// x > 0 there exactly when yv > 0, and every other position gets 0 from both ops.
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool) {
+                       ThreadPool& pool, bool relu_grad) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
   parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
@@ -87,10 +92,11 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
           for (int64_t ox = 0; ox < a.ow; ++ox) {
             // Bitwise, not &&: after a ReLU many windows tie at 0, and short-circuit branches mispredict.
             const float yv = yr[ox], g = gr[ox];
+            const int live = !relu_grad | (yv > 0.f);
             const int e0 = r0[2 * ox] == yv, e1 = r0[2 * ox + 1] == yv, e2 = r1[2 * ox] == yv;
             const int e3 = r1[2 * ox + 1] == yv;
-            const int m1 = e1 & ~e0, m2 = e2 & ~(e0 | e1), m3 = e3 & ~(e0 | e1 | e2);
-            d0[2 * ox] = keep_if(e0, g);
+            const int m1 = e1 & ~e0 & live, m2 = e2 & ~(e0 | e1) & live, m3 = e3 & ~(e0 | e1 | e2) & live;
+            d0[2 * ox] = keep_if(e0 & live, g);
             d0[2 * ox + 1] = keep_if(m1, g);
             d1[2 * ox] = keep_if(m2, g);
             d1[2 * ox + 1] = keep_if(m3, g);
@@ -110,7 +116,7 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
           for (int64_t iy = w.y0; iy < w.y1; ++iy)
             for (int64_t ix = w.x0; ix < w.x1; ++ix)
               if (xp[iy * a.w + ix] == yv) {
-                dxp[iy * a.w + ix] += dy[o];
+                if (!relu_grad || yv > 0.f) dxp[iy * a.w + ix] += dy[o];
                 goto next;  // only the first match gets the gradient
               }
         next:;

@@ -1,5 +1,6 @@
 // The CPU backend: devices, memory and determinism. Every op against the reference is the conformance table's
 // job (tests/conformance, on 1, 2 and 3 threads); the op contract checks are in test_op_table.cpp.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -142,4 +143,172 @@ TEST_CASE("cpu conv2d backward filter is bit-identical across runs", "[cpu]") {
   cpu.device->copy_to_host(arena.view(2), second.data());
   cpu.device->free_block(b);
   CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
+}
+
+namespace {
+
+Vec read(Device& d, const BufferView& v) {
+  Vec h(v.bytes / sizeof(float));
+  d.copy_to_host(v, h.data());
+  return h;
+}
+
+FusedRunner& fused_runner(Device& d) {
+  auto* f = static_cast<FusedRunner*>(d.extension(kRunFused));
+  REQUIRE(f != nullptr);
+  return *f;
+}
+
+// max |a - b| / (1 + |b|)
+double max_rel_diff(const Vec& a, const Vec& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (!std::isnan(a[i])) m = std::max(m, std::abs(double(a[i]) - double(b[i])) / (1.0 + std::abs(double(b[i]))));
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals the ops run one by one",
+          "[cpu][fusion]") {
+  struct G {
+    const char* name;
+    ConvAttrs a;
+  };
+  const G geoms[] = {
+      {"5x3x9x7.k6.r3.p1", ConvAttrs{5, 3, 9, 7, 6, 3, 3, 1, 1, 1, 1, 9, 7}},
+      {"2x4x8x8.k5.r3.s2.valid", ConvAttrs{2, 4, 8, 8, 5, 3, 3, 2, 2, 0, 0, 3, 3}},
+      {"3x6x5x5.k4.pointwise", ConvAttrs{3, 6, 5, 5, 4, 1, 1, 1, 1, 0, 0, 5, 5}},
+  };
+  for (int threads : {1, 2, 3})
+    for (const G& g : geoms)
+      for (bool relu : {true, false}) {
+        CAPTURE(threads, g.name, relu);
+        auto cpu = open_cpu(threads);
+        Device& d = *cpu.device;
+        const ConvAttrs& a = g.a;
+        const auto ar = op_arity(OpKind::Conv2dForward, a);
+        const int64_t ny = ar.out[0];
+        std::mt19937 gen(7);
+        Vec x = random_vec(ar.in[0], gen), w = random_vec(ar.in[1], gen), b = random_vec(a.k, gen, -0.5f, 0.5f);
+        Arena arena(d, {ar.in[0], ar.in[1], a.k, ny, ny});
+        d.copy_from_host(x.data(), arena.view(0));
+        d.copy_from_host(w.data(), arena.view(1));
+        d.copy_from_host(b.data(), arena.view(2));
+        const BufferView& y = arena.view(3);
+        std::vector<OpCall> calls{{OpKind::Conv2dForward, a, {arena.view(0), arena.view(1)}, {y}, {}},
+                                  {OpKind::BiasAdd, BiasAttrs{a.n, a.k, a.oh * a.ow}, {y, arena.view(2)}, {y}, {}}};
+        if (relu) calls.push_back({OpKind::ActivationForward, ActivationAttrs{Activation::relu, ny}, {y}, {y}, {}});
+        const size_t ws = d.workspace_bytes(calls[0]);
+        Block* wb = ws ? d.allocate_block(ws) : nullptr;
+        calls[0].workspace = BufferView{wb, 0, ws};
+
+        for (const OpCall& c : calls) d.run(c);
+        const Vec unfused = read(d, y);
+        const Vec nan(static_cast<size_t>(ny), NAN);
+        d.copy_from_host(nan.data(), y);
+        CHECK(fused_runner(d).run_fused(calls) == calls.size());
+        const Vec fused = read(d, y);
+        CHECK(max_rel_diff(fused, unfused) < 1e-5);
+        // The comparison has teeth: without the ReLU some outputs would be negative, and the bias is far above 1e-5.
+        const auto negatives = std::count_if(fused.begin(), fused.end(), [](float v) { return v < 0.f; });
+        if (relu) CHECK(negatives == 0);
+        else CHECK(negatives > 0);
+        // The planner's layout without [memory] inplace: the bias writes another buffer y1 and the ReLU writes
+        // back over y0. Both must end as the unfused ops leave them.
+        if (relu) {
+          const BufferView& y1 = arena.view(4);
+          std::vector<OpCall> pp = calls;
+          pp[1].out[0] = y1;
+          pp[2].in[0] = y1;
+          for (const OpCall& c : pp) d.run(c);
+          const Vec unfused_y0 = read(d, y), unfused_y1 = read(d, y1);
+          d.copy_from_host(nan.data(), y);
+          d.copy_from_host(nan.data(), y1);
+          CHECK(fused_runner(d).run_fused(pp) == 3);
+          CHECK(max_rel_diff(read(d, y), unfused_y0) < 1e-5);
+          CHECK(max_rel_diff(read(d, y1), unfused_y1) < 1e-5);
+          CHECK(read(d, y1) != read(d, y));  // y1 keeps its negatives
+
+          // ... followed by a 2x2 max pool of y2 into its own buffer: four calls in one.
+          PoolAttrs pa{a.n, a.k, a.oh, a.ow, 2, 2, 2, 2, 0, 0, a.oh / 2, a.ow / 2};
+          const int64_t np = a.n * a.k * pa.oh * pa.ow;
+          Arena pool_arena(d, {np});
+          const BufferView& pout = pool_arena.view(0);
+          pp.push_back({OpKind::MaxPoolForward, pa, {y}, {pout}, {}});
+          for (const OpCall& c : pp) d.run(c);
+          const Vec unfused_pool = read(d, pout);
+          const Vec nan_pool(static_cast<size_t>(np), NAN);
+          d.copy_from_host(nan.data(), y);
+          d.copy_from_host(nan.data(), y1);
+          d.copy_from_host(nan_pool.data(), pout);
+          CHECK(fused_runner(d).run_fused(pp) == 4);
+          CHECK(max_rel_diff(read(d, pout), unfused_pool) < 1e-5);
+          CHECK(max_rel_diff(read(d, y), unfused_y0) < 1e-5);
+          CHECK(max_rel_diff(read(d, y1), unfused_y1) < 1e-5);
+          // A pool reading something other than the ReLU's output stays unfused (the first three still fuse).
+          pp[3].in[0] = y1;
+          CHECK(fused_runner(d).run_fused(pp) == 3);
+        }
+
+        // Not fused: a bias written to another buffer with nothing writing over y0, or a lone conv.
+        OpCall bias_elsewhere = calls[1];
+        bias_elsewhere.out[0] = arena.view(4);
+        CHECK(fused_runner(d).run_fused(std::vector<OpCall>{calls[0], bias_elsewhere}) == 0);
+        CHECK(fused_runner(d).run_fused(std::span<const OpCall>(calls).first(1)) == 0);
+        if (wb) d.free_block(wb);
+      }
+}
+
+TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for bit to the two ops, ties at 0 included",
+          "[cpu][fusion]") {
+  struct G {
+    const char* name;
+    PoolAttrs a;
+  };
+  const G geoms[] = {
+      {"3x4x7x9.k2.s2", PoolAttrs{3, 4, 7, 9, 2, 2, 2, 2, 0, 0, 3, 4}},          // the 2x2 fast path, odd edges
+      {"2x3x7x9.k3.s2.p1", PoolAttrs{2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5}},      // overlapping windows
+  };
+  for (int threads : {1, 2})
+    for (const G& g : geoms) {
+      CAPTURE(threads, g.name);
+      auto cpu = open_cpu(threads);
+      Device& d = *cpu.device;
+      const PoolAttrs& a = g.a;
+      const int64_t nx = a.n * a.c * a.h * a.w, ny = a.n * a.c * a.oh * a.ow;
+      std::mt19937 gen(3);
+      std::uniform_int_distribution<int> small(-3, 2);  // after the ReLU about half the inputs tie at 0
+      Vec x(static_cast<size_t>(nx));
+      for (auto& v : x) v = std::max(0.f, static_cast<float>(small(gen)));
+      Vec dy = random_vec(ny, gen);
+      Arena arena(d, {nx, ny, ny, nx, nx});
+      d.copy_from_host(x.data(), arena.view(0));
+      d.copy_from_host(dy.data(), arena.view(2));
+      d.run(OpCall{OpKind::MaxPoolForward, a, {arena.view(0)}, {arena.view(1)}, {}});
+      const BufferView& dx = arena.view(3);
+      const std::vector<OpCall> calls{
+          {OpKind::MaxPoolBackward, a, {arena.view(0), arena.view(1), arena.view(2)}, {dx}, {}},
+          {OpKind::ActivationBackward, ActivationAttrs{Activation::relu, nx}, {arena.view(0), dx}, {dx}, {}}};
+      for (const OpCall& c : calls) d.run(c);
+      const Vec unfused = read(d, dx);
+      const Vec pool_only = [&] {
+        d.run(calls[0]);
+        return read(d, dx);
+      }();
+      const Vec nan(static_cast<size_t>(nx), NAN);
+      d.copy_from_host(nan.data(), dx);
+      CHECK(fused_runner(d).run_fused(calls) == 2);
+      const Vec fused = read(d, dx);
+      CHECK(std::memcmp(fused.data(), unfused.data(), fused.size() * sizeof(float)) == 0);
+      CHECK(fused != pool_only);  // windows whose maximum is 0 pass gradient without the ReLU: the fusion matters
+
+      // Not fused: the ReLU's y is not the pool's input.
+      OpCall other_y = calls[1];
+      other_y.in[0] = arena.view(4);
+      CHECK(fused_runner(d).run_fused(std::vector<OpCall>{calls[0], other_y}) == 0);
+    }
 }

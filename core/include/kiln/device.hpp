@@ -121,6 +121,17 @@ class Device {
   virtual void* extension(std::string_view /*name*/) { return nullptr; }
 };
 
+// The optional extension kRunFused: a device that fuses runs of consecutive calls into one kernel. The executor
+// offers it the calls left in the range it runs; run_fused runs a prefix of two or more of them and returns how
+// many, or returns 0 having run nothing. A fused run leaves every output buffer of those calls as running them
+// one by one would (up to float rounding), so fusing changes neither the graph nor its memory plan.
+inline constexpr std::string_view kRunFused = "kiln.run_fused";
+class FusedRunner {
+ public:
+  virtual ~FusedRunner() = default;
+  virtual size_t run_fused(std::span<const OpCall> calls) = 0;
+};
+
 // What a backend is made with: the run's [device] table. Each backend reads its own keys from it (the CPU
 // backend's virtual_devices and threads, Vulkan's validation) with ConfigNode's getters, and fails through
 // ConfigNode::fail, so errors name the file, line and key; the session rejects keys no backend read.

@@ -1,0 +1,118 @@
+// CpuDevice::run_fused (the kRunFused extension): runs of calls the executor hands over, done as one kernel
+// where the unfused ops would stream the same tensor through memory two or three times. A fused kernel writes
+// every output buffer the calls would, with the same final contents (up to float rounding), so only these
+// layouts are fused; anything else (partial overlaps, an output over an input still to be read) runs unfused.
+//  - Conv2dForward y0, BiasAdd y1 = y0 + b[k], [ActivationForward relu y2 = relu(y1), [MaxPoolForward of y2]]:
+//    the bias, the ReLU and the pool become the conv's epilogue (conv2d_forward with a ConvEpilogue), on each
+//    image while it is in cache.
+//    Fused when the bias runs in place (y1 == y0), or when y1 is separate and the ReLU writes back over y0
+//    (y2 == y0, the planner's ping-pong without [memory] inplace): y0's raw contents are never left behind.
+//  - MaxPoolBackward dx, ActivationBackward relu dx in place, its y the pool's x: max_pool_backward with
+//    relu_grad (with [memory] inplace = true).
+// KILN_CPU_FUSION=0 turns it off (to measure it, or to rule it out).
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+#include "backend.hpp"
+#include "kernels.hpp"
+
+namespace kiln::cpu {
+namespace {
+
+bool same(const BufferView& a, const BufferView& b) {
+  return a.block == b.block && a.offset == b.offset && a.bytes == b.bytes;
+}
+
+bool disjoint(const BufferView& v, std::initializer_list<const BufferView*> others) {
+  for (const BufferView* o : others)
+    if (o->bytes && v.overlaps(*o)) return false;
+  return true;
+}
+
+bool is_relu(const OpCall& c, OpKind kind, int64_t count) {
+  if (c.kind != kind) return false;
+  const auto* a = std::get_if<ActivationAttrs>(&c.attrs);
+  return a && a->act == Activation::relu && a->count == count;
+}
+
+// conv, bias [, relu [, max pool]]: how many calls (2-4) fuse, 0 if none. `y` is where the GEMM writes (y1),
+// `relu_out` y2, `pool` the max pool's call.
+size_t conv_run(std::span<const OpCall> c, const BufferView*& y, const BufferView*& relu_out, const OpCall*& pool) {
+  if (c.size() < 2 || c[0].kind != OpKind::Conv2dForward || c[1].kind != OpKind::BiasAdd) return 0;
+  const auto& a = std::get<ConvAttrs>(c[0].attrs);
+  const auto* b = std::get_if<BiasAttrs>(&c[1].attrs);
+  const BufferView &x = c[0].in[0], &w = c[0].in[1], &ws = c[0].workspace, &y0 = c[0].out[0];
+  const BufferView &bias = c[1].in[1], &y1 = c[1].out[0];
+  if (!b || b->outer != a.n || b->channels != a.k || b->inner != a.oh * a.ow || !same(c[1].in[0], y0)) return 0;
+  const bool in_place = same(y1, y0);
+  if (!in_place && !disjoint(y1, {&y0, &x, &w, &ws, &bias})) return 0;
+  y = &y1;
+  relu_out = nullptr;
+  pool = nullptr;
+  const int64_t count = a.n * a.k * a.oh * a.ow;
+  if (c.size() >= 3 && is_relu(c[2], OpKind::ActivationForward, count) && same(c[2].in[0], y1)) {
+    const BufferView& y2 = c[2].out[0];
+    // y2 over y1 (in place) or exactly over y0 when y1 is separate (then y0 ends up holding y2); otherwise apart.
+    const bool ok = same(y2, y1) || (in_place ? disjoint(y2, {&y1, &x, &w, &ws, &bias}) : same(y2, y0) && disjoint(y2, {&bias}));
+    if (ok) {
+      relu_out = &y2;
+      // A max pool of y2 into its own buffer, apart from everything the conv, bias and ReLU read or write.
+      const BufferView* p = c.size() >= 4 && c[3].kind == OpKind::MaxPoolForward ? &c[3].out[0] : nullptr;
+      if (p && same(c[3].in[0], y2) && disjoint(*p, {&y0, &y1, &y2, &x, &w, &ws, &bias})) {
+        const auto& pa = std::get<PoolAttrs>(c[3].attrs);
+        if (pa.n == a.n && pa.c == a.k && pa.h == a.oh && pa.w == a.ow) {
+          pool = &c[3];
+          return 4;
+        }
+      }
+      return 3;
+    }
+  }
+  return in_place ? 2 : 0;  // a separate y1 without the ReLU over y0 would leave y0's raw values unwritten
+}
+
+// max pool backward, relu backward in place.
+bool pool_relu_run(std::span<const OpCall> c) {
+  if (c.size() < 2 || c[0].kind != OpKind::MaxPoolBackward) return false;
+  const auto& a = std::get<PoolAttrs>(c[0].attrs);
+  const BufferView& dx = c[0].out[0];
+  return is_relu(c[1], OpKind::ActivationBackward, a.n * a.c * a.h * a.w) && same(c[1].in[0], c[0].in[0]) &&
+         same(c[1].in[1], dx) && same(c[1].out[0], dx);
+}
+
+bool fusion_enabled() {
+  const char* e = std::getenv("KILN_CPU_FUSION");
+  return !(e && std::strcmp(e, "0") == 0);
+}
+
+}  // namespace
+
+void* CpuDevice::extension(std::string_view name) {
+  static const bool enabled = fusion_enabled();
+  if (name == kRunFused && enabled) return static_cast<FusedRunner*>(this);
+  return nullptr;
+}
+
+size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
+  if (calls.size() < 2) return 0;
+  const BufferView *y = nullptr, *relu_out = nullptr;
+  const OpCall* pool = nullptr;
+  if (const size_t k = conv_run(calls, y, relu_out, pool)) {
+    const OpCall& c = calls[0];
+    const ConvEpilogue ep{calls[1].in[1].host(), relu_out ? relu_out->host() : nullptr,
+                          pool ? &std::get<PoolAttrs>(pool->attrs) : nullptr, pool ? pool->out[0].host() : nullptr};
+    conv2d_forward(std::get<ConvAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), y->host(),
+                   c.workspace.block ? c.workspace.host() : nullptr, pool_, &ep);
+    return k;
+  }
+  if (pool_relu_run(calls)) {
+    const OpCall& c = calls[0];
+    max_pool_backward(std::get<PoolAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), c.in[2].host(),
+                      c.out[0].host(), pool_, true);
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace kiln::cpu
