@@ -16,7 +16,7 @@
 namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
-inline constexpr int kApiVersion = 7;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group, Registry::add_process_group, Stage::label_names, GroupCommunicatorFactory, Registry::add_group_communicator; 7: BatchNormAttrs::sync, Executor::write
+inline constexpr int kApiVersion = 7;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group, Registry::add_process_group, Stage::label_names, GroupCommunicatorFactory, Registry::add_group_communicator; 7: BatchNormAttrs::sync, Executor::write, the kRunFused device extension (FusedRunner)
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif
