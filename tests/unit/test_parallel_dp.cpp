@@ -40,14 +40,6 @@ const char* kAdam = "[optimizer]\ntype = \"adam\"\nlearning_rate = 0.01\nema = 0
 // weights agree to within 1e-6 (measured: 6e-8 to 2e-7) after a handful of steps.
 constexpr double kTol = 1e-6;
 
-std::map<std::string, HostTensor> single_device(const ModelSpec& m, const OptimizerSpec& o, int64_t batch, int steps,
-                                                std::vector<float>* losses = nullptr) {
-  CpuDevices one(1);
-  auto s = strategy("[strategy]\ntype = \"single\"\n");
-  auto r = s->create(context(m, o, one.ctx(), batch));
-  return train(*r, m, batch, steps, 3, losses);
-}
-
 }  // namespace
 
 TEST_CASE("data_parallel on 2 and 4 CPU devices gives the weights of one device on the same global batch", "[parallel]") {

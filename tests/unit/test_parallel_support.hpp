@@ -91,6 +91,15 @@ inline std::map<std::string, HostTensor> train(Runner& r, const ModelSpec& m, in
   return r.save_state();
 }
 
+// The same training on one logical CPU device with the single strategy: the reference data-parallel runs are
+// compared with.
+inline std::map<std::string, HostTensor> single_device(const ModelSpec& m, const OptimizerSpec& o, int64_t batch, int steps,
+                                                       std::vector<float>* losses = nullptr) {
+  CpuDevices one(1);
+  auto r = strategy("[strategy]\ntype = \"single\"\n")->create(context(m, o, one.ctx(), batch));
+  return train(*r, m, batch, steps, 3, losses);
+}
+
 // Fault injection around a real CPU device: every call goes to the device, and run() number `fail_at` throws the
 // DeviceError a failing driver call would.
 class FailingDevice final : public Device {
