@@ -127,14 +127,19 @@ void bench_batched_gemm(Device& dev, int reps) {
 }
 
 void bench_conv(Device& dev, int reps) {
-  std::printf("\nConvolutions of the Fashion-MNIST CNN, batch 64\n%-34s %10s %10s\n", "layer / pass", "ms", "GFLOP/s");
+  std::printf("\nConvolutions of the Fashion-MNIST CNN (batch 64) and ResNet (batch 128)\n%-40s %10s %10s\n",
+              "layer / pass", "ms", "GFLOP/s");
   struct L {
     const char* name;
     ConvAttrs a;
   };
   for (L l : {L{"conv1 1->32 3x3 same 28x28", {64, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 28, 28}},
               L{"conv2 32->64 3x3 same 14x14", {64, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14}},
-              L{"conv 64->64 1x1 14x14", {64, 64, 14, 14, 64, 1, 1, 1, 1, 0, 0, 14, 14}}}) {
+              L{"conv 64->64 1x1 14x14", {64, 64, 14, 14, 64, 1, 1, 1, 1, 0, 0, 14, 14}},
+              L{"resnet 16->16 3x3 same 28x28", {128, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 28, 28}},
+              L{"resnet 16->32 3x3 /2 28x28", {128, 16, 28, 28, 32, 3, 3, 2, 2, 0, 0, 14, 14}},
+              L{"resnet 32->32 3x3 same 14x14", {128, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14}},
+              L{"resnet 64->64 3x3 same 7x7", {128, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1, 7, 7}}}) {
     const ConvAttrs& a = l.a;
     const int64_t x = a.n * a.c * a.h * a.w, w = a.k * a.c * a.r * a.s, y = a.n * a.k * a.oh * a.ow;
     const double flops = 2.0 * a.n * a.k * a.oh * a.ow * a.c * a.r * a.s;
@@ -147,7 +152,7 @@ void bench_conv(Device& dev, int reps) {
       Block* ws = nullptr;
       OpCall c = call_for(dev, kinds[p], a, b, ins[p], {outs[p]}, ws);
       const double t = best_time(reps, [&] { dev.run(c); });
-      std::printf("%-34s %10.3f %10.1f\n", (std::string(l.name) + " " + pass[p]).c_str(), t * 1e3, flops / t / 1e9);
+      std::printf("%-40s %10.3f %10.1f\n", (std::string(l.name) + " " + pass[p]).c_str(), t * 1e3, flops / t / 1e9);
       if (ws) dev.free_block(ws);
     }
   }
@@ -338,6 +343,7 @@ void bench_handoff(int calls) {
 int main(int argc, char** argv) {
   int threads = 0, reps = 20;
   std::string dir;
+  bool conv_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--threads")
@@ -347,6 +353,8 @@ int main(int argc, char** argv) {
     else if (k == "--reps")
       reps = std::stoi(argv[i + 1]);
   }
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--conv-only") conv_only = true;
   try {
     bench_handoff(reps * 100);  // first: no other threads of this process are alive yet
     PluginLoader loader;
@@ -358,6 +366,10 @@ int main(int argc, char** argv) {
     auto backend = reg.backend("cpu")(BackendOptions::parse("threads = " + std::to_string(threads)));
     auto dev = backend->open(0);
     std::printf("device: %s\n", dev->info().name.c_str());
+    if (conv_only) {  // --conv-only: the convolution table alone
+      bench_conv(*dev, std::max(3, reps / 4));
+      return 0;
+    }
     bench_call_overhead(*dev);
     bench_gemm(*dev, reps);
     bench_batched_gemm(*dev, reps);

@@ -1,7 +1,8 @@
 // 2-D convolution as im2col + sgemm per image. Images are claimed one at a time by the pool's threads (each
 // thread owns a column buffer in the workspace, by slot); with fewer images than threads, the images run in
 // turn and the GEMM is split.
-// A 1x1, stride-1, unpadded convolution is a plain GEMM on the image (no column buffer).
+// A 1x1, stride-1, unpadded convolution is a plain GEMM on the image (no column buffer). With stride 1 and "same"
+// rows (ow == w), each tap's im2col rows are one shifted copy of the plane (im2col_shifted, col2im_shifted).
 #include <algorithm>
 #include <cstring>
 
@@ -26,8 +27,55 @@ void valid_cols(const ConvAttrs& a, int64_t s, int64_t& lo, int64_t& hi) {
   hi = std::max(lo, std::min(ceil_div(a.w + a.pad_w - s, a.stride_w), a.ow));
 }
 
+// Stride 1 with output rows as long as the input's (ow == w: "same" padding): tap (r, s) of a channel is the input
+// plane shifted by delta = (r - pad_h) * w + (s - pad_w), so the rows that fall inside the image are one contiguous
+// run of the plane. The shifted layouts hold for this case only; the general loops below cover every other.
+bool shifted_layout(const ConvAttrs& a) { return a.stride_h == 1 && a.stride_w == 1 && a.ow == a.w && a.pad_w >= 0; }
+
+struct TapRun {
+  int64_t ylo, yhi;  // output rows whose input row lies inside the image
+  int64_t jb, je;    // the run [jb, je) of the tap's column row with plane index j + delta inside the plane
+  int64_t delta;
+  int64_t lo, hi;    // output columns inside the image (valid_cols)
+};
+
+TapRun tap_run(const ConvAttrs& a, int64_t r, int64_t s) {
+  TapRun t;
+  t.ylo = std::clamp<int64_t>(a.pad_h - r, 0, a.oh);
+  t.yhi = std::clamp<int64_t>(a.h + a.pad_h - r, t.ylo, a.oh);
+  t.delta = (r - a.pad_h) * a.w + (s - a.pad_w);
+  t.jb = std::max(t.ylo * a.ow, -t.delta);
+  t.je = std::max(t.jb, std::min(t.yhi * a.ow, a.h * a.w - t.delta));
+  valid_cols(a, s, t.lo, t.hi);
+  return t;
+}
+
+// x: (c, h, w) of one image -> col: (c*r*s, oh*ow), stride 1 and ow == w: one copy per tap, then the rows and
+// columns outside the image set to zero (the entries skipped at the run's ends are such columns).
+void im2col_shifted(const ConvAttrs& a, const float* x, float* col) {
+  const int64_t cols = ohw(a), plane = a.h * a.w;
+  for (int64_t r = 0; r < a.r; ++r)
+    for (int64_t s = 0; s < a.s; ++s) {
+      const TapRun t = tap_run(a, r, s);
+      for (int64_t c = 0; c < a.c; ++c) {
+        float* dst = col + ((c * a.r + r) * a.s + s) * cols;
+        std::fill(dst, dst + t.jb, 0.f);
+        if (t.je > t.jb)
+          std::memcpy(dst + t.jb, x + c * plane + t.jb + t.delta, static_cast<size_t>(t.je - t.jb) * sizeof(float));
+        std::fill(dst + t.je, dst + cols, 0.f);
+        if (t.lo > 0 || t.hi < a.ow)
+          for (int64_t oy = t.ylo; oy < t.yhi; ++oy) {
+            float* d = dst + oy * a.ow;
+            for (int64_t ox = 0; ox < t.lo; ++ox) d[ox] = 0.f;
+            for (int64_t ox = t.hi; ox < a.ow; ++ox) d[ox] = 0.f;
+          }
+      }
+    }
+}
+
 // x: (c, h, w) of one image -> col: (c*r*s, oh*ow).
 void im2col(const ConvAttrs& a, const float* x, float* col) {
+  if (shifted_layout(a)) return im2col_shifted(a, x, col);
   const int64_t cols = ohw(a);
   for (int64_t c = 0; c < a.c; ++c)
     for (int64_t r = 0; r < a.r; ++r)
@@ -54,8 +102,31 @@ void im2col(const ConvAttrs& a, const float* x, float* col) {
       }
 }
 
-// dx: (c, h, w) of one image = the sum of col's entries over the taps that read each pixel.
-void col2im(const ConvAttrs& a, const float* col, float* dx) {
+// col2im for stride 1 and ow == w: the entries of columns outside the image are zeroed in col (a scratch buffer),
+// then each tap adds one contiguous run into the shifted plane.
+void col2im_shifted(const ConvAttrs& a, float* col, float* dx) {
+  const int64_t cols = ohw(a), plane = a.h * a.w;
+  std::fill(dx, dx + a.c * plane, 0.f);
+  for (int64_t c = 0; c < a.c; ++c)
+    for (int64_t r = 0; r < a.r; ++r)
+      for (int64_t s = 0; s < a.s; ++s) {
+        const TapRun t = tap_run(a, r, s);
+        float* src = col + ((c * a.r + r) * a.s + s) * cols;
+        if (t.lo > 0 || t.hi < a.ow)
+          for (int64_t oy = t.ylo; oy < t.yhi; ++oy) {
+            float* d = src + oy * a.ow;
+            for (int64_t ox = 0; ox < t.lo; ++ox) d[ox] = 0.f;
+            for (int64_t ox = t.hi; ox < a.ow; ++ox) d[ox] = 0.f;
+          }
+        float* dst = dx + c * plane;
+#pragma omp simd
+        for (int64_t j = t.jb; j < t.je; ++j) dst[j + t.delta] += src[j];
+      }
+}
+
+// dx: (c, h, w) of one image = the sum of col's entries over the taps that read each pixel. col is scratch.
+void col2im(const ConvAttrs& a, float* col, float* dx) {
+  if (shifted_layout(a)) return col2im_shifted(a, col, dx);
   const int64_t cols = ohw(a);
   std::fill(dx, dx + a.c * a.h * a.w, 0.f);
   for (int64_t c = 0; c < a.c; ++c)
@@ -87,6 +158,8 @@ int64_t filter_groups(const ConvAttrs& a, int threads) {
 }  // namespace
 
 size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
+  size_t dnnl_floats = 0;
+  if (dnnl_conv_workspace(k, a, threads, dnnl_floats)) return dnnl_floats;
   const size_t col = is_pointwise(a) ? 0 : static_cast<size_t>(crs(a) * ohw(a));
   const size_t t = static_cast<size_t>(std::max(threads, 1));
   if (k == OpKind::Conv2dBackwardFilter)
@@ -119,6 +192,22 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
   float* relu_out = ep ? ep->relu_out : nullptr;
   const bool pooled = relu_out && ep->pool && ep->pool_out;
   const float beta = bias ? 1.f : 0.f;
+  if (dnnl_conv(OpKind::Conv2dForward, a, x, w, y, ws, pool)) {  // the epilogue after oneDNN's convolution
+    if (bias || relu_out)
+      pool.run(a.n, [&](int64_t n, int) {
+        float* yn = y + n * K * P;
+        if (bias)
+          for (int64_t k = 0; k < K; ++k) {
+            const float b = ep->bias[k];
+            float* row = yn + k * P;
+#pragma omp simd
+            for (int64_t i = 0; i < P; ++i) row[i] += b;
+          }
+        if (relu_out) relu(yn, relu_out + n * K * P, K * P);
+        if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
+      });
+    return;
+  }
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
   const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
   if (images_in_parallel(a, pool.size())) {
@@ -147,6 +236,7 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
 
 // dcol(n) (c*r*s, oh*ow) = w^T * dy(n); dx(n) = col2im(dcol(n))
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool) {
+  if (dnnl_conv(OpKind::Conv2dBackwardData, a, dy, w, dx, ws, pool)) return;
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
@@ -171,6 +261,7 @@ void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, f
 // into dw); the copies are then added in group order.
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
                             ThreadPool& pool) {
+  if (dnnl_conv(OpKind::Conv2dBackwardFilter, a, x, dy, dw, ws, pool)) return;
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const int64_t wsize = K * CRS;
   const bool pw = is_pointwise(a);

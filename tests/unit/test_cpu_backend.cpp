@@ -182,6 +182,7 @@ TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals
       {"5x3x9x7.k6.r3.p1", ConvAttrs{5, 3, 9, 7, 6, 3, 3, 1, 1, 1, 1, 9, 7}},
       {"2x4x8x8.k5.r3.s2.valid", ConvAttrs{2, 4, 8, 8, 5, 3, 3, 2, 2, 0, 0, 3, 3}},
       {"3x6x5x5.k4.pointwise", ConvAttrs{3, 6, 5, 5, 4, 1, 1, 1, 1, 0, 0, 5, 5}},
+      {"5x8x8x8.k12.r3.p1", ConvAttrs{5, 8, 8, 8, 12, 3, 3, 1, 1, 1, 1, 8, 8}},  // oneDNN's path, where built with it
   };
   for (int threads : {1, 2, 3})
     for (const G& g : geoms)
@@ -311,4 +312,57 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for b
       other_y.in[0] = arena.view(4);
       CHECK(fused_runner(d).run_fused(std::vector<OpCall>{calls[0], other_y}) == 0);
     }
+}
+
+// Stride 1 with output rows as long as the input's ("same" in w) runs im2col and col2im as one shifted copy per tap
+// (conv.cpp, im2col_shifted). The conformance table's same-padded cases are square kernels with symmetric padding;
+// these cover the others: even kernels (the extra padding at the end, as TensorFlow pads), padding in w only, one
+// column, more padding than the kernel reaches on one side. Integer-valued inputs: the sums are exact, so the CPU
+// must equal the reference bit for bit, forward, backward data and backward filter, on 1 and 2 threads.
+TEST_CASE("cpu convolutions with same-width rows (one shifted copy per tap) equal the reference exactly", "[cpu]") {
+  struct G {
+    const char* name;
+    ConvAttrs a;
+  };
+  const G geoms[] = {
+      {"3x3x7x6.k4.r2.same", ConvAttrs{3, 3, 7, 6, 4, 2, 2, 1, 1, 0, 0, 7, 6}},
+      {"2x3x6x7.k4.r4.same", ConvAttrs{2, 3, 6, 7, 4, 4, 4, 1, 1, 1, 1, 6, 7}},
+      {"3x2x5x5.k3.r5x3.p2x1", ConvAttrs{3, 2, 5, 5, 3, 5, 3, 1, 1, 2, 1, 5, 5}},
+      {"2x3x6x6.k2.r3.valid_h.same_w", ConvAttrs{2, 3, 6, 6, 2, 3, 3, 1, 1, 0, 1, 4, 6}},
+      {"4x2x5x1.k3.r3.p1.one_column", ConvAttrs{4, 2, 5, 1, 3, 3, 3, 1, 1, 1, 1, 5, 1}},
+      {"2x2x4x5.k3.r3x1.p2x0.tall_pad", ConvAttrs{2, 2, 4, 5, 3, 3, 1, 1, 1, 2, 0, 6, 5}},
+  };
+  const OpKind kinds[] = {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter};
+  for (int threads : {1, 2})
+    for (const G& g : geoms)
+      for (OpKind kind : kinds) {
+        const std::string op(op_name(kind));
+        CAPTURE(threads, g.name, op);
+        auto cpu = open_cpu(threads);
+        Device& d = *cpu.device;
+        const auto ar = op_arity(kind, g.a);
+        std::mt19937 gen(11);
+        std::uniform_int_distribution<int> small(-3, 3);
+        Vec in0(static_cast<size_t>(ar.in[0])), in1(static_cast<size_t>(ar.in[1]));
+        for (float& v : in0) v = static_cast<float>(small(gen));
+        for (float& v : in1) v = static_cast<float>(small(gen));
+        Vec want(static_cast<size_t>(ar.out[0]));
+        const float* ins[] = {in0.data(), in1.data()};
+        float* outs[] = {want.data()};
+        reference_op(kind, g.a, ins, outs);
+        Arena arena(d, {ar.in[0], ar.in[1], ar.out[0]});
+        d.copy_from_host(in0.data(), arena.view(0));
+        d.copy_from_host(in1.data(), arena.view(1));
+        const Vec nan(want.size(), NAN);
+        d.copy_from_host(nan.data(), arena.view(2));
+        OpCall c{kind, g.a, {arena.view(0), arena.view(1)}, {arena.view(2)}, {}};
+        const size_t ws = d.workspace_bytes(c);
+        Block* wb = ws ? d.allocate_block(ws) : nullptr;
+        c.workspace = BufferView{wb, 0, ws};
+        d.run(c);
+        const Vec got = read(d, arena.view(2));
+        if (wb) d.free_block(wb);
+        CHECK(got == want);
+        CHECK(std::any_of(want.begin(), want.end(), [](float v) { return v != 0.f; }));
+      }
 }

@@ -1,0 +1,310 @@
+// Convolutions through oneDNN (Debian's libdnnl, the library PyTorch's CPU convolutions run on), where the plugin
+// was built with it (KILN_WITH_DNNL). Kiln keeps its own threads: the batch is cut into one slice of images per
+// ThreadPool thread, and each thread runs oneDNN's single-threaded primitive on its slice (oneDNN's OpenMP team is
+// held at one thread on the threads that call it), so no OpenMP team competes with the pool for the cores and the
+// results depend on the thread count only, as the im2col path's do.
+//
+// Each slice's tensors are reordered from Kiln's plain NCHW / KCRS into the blocked layouts oneDNN picks for this
+// CPU (format_tag::any), run, and the output reordered back: all in the call's workspace (oneDNN's scratchpad in
+// user mode included), so the memory planner counts every byte. Backward filter sums the slices' gradients in slice
+// order. Only direct convolution (algorithm::convolution_direct): no Winograd, whose rounding differs.
+//
+// KILN_CPU_DNNL=0 turns it off (the im2col + OpenBLAS path, to measure it or rule it out).
+#include "kernels.hpp"
+
+#ifdef KILN_WITH_DNNL
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime in Debian's build
+
+namespace kiln::cpu {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using Dt = memory::data_type;
+
+// oneDNN picks its kernels by the CPU it runs on (AVX-512 where there is AVX-512), as OpenBLAS does: holding it to
+// AVX2 (set_max_cpu_isa) made the ResNet's convolutions 1.2-2.4x slower on an AVX-512 host.
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+size_t round_floats(size_t bytes) { return (bytes + 63) / 64 * 16; }  // floats, 64-byte multiples
+
+// The primitive for one op kind and one slice size, with the layouts it chose.
+struct Prim {
+  dnnl::primitive prim;
+  std::string impl;  // oneDNN's name for the implementation it chose (impl_info_str)
+  // in0, in1 and out of the Kiln op: the user's plain layout and the primitive's.
+  memory::desc user[3], chosen[3];
+  bool reorder[3] = {false, false, false};
+  dnnl::reorder to_chosen[2];  // for in0 and in1
+  dnnl::reorder to_user;       // for out
+  memory::desc scratch_md;
+  size_t scratch_floats = 0;
+  int args[3] = {0, 0, 0};  // DNNL_ARG_* of in0, in1, out
+};
+
+struct Key {
+  int kind;
+  int64_t v[13];
+  bool operator<(const Key& o) const {
+    return std::tie(kind, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12]) <
+           std::tie(o.kind, o.v[0], o.v[1], o.v[2], o.v[3], o.v[4], o.v[5], o.v[6], o.v[7], o.v[8], o.v[9], o.v[10],
+                    o.v[11], o.v[12]);
+  }
+};
+
+// The right padding oneDNN needs for Kiln's output size: (size + pl + pr - kernel) / stride + 1 == out.
+std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, int64_t pl, int64_t out) {
+  int64_t pr = (out - 1) * stride + kernel - size - pl;
+  if (pr < 0) pr = 0;
+  if ((size + pl + pr - kernel) / stride + 1 != out || pr >= kernel) return std::nullopt;
+  return pr;
+}
+
+std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
+  const auto prh = pad_right(a.h, a.r, a.stride_h, a.pad_h, a.oh), prw = pad_right(a.w, a.s, a.stride_w, a.pad_w, a.ow);
+  if (!prh || !prw || a.pad_h >= a.r || a.pad_w >= a.s) return nullptr;
+  const memory::dims xd{a.n, a.c, a.h, a.w}, wd{a.k, a.c, a.r, a.s}, yd{a.n, a.k, a.oh, a.ow};
+  const memory::dims strides{a.stride_h, a.stride_w}, pl{a.pad_h, a.pad_w}, pr{*prh, *prw};
+  const memory::desc xa(xd, Dt::f32, Tag::any), wa(wd, Dt::f32, Tag::any), ya(yd, Dt::f32, Tag::any);
+  const memory::desc xu(xd, Dt::f32, Tag::nchw), wu(wd, Dt::f32, Tag::oihw), yu(yd, Dt::f32, Tag::nchw);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  auto& eng = engine();
+  auto p = std::make_unique<Prim>();
+  try {
+    const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                             xa, wa, ya, strides, pl, pr);
+    const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
+    memory::desc scratch;
+    switch (kind) {
+      case OpKind::Conv2dForward:
+        p->prim = dnnl::convolution_forward(fpd);
+        p->impl = fpd.impl_info_str();
+        p->user[0] = xu, p->user[1] = wu, p->user[2] = yu;
+        p->chosen[0] = fpd.src_desc(), p->chosen[1] = fpd.weights_desc(), p->chosen[2] = fpd.dst_desc();
+        p->args[0] = DNNL_ARG_SRC, p->args[1] = DNNL_ARG_WEIGHTS, p->args[2] = DNNL_ARG_DST;
+        scratch = fpd.scratchpad_desc();
+        break;
+      case OpKind::Conv2dBackwardData: {
+        const dnnl::convolution_backward_data::desc bd(dnnl::algorithm::convolution_direct, xa, wa, ya, strides, pl, pr);
+        const dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, eng, fpd);
+        p->prim = dnnl::convolution_backward_data(bpd);
+        p->impl = bpd.impl_info_str();
+        p->user[0] = yu, p->user[1] = wu, p->user[2] = xu;
+        p->chosen[0] = bpd.diff_dst_desc(), p->chosen[1] = bpd.weights_desc(), p->chosen[2] = bpd.diff_src_desc();
+        p->args[0] = DNNL_ARG_DIFF_DST, p->args[1] = DNNL_ARG_WEIGHTS, p->args[2] = DNNL_ARG_DIFF_SRC;
+        scratch = bpd.scratchpad_desc();
+        break;
+      }
+      case OpKind::Conv2dBackwardFilter: {
+        const dnnl::convolution_backward_weights::desc bd(dnnl::algorithm::convolution_direct, xa, wa, ya, strides,
+                                                          pl, pr);
+        const dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, eng, fpd);
+        p->prim = dnnl::convolution_backward_weights(bpd);
+        p->impl = bpd.impl_info_str();
+        p->user[0] = xu, p->user[1] = yu, p->user[2] = wu;
+        p->chosen[0] = bpd.src_desc(), p->chosen[1] = bpd.diff_dst_desc(), p->chosen[2] = bpd.diff_weights_desc();
+        p->args[0] = DNNL_ARG_SRC, p->args[1] = DNNL_ARG_DIFF_DST, p->args[2] = DNNL_ARG_DIFF_WEIGHTS;
+        scratch = bpd.scratchpad_desc();
+        break;
+      }
+      default:
+        return nullptr;
+    }
+    if (std::getenv("KILN_CPU_DNNL_VERBOSE"))
+      std::fprintf(stderr, "kiln cpu: %s n%lld c%lld h%lld w%lld k%lld r%lld s%lld /%lld: oneDNN %s\n",
+                   std::string(op_name(kind)).c_str(), (long long)a.n, (long long)a.c, (long long)a.h, (long long)a.w,
+                   (long long)a.k, (long long)a.r, (long long)a.s, (long long)a.stride_h, p->impl.c_str());
+    if (p->impl.find("ref") != std::string::npos) return nullptr;  // oneDNN's reference loops: im2col is faster
+    p->scratch_md = scratch;
+    p->scratch_floats = round_floats(scratch.get_size());
+    for (int i = 0; i < 3; ++i) p->reorder[i] = p->chosen[i] != p->user[i];
+    for (int i = 0; i < 2; ++i)
+      if (p->reorder[i]) p->to_chosen[i] = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user[i], eng, p->chosen[i]));
+    if (p->reorder[2]) p->to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->chosen[2], eng, p->user[2]));
+  } catch (const dnnl::error&) {
+    return nullptr;  // not supported by oneDNN: the im2col path runs it
+  }
+  return p;
+}
+
+// Cached primitives, for the process (primitives with user scratchpads may run on several threads at once).
+const Prim* prim_for(OpKind kind, const ConvAttrs& a) {
+  static std::mutex mu;
+  static std::map<Key, std::unique_ptr<Prim>> cache;
+  const Key key{static_cast<int>(kind),
+                {a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow}};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, build(kind, a)).first;
+  return it->second.get();
+}
+
+bool enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CPU_DNNL");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+int64_t slices_for(const ConvAttrs& a, int threads) { return std::max<int64_t>(1, std::min<int64_t>(a.n, threads)); }
+int64_t slice_begin(const ConvAttrs& a, int64_t slices, int64_t t) { return a.n * t / slices; }
+
+ConvAttrs with_n(ConvAttrs a, int64_t n) {
+  a.n = n;
+  return a;
+}
+
+// The two slice sizes (floor and ceil of n / slices) and their primitives; null when oneDNN does not take the op.
+struct Plan {
+  int64_t slices = 0;
+  const Prim* small = nullptr;  // n / slices images (may equal big)
+  const Prim* big = nullptr;    // ceil(n / slices)
+  int64_t n_small = 0, n_big = 0;
+  // Workspace, in floats: [shared weights in the chosen layout][per slot: in0, in1, out, scratchpad][partials]
+  size_t shared = 0, per_slot[4] = {0, 0, 0, 0}, slot_total = 0, partials = 0;
+};
+
+std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads) {
+  // Pointwise convolutions are a plain GEMM already; with fewer than 8 input channels (a first layer on gray or RGB
+  // images) oneDNN's blocked kernels run slower than im2col here (backward data of 1->32 channels: 13x slower).
+  // Filters over 1M floats (4 MiB: 512 x 256 x 3 x 3 and up) stay on im2col too: the blocked copies of the filters
+  // (and of their gradient, per thread) would grow the workspace by several times their size, and GEMMs that large
+  // run near OpenBLAS's peak already.
+  if (!enabled() || a.n <= 0 || a.r * a.s <= 1 || a.c < 8 || a.k * a.c * a.r * a.s > (int64_t{1} << 20))
+    return std::nullopt;
+  Plan p;
+  p.slices = slices_for(a, threads);
+  p.n_small = a.n / p.slices;
+  p.n_big = (a.n + p.slices - 1) / p.slices;
+  p.big = prim_for(kind, with_n(a, p.n_big));
+  p.small = p.n_small == p.n_big ? p.big : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small)) : p.big);
+  if (!p.big || !p.small) return std::nullopt;
+  // One weights reorder serves every slice: both slice sizes must have chosen the same weights layout.
+  if (kind != OpKind::Conv2dBackwardFilter && p.small->chosen[1] != p.big->chosen[1]) return std::nullopt;
+  for (const Prim* q : {p.small, p.big}) {
+    if (kind != OpKind::Conv2dBackwardFilter && q->reorder[1])
+      p.shared = std::max(p.shared, round_floats(q->chosen[1].get_size()));
+    for (int i = 0; i < 3; ++i) {
+      const bool per_slice = (i == 1) ? kind == OpKind::Conv2dBackwardFilter : true;
+      if (per_slice && q->reorder[i]) p.per_slot[i] = std::max(p.per_slot[i], round_floats(q->chosen[i].get_size()));
+    }
+    p.per_slot[3] = std::max(p.per_slot[3], q->scratch_floats);
+  }
+  p.slot_total = p.per_slot[0] + p.per_slot[1] + p.per_slot[2] + p.per_slot[3];
+  if (kind == OpKind::Conv2dBackwardFilter)
+    p.partials = static_cast<size_t>(p.slices - 1) * static_cast<size_t>(a.k * a.c * a.r * a.s);
+  return p;
+}
+
+size_t workspace_floats(const Plan& p, int threads) {
+  return p.shared + static_cast<size_t>(std::max(threads, 1)) * p.slot_total + p.partials;
+}
+
+void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
+              ThreadPool& pool) {
+  auto& eng = engine();
+  omp_set_num_threads(1);
+  // Weights shared by every slice (forward, backward data): reordered once, on the calling thread.
+  const float* w_chosen = in1;
+  if (kind != OpKind::Conv2dBackwardFilter && p.big->reorder[1]) {
+    dnnl::stream s(eng);
+    memory src(p.big->user[1], eng, const_cast<float*>(in1)), dst(p.big->chosen[1], eng, ws);
+    p.big->to_chosen[1].execute(s, src, dst);
+    s.wait();
+    w_chosen = ws;
+  }
+  const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
+  // Per Kiln op: in0's and out's image sizes (backward filter: in1 is dy, sliced too).
+  int64_t in0_img = x_img, in1_img = 0, out_img = y_img;
+  if (kind == OpKind::Conv2dBackwardData) in0_img = y_img, out_img = x_img;
+  if (kind == OpKind::Conv2dBackwardFilter) in1_img = y_img, out_img = 0;
+  float* partial_base = ws + p.shared + static_cast<size_t>(pool.size()) * p.slot_total;
+  pool.run(p.slices, [&](int64_t t, int slot) {
+    omp_set_num_threads(1);
+    const int64_t b = slice_begin(a, p.slices, t), n = slice_begin(a, p.slices, t + 1) - b;
+    const Prim& q = n == p.n_big ? *p.big : *p.small;
+    float* sbuf = ws + p.shared + static_cast<size_t>(slot) * p.slot_total;
+    float* bufs[4] = {sbuf, sbuf + p.per_slot[0], sbuf + p.per_slot[0] + p.per_slot[1],
+                      sbuf + p.per_slot[0] + p.per_slot[1] + p.per_slot[2]};
+    dnnl::stream s(eng);
+    const float* user_in[2] = {in0 + b * in0_img, kind == OpKind::Conv2dBackwardFilter ? in1 + b * in1_img : w_chosen};
+    float* user_out = kind == OpKind::Conv2dBackwardFilter
+                          ? (t == 0 ? out : partial_base + static_cast<size_t>(t - 1) * static_cast<size_t>(wsize))
+                          : out + b * out_img;
+    std::unordered_map<int, memory> args;
+    for (int i = 0; i < 2; ++i) {
+      const bool shared_weights = i == 1 && kind != OpKind::Conv2dBackwardFilter;
+      if (q.reorder[i] && !shared_weights) {
+        memory src(q.user[i], eng, const_cast<float*>(user_in[i])), dst(q.chosen[i], eng, bufs[i]);
+        q.to_chosen[i].execute(s, src, dst);
+        args.emplace(q.args[i], dst);
+      } else {
+        args.emplace(q.args[i], memory(q.chosen[i], eng, const_cast<float*>(user_in[i])));
+      }
+    }
+    memory out_chosen(q.chosen[2], eng, q.reorder[2] ? bufs[2] : user_out);
+    args.emplace(q.args[2], out_chosen);
+    if (q.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(q.scratch_md, eng, bufs[3]));
+    q.prim.execute(s, args);
+    if (q.reorder[2]) {
+      memory dst(q.user[2], eng, user_out);
+      q.to_user.execute(s, out_chosen, dst);
+    }
+    s.wait();
+  });
+  if (kind == OpKind::Conv2dBackwardFilter && p.slices > 1)
+    parallel_ranges(pool, wsize, parts_for(wsize * p.slices, pool), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        float v = out[i];
+        for (int64_t t = 1; t < p.slices; ++t) v += partial_base[static_cast<size_t>(t - 1) * wsize + i];
+        out[i] = v;
+      }
+    });
+}
+
+}  // namespace
+
+bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, size_t& floats) {
+  const auto p = plan_for(kind, a, threads);
+  if (!p) return false;
+  floats = workspace_floats(*p, threads);
+  return true;
+}
+
+bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
+               ThreadPool& pool) {
+  const auto p = plan_for(kind, a, pool.size());
+  if (!p) return false;
+  run_plan(kind, a, *p, in0, in1, out, ws, pool);
+  return true;
+}
+
+}  // namespace kiln::cpu
+
+#else
+
+namespace kiln::cpu {
+bool dnnl_conv_workspace(OpKind, const ConvAttrs&, int, size_t&) { return false; }
+bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&) { return false; }
+}  // namespace kiln::cpu
+
+#endif
