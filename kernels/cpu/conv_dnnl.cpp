@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime in Debian's build
+extern "C" int omp_get_max_threads();
 
 namespace kiln::cpu {
 namespace {
@@ -42,6 +43,20 @@ dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
 }
+
+// oneDNN sizes a primitive's thread partition when the primitive is created (omp_get_max_threads() of the creating
+// thread) and runs that many OpenMP threads when it executes, whatever the executing thread's setting then: both
+// creation and execution hold the thread's OpenMP setting at one thread, and give the caller's setting back.
+class OneOmpThread {
+ public:
+  OneOmpThread() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOmpThread() { omp_set_num_threads(prev_); }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  int prev_;
+};
 
 size_t round_floats(size_t bytes) { return (bytes + 63) / 64 * 16; }  // floats, 64-byte multiples
 
@@ -88,6 +103,7 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto& eng = engine();
   auto p = std::make_unique<Prim>();
+  const OneOmpThread one;
   try {
     const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                              xa, wa, ya, strides, pl, pr);
@@ -222,7 +238,7 @@ size_t workspace_floats(const Plan& p, int threads) {
 void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
               ThreadPool& pool) {
   auto& eng = engine();
-  omp_set_num_threads(1);
+  const OneOmpThread one;
   // Weights shared by every slice (forward, backward data): reordered once, on the calling thread.
   const float* w_chosen = in1;
   if (kind != OpKind::Conv2dBackwardFilter && p.big->reorder[1]) {
@@ -239,7 +255,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
   if (kind == OpKind::Conv2dBackwardFilter) in1_img = y_img, out_img = 0;
   float* partial_base = ws + p.shared + static_cast<size_t>(pool.size()) * p.slot_total;
   pool.run(p.slices, [&](int64_t t, int slot) {
-    omp_set_num_threads(1);
+    const OneOmpThread one_here;
     const int64_t b = slice_begin(a, p.slices, t), n = slice_begin(a, p.slices, t + 1) - b;
     const Prim& q = n == p.n_big ? *p.big : *p.small;
     float* sbuf = ws + p.shared + static_cast<size_t>(slot) * p.slot_total;
