@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -365,4 +366,49 @@ TEST_CASE("cpu convolutions with same-width rows (one shifted copy per tap) equa
         CHECK(got == want);
         CHECK(std::any_of(want.begin(), want.end(), [](float v) { return v != 0.f; }));
       }
+}
+
+namespace {
+
+int64_t threads_of_this_process() {
+  int64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory() ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+// oneDNN (conv_dnnl.cpp) runs on the device's own threads: its OpenMP team must stay at one thread, both when a
+// primitive is created (oneDNN fixes its thread partition then) and when it runs. Before that was held at creation,
+// two OpenMP threads ran every convolution beside the pool's threads on a 2-core host. Checked here by counting the
+// process's threads around convolutions that oneDNN runs (8 input channels), on a device of 2 threads.
+TEST_CASE("cpu convolutions through oneDNN start no threads of their own", "[cpu]") {
+#ifndef KILN_CPU_HAS_DNNL
+  KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev)");
+#else
+  auto cpu = open_cpu(2);
+  Device& d = *cpu.device;
+  const ConvAttrs a{6, 8, 10, 10, 16, 3, 3, 1, 1, 1, 1, 10, 10};
+  const int64_t before = threads_of_this_process();
+  std::mt19937 gen(3);
+  for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
+    const auto ar = op_arity(kind, a);
+    Vec in0 = random_vec(ar.in[0], gen), in1 = random_vec(ar.in[1], gen);
+    Arena arena(d, {ar.in[0], ar.in[1], ar.out[0]});
+    d.copy_from_host(in0.data(), arena.view(0));
+    d.copy_from_host(in1.data(), arena.view(1));
+    OpCall c{kind, a, {arena.view(0), arena.view(1)}, {arena.view(2)}, {}};
+    const size_t ws = d.workspace_bytes(c);
+    Block* wb = ws ? d.allocate_block(ws) : nullptr;
+    c.workspace = BufferView{wb, 0, ws};
+    for (int i = 0; i < 3; ++i) d.run(c);
+    Vec want(static_cast<size_t>(ar.out[0]));
+    const float* ins[] = {in0.data(), in1.data()};
+    float* outs[] = {want.data()};
+    reference_op(kind, a, ins, outs);
+    CHECK(max_rel_diff(read(d, arena.view(2)), want) < 1e-5);
+    if (wb) d.free_block(wb);
+  }
+  CHECK(threads_of_this_process() == before);
+#endif
 }
