@@ -315,6 +315,36 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for b
     }
 }
 
+namespace {
+
+// One convolution op (in0, in1 -> out) run on the device with its workspace, `times` times; the output.
+Vec run_conv_op(Device& d, OpKind kind, const ConvAttrs& a, const Vec& in0, const Vec& in1, int times = 1) {
+  const auto ar = op_arity(kind, a);
+  Arena arena(d, {ar.in[0], ar.in[1], ar.out[0]});
+  d.copy_from_host(in0.data(), arena.view(0));
+  d.copy_from_host(in1.data(), arena.view(1));
+  const Vec nan(static_cast<size_t>(ar.out[0]), NAN);
+  d.copy_from_host(nan.data(), arena.view(2));
+  OpCall c{kind, a, {arena.view(0), arena.view(1)}, {arena.view(2)}, {}};
+  const size_t ws = d.workspace_bytes(c);
+  Block* wb = ws ? d.allocate_block(ws) : nullptr;
+  c.workspace = BufferView{wb, 0, ws};
+  for (int i = 0; i < times; ++i) d.run(c);
+  Vec out = read(d, arena.view(2));
+  if (wb) d.free_block(wb);
+  return out;
+}
+
+Vec reference_conv_op(OpKind kind, const ConvAttrs& a, const Vec& in0, const Vec& in1) {
+  Vec out(static_cast<size_t>(op_arity(kind, a).out[0]));
+  const float* ins[] = {in0.data(), in1.data()};
+  float* outs[] = {out.data()};
+  reference_op(kind, a, ins, outs);
+  return out;
+}
+
+}  // namespace
+
 // Stride 1 with output rows as long as the input's ("same" in w) runs im2col and col2im as one shifted copy per tap
 // (conv.cpp, im2col_shifted). The conformance table's same-padded cases are square kernels with symmetric padding;
 // these cover the others: even kernels (the extra padding at the end, as TensorFlow pads), padding in w only, one
@@ -333,37 +363,20 @@ TEST_CASE("cpu convolutions with same-width rows (one shifted copy per tap) equa
       {"4x2x5x1.k3.r3.p1.one_column", ConvAttrs{4, 2, 5, 1, 3, 3, 3, 1, 1, 1, 1, 5, 1}},
       {"2x2x4x5.k3.r3x1.p2x0.tall_pad", ConvAttrs{2, 2, 4, 5, 3, 3, 1, 1, 1, 2, 0, 6, 5}},
   };
-  const OpKind kinds[] = {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter};
   for (int threads : {1, 2})
     for (const G& g : geoms)
-      for (OpKind kind : kinds) {
+      for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
         const std::string op(op_name(kind));
         CAPTURE(threads, g.name, op);
         auto cpu = open_cpu(threads);
-        Device& d = *cpu.device;
         const auto ar = op_arity(kind, g.a);
         std::mt19937 gen(11);
         std::uniform_int_distribution<int> small(-3, 3);
         Vec in0(static_cast<size_t>(ar.in[0])), in1(static_cast<size_t>(ar.in[1]));
         for (float& v : in0) v = static_cast<float>(small(gen));
         for (float& v : in1) v = static_cast<float>(small(gen));
-        Vec want(static_cast<size_t>(ar.out[0]));
-        const float* ins[] = {in0.data(), in1.data()};
-        float* outs[] = {want.data()};
-        reference_op(kind, g.a, ins, outs);
-        Arena arena(d, {ar.in[0], ar.in[1], ar.out[0]});
-        d.copy_from_host(in0.data(), arena.view(0));
-        d.copy_from_host(in1.data(), arena.view(1));
-        const Vec nan(want.size(), NAN);
-        d.copy_from_host(nan.data(), arena.view(2));
-        OpCall c{kind, g.a, {arena.view(0), arena.view(1)}, {arena.view(2)}, {}};
-        const size_t ws = d.workspace_bytes(c);
-        Block* wb = ws ? d.allocate_block(ws) : nullptr;
-        c.workspace = BufferView{wb, 0, ws};
-        d.run(c);
-        const Vec got = read(d, arena.view(2));
-        if (wb) d.free_block(wb);
-        CHECK(got == want);
+        const Vec want = reference_conv_op(kind, g.a, in0, in1);
+        CHECK(run_conv_op(*cpu.device, kind, g.a, in0, in1) == want);
         CHECK(std::any_of(want.begin(), want.end(), [](float v) { return v != 0.f; }));
       }
 }
@@ -387,27 +400,13 @@ TEST_CASE("cpu convolutions through oneDNN start no threads of their own", "[cpu
   KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev)");
 #else
   auto cpu = open_cpu(2);
-  Device& d = *cpu.device;
   const ConvAttrs a{6, 8, 10, 10, 16, 3, 3, 1, 1, 1, 1, 10, 10};
   const int64_t before = threads_of_this_process();
   std::mt19937 gen(3);
   for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
     const auto ar = op_arity(kind, a);
-    Vec in0 = random_vec(ar.in[0], gen), in1 = random_vec(ar.in[1], gen);
-    Arena arena(d, {ar.in[0], ar.in[1], ar.out[0]});
-    d.copy_from_host(in0.data(), arena.view(0));
-    d.copy_from_host(in1.data(), arena.view(1));
-    OpCall c{kind, a, {arena.view(0), arena.view(1)}, {arena.view(2)}, {}};
-    const size_t ws = d.workspace_bytes(c);
-    Block* wb = ws ? d.allocate_block(ws) : nullptr;
-    c.workspace = BufferView{wb, 0, ws};
-    for (int i = 0; i < 3; ++i) d.run(c);
-    Vec want(static_cast<size_t>(ar.out[0]));
-    const float* ins[] = {in0.data(), in1.data()};
-    float* outs[] = {want.data()};
-    reference_op(kind, a, ins, outs);
-    CHECK(max_rel_diff(read(d, arena.view(2)), want) < 1e-5);
-    if (wb) d.free_block(wb);
+    const Vec in0 = random_vec(ar.in[0], gen), in1 = random_vec(ar.in[1], gen);
+    CHECK(max_rel_diff(run_conv_op(*cpu.device, kind, a, in0, in1, 3), reference_conv_op(kind, a, in0, in1)) < 1e-5);
   }
   CHECK(threads_of_this_process() == before);
 #endif
