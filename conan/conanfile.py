@@ -2,8 +2,8 @@
 
     conan create conan/ --profile:all conan/profiles/debian12-gcc12 -o "kiln/*:with_vulkan=False"
 
-Kiln's third-party libraries come from the system (Debian packages: toml++, Boost, Catch2, OpenBLAS, Vulkan, CLI11,
-zlib; the CUDA toolkit in /usr/local/cuda), as the README's setup.sh installs them; this recipe builds and packages
+Kiln's third-party libraries come from the system (Debian packages: toml++, Boost, Catch2, OpenBLAS, oneDNN, Vulkan,
+CLI11, zlib; the CUDA toolkit in /usr/local/cuda), as the README's setup.sh installs them; this recipe builds and packages
 Kiln itself against them (it requires no ConanCenter package) and exports Kiln's own `kiln::core` CMake config
 (find_package(kiln), kiln_add_plugin()) for plugin authors. conan/test_package builds a plugin against the package and
 loads it with the packaged `kiln` app. docs/plugin_guide.md, "Kiln as a Conan package".

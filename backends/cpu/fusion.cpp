@@ -9,6 +9,9 @@
 //    (y2 == y0, the planner's ping-pong without [memory] inplace): y0's raw contents are never left behind.
 //  - MaxPoolBackward dx, ActivationBackward relu dx in place, its y the pool's x: max_pool_backward with
 //    relu_grad (with [memory] inplace = true).
+//  - BatchNormForward y, ActivationForward relu of y: batch_norm_forward also writes the ReLU's output.
+//  - ActivationBackward relu dy, BatchNormBackward of dy (inner >= 16): the ReLU's gradient is computed and written in
+//    the batch norm's statistics sweep (batch_norm_backward_relu).
 // KILN_CPU_FUSION=0 turns it off (to measure it, or to rule it out).
 #include <cstdlib>
 #include <cstring>
@@ -81,6 +84,45 @@ bool pool_relu_run(std::span<const OpCall> c) {
          same(c[1].in[1], dx) && same(c[1].out[0], dx);
 }
 
+// batch norm forward, relu: the normalization pass also writes the ReLU's output. The ReLU reads the batch norm's
+// y and writes over it (in place) or into a buffer apart from everything the batch norm reads or writes.
+// A synchronized batch norm (`sync`, run by the data-parallel strategy) is never fused.
+bool bn_relu_run(std::span<const OpCall> c) {
+  if (c.size() < 2 || c[0].kind != OpKind::BatchNormForward) return false;
+  const auto& a = std::get<BatchNormAttrs>(c[0].attrs);
+  if (a.sync || !is_relu(c[1], OpKind::ActivationForward, a.n * a.c * a.inner)) return false;
+  const BufferView &y = c[0].out[0], &z = c[1].out[0];
+  if (!same(c[1].in[0], y)) return false;
+  return same(z, y) || disjoint(z, {&c[0].in[0], &c[0].in[1], &c[0].in[2], &c[0].out[0], &c[0].out[1], &c[0].out[2],
+                                    &c[0].out[3], &c[0].out[4]});
+}
+
+// relu backward, batch norm backward of its output (long runs): the ReLU's gradient is computed in the batch norm's
+// statistics sweep. dy (the ReLU's output, the batch norm's input) and dx are each exactly one of the buffers the
+// ReLU reads or writes (they are then consumed channel by channel before being written), or apart from every buffer.
+bool relu_bn_run(std::span<const OpCall> c) {
+  if (c.size() < 2 || c[0].kind != OpKind::ActivationBackward || c[1].kind != OpKind::BatchNormBackward) return false;
+  const auto& a = std::get<BatchNormAttrs>(c[1].attrs);
+  if (a.sync || !batch_norm_long_runs(a) || !is_relu(c[0], OpKind::ActivationBackward, a.n * a.c * a.inner))
+    return false;
+  const BufferView &ry = c[0].in[0], &dz = c[0].in[1], &dy = c[0].out[0];
+  const BufferView &x = c[1].in[0], &gamma = c[1].in[1], &mean = c[1].in[2], &rstd = c[1].in[3];
+  const BufferView &dx = c[1].out[0], &dgamma = c[1].out[1], &dbeta = c[1].out[2];
+  if (!same(c[1].in[4], dy)) return false;
+  const std::initializer_list<const BufferView*> params = {&x, &gamma, &mean, &rstd, &dgamma, &dbeta};
+  // v equals one of may_equal, or overlaps none of the ReLU's buffers (v itself aside); never the parameters.
+  auto placed = [&](const BufferView& v, std::initializer_list<const BufferView*> may_equal) {
+    if (!disjoint(v, params)) return false;
+    for (const BufferView* m : may_equal)
+      if (same(v, *m)) return true;
+    for (const BufferView* o : {&ry, &dz, &dy})
+      if (o != &v && o->bytes && v.overlaps(*o)) return false;
+    return true;
+  };
+  return placed(dy, {&dz, &ry}) && placed(dx, {&dz, &ry, &dy}) && disjoint(dgamma, {&dbeta, &ry, &dz, &dy, &x}) &&
+         disjoint(dbeta, {&ry, &dz, &dy, &x});
+}
+
 bool fusion_enabled() {
   const char* e = std::getenv("KILN_CPU_FUSION");
   return !(e && std::strcmp(e, "0") == 0);
@@ -105,6 +147,20 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
     conv2d_forward(std::get<ConvAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), y->host(),
                    c.workspace.block ? c.workspace.host() : nullptr, pool_, &ep);
     return k;
+  }
+  if (bn_relu_run(calls)) {
+    const OpCall& c = calls[0];
+    batch_norm_forward(std::get<BatchNormAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), c.in[2].host(),
+                       c.out[0].host(), c.out[1].host(), c.out[2].host(), c.out[3].host(), c.out[4].host(), pool_,
+                       calls[1].out[0].host());
+    return 2;
+  }
+  if (relu_bn_run(calls)) {
+    const OpCall &r = calls[0], &c = calls[1];
+    batch_norm_backward_relu(std::get<BatchNormAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), c.in[2].host(),
+                             c.in[3].host(), ReluInFront{r.in[0].host(), r.in[1].host()}, r.out[0].host(),
+                             c.out[0].host(), c.out[1].host(), c.out[2].host(), pool_);
+    return 2;
   }
   if (pool_relu_run(calls)) {
     const OpCall& c = calls[0];

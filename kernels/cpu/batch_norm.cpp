@@ -5,6 +5,7 @@
 // sample, into double accumulators.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "kernels.hpp"
 
@@ -76,12 +77,42 @@ void channel_sums_backward(const float* dy, const float* x, int64_t N, int64_t C
   }
 }
 
+// channel_sums_backward with a ReLU's backward in front: g = relu_y > 0 ? dz : 0 is written to dy and summed as
+// channel_sums_backward sums dy (the same values in the same order, so the same sums). dy may alias dz or relu_y.
+void channel_sums_backward_relu(const ReluInFront& r, float* dy, const float* x, int64_t N, int64_t C, int64_t I,
+                                int64_t c, float mu, float rs, double& sdy, double& sdyx) {
+  constexpr int64_t kChunk = 4096;
+  sdy = 0, sdyx = 0;
+  for (int64_t o = 0; o < N; ++o) {
+    const int64_t off = (o * C + c) * I;
+    const float* yr = r.relu_y + off;
+    const float* dzr = r.dz + off;
+    float* dyr = dy + off;
+    const float* xr = x + off;
+    for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
+      const int64_t i1 = std::min(I, i0 + kChunk);
+      float p = 0.f, q = 0.f;
+#pragma omp simd reduction(+ : p, q)
+      for (int64_t i = i0; i < i1; ++i) {
+        const float d = dzr[i];  // loaded unconditionally so the select vectorizes, as ActivationBackward does
+        const float g = yr[i] > 0.f ? d : 0.f;
+        dyr[i] = g;
+        p += g;
+        q += g * (xr[i] - mu) * rs;
+      }
+      sdy += p;
+      sdyx += q;
+    }
+  }
+}
+
 int64_t channels_per_block(int64_t I) { return std::max<int64_t>(1, kBlock / std::max<int64_t>(I, 1)); }
 
 }  // namespace
 
 void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
-                        float* mean, float* rstd, float* running_mean, float* running_var, ThreadPool& pool) {
+                        float* mean, float* rstd, float* running_mean, float* running_var, ThreadPool& pool,
+                        float* relu_out) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
   const double unbias = m > 1 ? m / (m - 1) : 1.0, mom = a.momentum;
@@ -129,24 +160,49 @@ void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* ga
         for (int64_t o = 0; o < N; ++o) {
           const float* xr = x + (o * C + cb) * I;
           float* yr = y + (o * C + cb) * I;
+          if (relu_out) {
+            float* zr = relu_out + (o * C + cb) * I;
 #pragma omp simd
-          for (int64_t j = 0; j < L; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+            for (int64_t j = 0; j < L; ++j) {
+              const float v = xr[j] * scale[j] + shift[j];
+              yr[j] = v;
+              zr[j] = v < 0.f ? 0.f : v;  // as ActivationForward relu: NaN passes through
+            }
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < L; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+          }
         }
       } else {
         const float sc = rstd[cb] * gamma[cb], sh = beta[cb] - mean[cb] * sc;
         for (int64_t o = 0; o < N; ++o) {
           const float* xr = x + (o * C + cb) * I;
           float* yr = y + (o * C + cb) * I;
+          if (relu_out) {
+            float* zr = relu_out + (o * C + cb) * I;
 #pragma omp simd
-          for (int64_t i = 0; i < I; ++i) yr[i] = xr[i] * sc + sh;
+            for (int64_t i = 0; i < I; ++i) {
+              const float v = xr[i] * sc + sh;
+              yr[i] = v;
+              zr[i] = v < 0.f ? 0.f : v;
+            }
+          } else {
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) yr[i] = xr[i] * sc + sh;
+          }
         }
       }
     }
   });
 }
 
-void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
-                         const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
+bool batch_norm_long_runs(const BatchNormAttrs& a) { return a.inner >= kShortRun; }
+
+namespace {
+
+// batch_norm_backward, with a ReLU's backward in front when relu (long runs only): dy is then written here.
+void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean, const float* rstd,
+                   const float* dy, const ReluInFront* relu, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
   const bool short_runs = I < kShortRun;
@@ -164,7 +220,11 @@ void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* g
         block_sums(dy, N, C, I, cb, ce,
                    [&](float v, int64_t j, int64_t o) { return v * (x[o * C * I + base + j] - me[j]) * rs[j]; }, sdyx);
       } else {
-        channel_sums_backward(dy, x, N, C, I, cb, mean[cb], rstd[cb], sdy[0], sdyx[0]);
+        if (relu)
+          channel_sums_backward_relu(*relu, const_cast<float*>(dy), x, N, C, I, cb, mean[cb], rstd[cb], sdy[0],
+                                     sdyx[0]);
+        else
+          channel_sums_backward(dy, x, N, C, I, cb, mean[cb], rstd[cb], sdy[0], sdyx[0]);
       }
       float k1[kBlock], k2[kBlock], k3[kBlock], me[kBlock];  // dx = k1 * dy - k2 * (x - mean) - k3
       const int64_t lanes = short_runs ? L : 1, per = short_runs ? I : 1;
@@ -197,6 +257,20 @@ void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* g
       }
     }
   });
+}
+
+}  // namespace
+
+void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
+                         const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
+  backward_impl(a, x, gamma, mean, rstd, dy, nullptr, dx, dgamma, dbeta, pool);
+}
+
+void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
+                              const float* rstd, const ReluInFront& r, float* dy, float* dx, float* dgamma,
+                              float* dbeta, ThreadPool& pool) {
+  if (!batch_norm_long_runs(a)) throw std::logic_error("batch_norm_backward_relu: short runs are not fused");
+  backward_impl(a, x, gamma, mean, rstd, dy, &r, dx, dgamma, dbeta, pool);
 }
 
 }  // namespace kiln::cpu

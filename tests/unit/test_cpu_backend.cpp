@@ -411,3 +411,82 @@ TEST_CASE("cpu convolutions through oneDNN start no threads of their own", "[cpu
   CHECK(threads_of_this_process() == before);
 #endif
 }
+
+// Batch norm with the ReLU after it (fusion.cpp): forward, the normalization pass also writes the ReLU's output;
+// backward, the ReLU's gradient is computed in the batch norm's statistics sweep. Both must leave every buffer as
+// the two ops run one by one leave it, in place and with separate buffers, and stay unfused where they must.
+TEST_CASE("cpu fuses batch norm with the ReLU next to it, forward and backward, equal to the ops run one by one",
+          "[cpu][fusion][batch_norm]") {
+  auto cpu = open_cpu(2);
+  Device& d = *cpu.device;
+  for (const BatchNormAttrs a : {BatchNormAttrs{4, 3, 20}, BatchNormAttrs{6, 5, 3}}) {  // long runs, short runs
+    const bool long_runs = a.inner >= 16;
+    CAPTURE(a.inner);
+    const int64_t count = a.n * a.c * a.inner;
+    std::mt19937 gen(9);
+    const Vec x = random_vec(count, gen, -2.f, 3.f), gamma = random_vec(a.c, gen, 0.5f, 1.5f),
+              beta = random_vec(a.c, gen, -0.5f, 0.5f), dz = random_vec(count, gen);
+    // 0 x, 1 gamma, 2 beta, 3 y, 4 mean, 5 rstd, 6 running mean, 7 running var, 8 z, 9 dy, 10 dx, 11 dgamma,
+    // 12 dbeta, 13 dz
+    Arena ar(d, {count, a.c, a.c, count, a.c, a.c, a.c, a.c, count, count, count, a.c, a.c, count});
+    auto v = [&](int i) { return ar.view(static_cast<size_t>(i)); };
+    d.copy_from_host(x.data(), v(0));
+    d.copy_from_host(gamma.data(), v(1));
+    d.copy_from_host(beta.data(), v(2));
+    const Vec zeros(static_cast<size_t>(a.c), 0.f), ones(static_cast<size_t>(a.c), 1.f);
+    const ActivationAttrs relu{Activation::relu, count};
+    for (bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      // Forward: z is y itself (in place) or its own buffer.
+      const BufferView z = in_place ? v(3) : v(8);
+      const std::vector<OpCall> fwd{{OpKind::BatchNormForward, a, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
+                                    {OpKind::ActivationForward, relu, {v(3)}, {z}, {}}};
+      auto run_fwd = [&](bool fused) {
+        d.copy_from_host(zeros.data(), v(6));
+        d.copy_from_host(ones.data(), v(7));
+        if (fused) {
+          CHECK(fused_runner(d).run_fused(fwd) == 2);
+        } else {
+          for (const OpCall& c : fwd) d.run(c);
+        }
+        return std::vector<Vec>{read(d, v(3)), read(d, z), read(d, v(4)), read(d, v(5)), read(d, v(6)), read(d, v(7))};
+      };
+      const auto unfused = run_fwd(false), fused = run_fwd(true);
+      for (size_t i = 0; i < unfused.size(); ++i) CHECK(max_rel_diff(fused[i], unfused[i]) < 1e-6);
+      CHECK(std::count_if(fused[1].begin(), fused[1].end(), [](float f) { return f == 0.f; }) > 0);  // the ReLU ran
+      if (!in_place) CHECK(std::count_if(fused[0].begin(), fused[0].end(), [](float f) { return f < 0.f; }) > 0);
+
+      // Backward: the ReLU's gradient over dz (in place) or into dy, the batch norm's dx over dy or its own buffer.
+      const Vec zv = read(d, z);
+      const BufferView dy = in_place ? v(13) : v(9), dx = in_place ? dy : v(10);
+      const std::vector<OpCall> bwd{{OpKind::ActivationBackward, relu, {z, v(13)}, {dy}, {}},
+                                    {OpKind::BatchNormBackward, a, {v(0), v(1), v(4), v(5), dy}, {dx, v(11), v(12)}, {}}};
+      auto run_bwd = [&](bool fused) {
+        d.copy_from_host(dz.data(), v(13));
+        d.copy_from_host(zv.data(), z);
+        size_t k = 0;
+        if (fused) k = fused_runner(d).run_fused(bwd);
+        if (k == 0)
+          for (const OpCall& c : bwd) d.run(c);
+        return std::make_pair(k, std::vector<Vec>{read(d, dy), read(d, dx), read(d, v(11)), read(d, v(12))});
+      };
+      const auto [k0, bu] = run_bwd(false);
+      const auto [k, bf] = run_bwd(true);
+      CHECK(k == (long_runs ? 2u : 0u));  // short runs (inner < 16) are not fused
+      for (size_t i = 0; i < bu.size(); ++i) CHECK(max_rel_diff(bf[i], bu[i]) < 1e-6);
+      // With dx apart, dx must not start where the ReLU's inputs are still to be read: a dx overlapping z by a
+      // partial offset is left unfused.
+      if (!in_place && long_runs) {
+        std::vector<OpCall> shifted = bwd;
+        shifted[1].out[0] = BufferView{z.block, z.offset + 4 * sizeof(float), z.bytes - 4 * sizeof(float)};
+        CHECK(fused_runner(d).run_fused(shifted) == 0);
+      }
+    }
+    // A synchronized batch norm is the data-parallel strategy's to run: never fused.
+    BatchNormAttrs s = a;
+    s.sync = true;
+    const std::vector<OpCall> sync_fwd{{OpKind::BatchNormForward, s, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
+                                       {OpKind::ActivationForward, relu, {v(3)}, {v(3)}, {}}};
+    CHECK(fused_runner(d).run_fused(sync_fwd) == 0);
+  }
+}
