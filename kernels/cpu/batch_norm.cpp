@@ -54,51 +54,38 @@ double channel_sum(const float* x, int64_t N, int64_t C, int64_t I, int64_t c, F
   return s;
 }
 
-// The backward pass's two sums for one channel with long runs in one sweep over dy and x: sum(dy) and
-// sum(dy * (x - mu) * r), each as channel_sum adds them (float chunks of 4096, added in double).
-void channel_sums_backward(const float* dy, const float* x, int64_t N, int64_t C, int64_t I, int64_t c, float mu,
-                           float r, double& sdy, double& sdyx) {
-  constexpr int64_t kChunk = 4096;
-  sdy = 0, sdyx = 0;
-  for (int64_t o = 0; o < N; ++o) {
-    const float* dyr = dy + (o * C + c) * I;
-    const float* xr = x + (o * C + c) * I;
-    for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
-      const int64_t i1 = std::min(I, i0 + kChunk);
-      float p = 0.f, q = 0.f;
-#pragma omp simd reduction(+ : p, q)
-      for (int64_t i = i0; i < i1; ++i) {
-        p += dyr[i];
-        q += dyr[i] * (xr[i] - mu) * r;
-      }
-      sdy += p;
-      sdyx += q;
-    }
-  }
-}
-
-// channel_sums_backward with a ReLU's backward in front: g = relu_y > 0 ? dz : 0 is written to dy and summed as
-// channel_sums_backward sums dy (the same values in the same order, so the same sums). dy may alias dz or relu_y.
-void channel_sums_backward_relu(const ReluInFront& r, float* dy, const float* x, int64_t N, int64_t C, int64_t I,
-                                int64_t c, float mu, float rs, double& sdy, double& sdyx) {
+// The backward pass's two sums for one channel with long runs, in one sweep over dy and x: sum(dy) and
+// sum(dy * (x - mu) * r), each as channel_sum adds them (float chunks of 4096, added in double). With a ReLU's
+// backward in front (relu), dy = relu_y > 0 ? dz : 0 is computed here and written to dy_out (which may alias dz or
+// relu_y): the same values in the same order as the unfused ops, so the same sums.
+void channel_sums_backward(const float* dy, const ReluInFront* relu, float* dy_out, const float* x, int64_t N,
+                           int64_t C, int64_t I, int64_t c, float mu, float r, double& sdy, double& sdyx) {
   constexpr int64_t kChunk = 4096;
   sdy = 0, sdyx = 0;
   for (int64_t o = 0; o < N; ++o) {
     const int64_t off = (o * C + c) * I;
-    const float* yr = r.relu_y + off;
-    const float* dzr = r.dz + off;
-    float* dyr = dy + off;
     const float* xr = x + off;
     for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
       const int64_t i1 = std::min(I, i0 + kChunk);
       float p = 0.f, q = 0.f;
+      if (relu) {
+        const float *yr = relu->relu_y + off, *dzr = relu->dz + off;
+        float* dyr = dy_out + off;
 #pragma omp simd reduction(+ : p, q)
-      for (int64_t i = i0; i < i1; ++i) {
-        const float d = dzr[i];  // loaded unconditionally so the select vectorizes, as ActivationBackward does
-        const float g = yr[i] > 0.f ? d : 0.f;
-        dyr[i] = g;
-        p += g;
-        q += g * (xr[i] - mu) * rs;
+        for (int64_t i = i0; i < i1; ++i) {
+          const float d = dzr[i];  // loaded unconditionally so the select vectorizes, as ActivationBackward does
+          const float g = yr[i] > 0.f ? d : 0.f;
+          dyr[i] = g;
+          p += g;
+          q += g * (xr[i] - mu) * r;
+        }
+      } else {
+        const float* dyr = dy + off;
+#pragma omp simd reduction(+ : p, q)
+        for (int64_t i = i0; i < i1; ++i) {
+          p += dyr[i];
+          q += dyr[i] * (xr[i] - mu) * r;
+        }
       }
       sdy += p;
       sdyx += q;
@@ -200,9 +187,11 @@ bool batch_norm_long_runs(const BatchNormAttrs& a) { return a.inner >= kShortRun
 
 namespace {
 
-// batch_norm_backward, with a ReLU's backward in front when relu (long runs only): dy is then written here.
+// batch_norm_backward, with a ReLU's backward in front when relu (long runs only): dy is then written to relu_dy
+// (the same buffer as dy) by the statistics sweep before the dx pass reads it.
 void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean, const float* rstd,
-                   const float* dy, const ReluInFront* relu, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
+                   const float* dy, const ReluInFront* relu, float* relu_dy, float* dx, float* dgamma, float* dbeta,
+                   ThreadPool& pool) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
   const bool short_runs = I < kShortRun;
@@ -220,11 +209,7 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
         block_sums(dy, N, C, I, cb, ce,
                    [&](float v, int64_t j, int64_t o) { return v * (x[o * C * I + base + j] - me[j]) * rs[j]; }, sdyx);
       } else {
-        if (relu)
-          channel_sums_backward_relu(*relu, const_cast<float*>(dy), x, N, C, I, cb, mean[cb], rstd[cb], sdy[0],
-                                     sdyx[0]);
-        else
-          channel_sums_backward(dy, x, N, C, I, cb, mean[cb], rstd[cb], sdy[0], sdyx[0]);
+        channel_sums_backward(dy, relu, relu_dy, x, N, C, I, cb, mean[cb], rstd[cb], sdy[0], sdyx[0]);
       }
       float k1[kBlock], k2[kBlock], k3[kBlock], me[kBlock];  // dx = k1 * dy - k2 * (x - mean) - k3
       const int64_t lanes = short_runs ? L : 1, per = short_runs ? I : 1;
@@ -263,14 +248,14 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
 
 void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
                          const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
-  backward_impl(a, x, gamma, mean, rstd, dy, nullptr, dx, dgamma, dbeta, pool);
+  backward_impl(a, x, gamma, mean, rstd, dy, nullptr, nullptr, dx, dgamma, dbeta, pool);
 }
 
 void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
                               const float* rstd, const ReluInFront& r, float* dy, float* dx, float* dgamma,
                               float* dbeta, ThreadPool& pool) {
   if (!batch_norm_long_runs(a)) throw std::logic_error("batch_norm_backward_relu: short runs are not fused");
-  backward_impl(a, x, gamma, mean, rstd, dy, &r, dx, dgamma, dbeta, pool);
+  backward_impl(a, x, gamma, mean, rstd, dy, &r, dy, dx, dgamma, dbeta, pool);
 }
 
 }  // namespace kiln::cpu

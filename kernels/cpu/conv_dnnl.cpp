@@ -15,6 +15,7 @@
 #ifdef KILN_WITH_DNNL
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +25,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 
 extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime in Debian's build
@@ -74,15 +74,7 @@ struct Prim {
   int args[3] = {0, 0, 0};  // DNNL_ARG_* of in0, in1, out
 };
 
-struct Key {
-  int kind;
-  int64_t v[13];
-  bool operator<(const Key& o) const {
-    return std::tie(kind, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12]) <
-           std::tie(o.kind, o.v[0], o.v[1], o.v[2], o.v[3], o.v[4], o.v[5], o.v[6], o.v[7], o.v[8], o.v[9], o.v[10],
-                    o.v[11], o.v[12]);
-  }
-};
+using Key = std::array<int64_t, 14>;  // the op kind and the ConvAttrs
 
 // The right padding oneDNN needs for Kiln's output size: (size + pl + pr - kernel) / stride + 1 == out.
 std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, int64_t pl, int64_t out) {
@@ -108,37 +100,31 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
     const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                              xa, wa, ya, strides, pl, pr);
     const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
-    memory::desc scratch;
+    // The primitive, its implementation, and for in0, in1, out: the plain layout, the argument and oneDNN's layout.
+    auto take = [&](const auto& pd, dnnl::primitive prim, std::array<memory::desc, 3> user, std::array<int, 3> args) {
+      p->prim = std::move(prim);
+      p->impl = pd.impl_info_str();
+      for (int i = 0; i < 3; ++i)
+        p->user[i] = user[i], p->args[i] = args[i], p->chosen[i] = pd.query_md(dnnl::query::exec_arg_md, args[i]);
+      p->scratch_md = pd.scratchpad_desc();
+    };
     switch (kind) {
       case OpKind::Conv2dForward:
-        p->prim = dnnl::convolution_forward(fpd);
-        p->impl = fpd.impl_info_str();
-        p->user[0] = xu, p->user[1] = wu, p->user[2] = yu;
-        p->chosen[0] = fpd.src_desc(), p->chosen[1] = fpd.weights_desc(), p->chosen[2] = fpd.dst_desc();
-        p->args[0] = DNNL_ARG_SRC, p->args[1] = DNNL_ARG_WEIGHTS, p->args[2] = DNNL_ARG_DST;
-        scratch = fpd.scratchpad_desc();
+        take(fpd, dnnl::convolution_forward(fpd), {xu, wu, yu}, {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST});
         break;
       case OpKind::Conv2dBackwardData: {
         const dnnl::convolution_backward_data::desc bd(dnnl::algorithm::convolution_direct, xa, wa, ya, strides, pl, pr);
         const dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, eng, fpd);
-        p->prim = dnnl::convolution_backward_data(bpd);
-        p->impl = bpd.impl_info_str();
-        p->user[0] = yu, p->user[1] = wu, p->user[2] = xu;
-        p->chosen[0] = bpd.diff_dst_desc(), p->chosen[1] = bpd.weights_desc(), p->chosen[2] = bpd.diff_src_desc();
-        p->args[0] = DNNL_ARG_DIFF_DST, p->args[1] = DNNL_ARG_WEIGHTS, p->args[2] = DNNL_ARG_DIFF_SRC;
-        scratch = bpd.scratchpad_desc();
+        take(bpd, dnnl::convolution_backward_data(bpd), {yu, wu, xu},
+             {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC});
         break;
       }
       case OpKind::Conv2dBackwardFilter: {
         const dnnl::convolution_backward_weights::desc bd(dnnl::algorithm::convolution_direct, xa, wa, ya, strides,
                                                           pl, pr);
         const dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, eng, fpd);
-        p->prim = dnnl::convolution_backward_weights(bpd);
-        p->impl = bpd.impl_info_str();
-        p->user[0] = xu, p->user[1] = yu, p->user[2] = wu;
-        p->chosen[0] = bpd.src_desc(), p->chosen[1] = bpd.diff_dst_desc(), p->chosen[2] = bpd.diff_weights_desc();
-        p->args[0] = DNNL_ARG_SRC, p->args[1] = DNNL_ARG_DIFF_DST, p->args[2] = DNNL_ARG_DIFF_WEIGHTS;
-        scratch = bpd.scratchpad_desc();
+        take(bpd, dnnl::convolution_backward_weights(bpd), {xu, yu, wu},
+             {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS});
         break;
       }
       default:
@@ -149,8 +135,7 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
                    std::string(op_name(kind)).c_str(), (long long)a.n, (long long)a.c, (long long)a.h, (long long)a.w,
                    (long long)a.k, (long long)a.r, (long long)a.s, (long long)a.stride_h, p->impl.c_str());
     if (p->impl.find("ref") != std::string::npos) return nullptr;  // oneDNN's reference loops: im2col is faster
-    p->scratch_md = scratch;
-    p->scratch_floats = round_floats(scratch.get_size());
+    p->scratch_floats = round_floats(p->scratch_md.get_size());
     for (int i = 0; i < 3; ++i) p->reorder[i] = p->chosen[i] != p->user[i];
     for (int i = 0; i < 2; ++i)
       if (p->reorder[i]) p->to_chosen[i] = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user[i], eng, p->chosen[i]));
@@ -165,8 +150,8 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
 const Prim* prim_for(OpKind kind, const ConvAttrs& a) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Prim>> cache;
-  const Key key{static_cast<int>(kind),
-                {a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow}};
+  const Key key{static_cast<int64_t>(kind), a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w,
+                a.pad_h, a.pad_w, a.oh, a.ow};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, build(kind, a)).first;
