@@ -56,7 +56,7 @@ size_t read_available_memory() { return meminfo_bytes("MemAvailable"); }
 HostInfo read_host_info() { return {cpu_model(), meminfo_bytes("MemTotal"), read_available_memory()}; }
 
 CpuBackend::CpuBackend(const BackendOptions& opts) {
-  const ConfigNode& d = opts.device;  // [device] virtual_devices, threads
+  const ConfigNode& d = opts.device;  // [device] virtual_devices, threads, winograd
   const int64_t devices = d.get_int("virtual_devices", 1);
   if (devices < 1 || devices > 64) d.fail("virtual_devices", "expected 1..64, found " + std::to_string(devices));
   const int64_t threads = d.get_int("threads", 0);
@@ -68,6 +68,7 @@ CpuBackend::CpuBackend(const BackendOptions& opts) {
     d.fail("threads", "[device] threads = " + std::to_string(threads) + " is more than this host can use: at most " +
                           std::to_string(max_threads) + " (4 per usable core, " + std::to_string(cores) +
                           " cores here, and never above 1024); use threads = 0 for one thread per core");
+  winograd_ = d.get_bool("winograd", true);
   devices_ = static_cast<int>(devices);
   threads_ = static_cast<int>(threads);
   // 0: the devices share the cores this process may run on, since data-parallel runs them concurrently.
@@ -104,7 +105,7 @@ std::unique_ptr<Device> CpuBackend::open(int index) {
   }
   blas_init();
   try {
-    return std::make_unique<CpuDevice>(std::move(devices[static_cast<size_t>(index)]), threads_);
+    return std::make_unique<CpuDevice>(std::move(devices[static_cast<size_t>(index)]), threads_, winograd_);
   } catch (const std::system_error& e) {  // the kernels' thread pool could not start its threads
     throw DeviceError("cpu backend: opening cpu:" + std::to_string(index) + " with [device] threads = " +
                       std::to_string(threads_) + " failed: " + e.what() +

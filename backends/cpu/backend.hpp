@@ -29,7 +29,8 @@ size_t read_available_memory();
 // when the op is done), helped by the device's own worker threads. It fuses some runs of calls (fusion.cpp).
 class CpuDevice final : public Device, public FusedRunner {
  public:
-  CpuDevice(DeviceInfo info, int threads);
+  // winograd: [device] winograd (3x3 stride-1 convolutions through oneDNN's Winograd kernels where they suit).
+  CpuDevice(DeviceInfo info, int threads, bool winograd);
   ~CpuDevice() override;
 
   const DeviceInfo& info() const override { return info_; }
@@ -57,6 +58,7 @@ class CpuDevice final : public Device, public FusedRunner {
   friend struct CpuKernels;  // op_table.cpp: the kernel table runs on this device's pool and scratch
   DeviceInfo info_;
   int threads_;
+  bool winograd_;
   ThreadPool pool_;  // threads_ threads, this device's caller included
   std::atomic<uint64_t> next_block_id_{1};
   std::atomic<size_t> live_blocks_{0};
@@ -88,6 +90,7 @@ class CpuBackend final : public Backend {
  private:
   int devices_;
   int threads_;
+  bool winograd_;
 };
 
 }  // namespace kiln::cpu

@@ -16,8 +16,8 @@ constexpr size_t kAlignment = 64;
 
 }  // namespace
 
-CpuDevice::CpuDevice(DeviceInfo info, int threads)
-    : info_(std::move(info)), threads_(threads), pool_(threads), partials_(loss_partials(threads)) {
+CpuDevice::CpuDevice(DeviceInfo info, int threads, bool winograd)
+    : info_(std::move(info)), threads_(threads), winograd_(winograd), pool_(threads), partials_(loss_partials(threads)) {
   blas_warm_up(pool_);
 }
 
@@ -119,7 +119,7 @@ size_t CpuDevice::workspace_bytes(const OpCall& call) const {
     case OpKind::Conv2dBackwardData:
     case OpKind::Conv2dBackwardFilter:
       if (const auto* a = std::get_if<ConvAttrs>(&call.attrs))
-        return conv_workspace_floats(call.kind, *a, threads_) * sizeof(float);
+        return conv_workspace_floats(call.kind, *a, threads_, winograd_) * sizeof(float);
       return 0;
     default:
       return 0;

@@ -145,7 +145,7 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
     const ConvEpilogue ep{calls[1].in[1].host(), relu_out ? relu_out->host() : nullptr,
                           pool ? &std::get<PoolAttrs>(pool->attrs) : nullptr, pool ? pool->out[0].host() : nullptr};
     conv2d_forward(std::get<ConvAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), y->host(),
-                   c.workspace.block ? c.workspace.host() : nullptr, pool_, &ep);
+                   c.workspace.block ? c.workspace.host() : nullptr, pool_, winograd_, &ep);
     return k;
   }
   if (bn_relu_run(calls)) {

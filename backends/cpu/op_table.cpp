@@ -32,13 +32,13 @@ struct CpuKernels {
   static void bias_add(CpuDevice& d, const OpCall& c) { cpu::bias_add(at<BiasAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool_); }
   static void bias_grad(CpuDevice& d, const OpCall& c) { cpu::bias_grad(at<BiasAttrs>(c), in(c, 0), out(c, 0), d.pool_); }
   static void conv_fwd(CpuDevice& d, const OpCall& c) {
-    conv2d_forward(at<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool_);
+    conv2d_forward(at<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool_, d.winograd_);
   }
   static void conv_bwd_data(CpuDevice& d, const OpCall& c) {
-    conv2d_backward_data(at<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool_);
+    conv2d_backward_data(at<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool_, d.winograd_);
   }
   static void conv_bwd_filter(CpuDevice& d, const OpCall& c) {
-    conv2d_backward_filter(at<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool_);
+    conv2d_backward_filter(at<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool_, d.winograd_);
   }
   static void max_fwd(CpuDevice& d, const OpCall& c) { max_pool_forward(at<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool_); }
   static void max_bwd(CpuDevice& d, const OpCall& c) {

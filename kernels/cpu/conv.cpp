@@ -157,9 +157,9 @@ int64_t filter_groups(const ConvAttrs& a, int threads) {
 
 }  // namespace
 
-size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads) {
+size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads, bool winograd) {
   size_t dnnl_floats = 0;
-  if (dnnl_conv_workspace(k, a, threads, dnnl_floats)) return dnnl_floats;
+  if (dnnl_conv_workspace(k, a, threads, winograd, dnnl_floats)) return dnnl_floats;
   const size_t col = is_pointwise(a) ? 0 : static_cast<size_t>(crs(a) * ohw(a));
   const size_t t = static_cast<size_t>(std::max(threads, 1));
   if (k == OpKind::Conv2dBackwardFilter)
@@ -185,14 +185,14 @@ void relu(const float* x, float* y, int64_t count) {  // y may be x
 
 // y(n) (k, oh*ow) = w (k, c*r*s) * col(n) [+ bias, then ReLU, then max pool].
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
-                    const ConvEpilogue* ep) {
+                    bool winograd, const ConvEpilogue* ep) {
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
   const bool bias = ep && ep->bias;
   float* relu_out = ep ? ep->relu_out : nullptr;
   const bool pooled = relu_out && ep->pool && ep->pool_out;
   const float beta = bias ? 1.f : 0.f;
-  if (dnnl_conv(OpKind::Conv2dForward, a, x, w, y, ws, pool)) {  // the epilogue after oneDNN's convolution
+  if (dnnl_conv(OpKind::Conv2dForward, a, x, w, y, ws, pool, winograd)) {  // the epilogue after oneDNN's convolution
     if (bias || relu_out)
       pool.run(a.n, [&](int64_t n, int) {
         float* yn = y + n * K * P;
@@ -235,8 +235,9 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
 }
 
 // dcol(n) (c*r*s, oh*ow) = w^T * dy(n); dx(n) = col2im(dcol(n))
-void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool) {
-  if (dnnl_conv(OpKind::Conv2dBackwardData, a, dy, w, dx, ws, pool)) return;
+void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool,
+                          bool winograd) {
+  if (dnnl_conv(OpKind::Conv2dBackwardData, a, dy, w, dx, ws, pool, winograd)) return;
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
@@ -260,8 +261,8 @@ void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, f
 // dw (k, c*r*s) = sum_n dy(n) (k, oh*ow) * col(n)^T. Group g sums its images into its own copy (group 0
 // into dw); the copies are then added in group order.
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
-                            ThreadPool& pool) {
-  if (dnnl_conv(OpKind::Conv2dBackwardFilter, a, x, dy, dw, ws, pool)) return;
+                            ThreadPool& pool, bool winograd) {
+  if (dnnl_conv(OpKind::Conv2dBackwardFilter, a, x, dy, dw, ws, pool, winograd)) return;
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const int64_t wsize = K * CRS;
   const bool pw = is_pointwise(a);

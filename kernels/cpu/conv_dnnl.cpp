@@ -7,7 +7,15 @@
 // Each slice's tensors are reordered from Kiln's plain NCHW / KCRS into the blocked layouts oneDNN picks for this
 // CPU (format_tag::any), run, and the output reordered back: all in the call's workspace (oneDNN's scratchpad in
 // user mode included), so the memory planner counts every byte. Backward filter sums the slices' gradients in slice
-// order. Only direct convolution (algorithm::convolution_direct): no Winograd, whose rounding differs.
+// order.
+//
+// Algorithm: oneDNN's direct convolution, or where the device allows it ([device] winograd, on by default) and the
+// geometry suits it, its Winograd F(4x4, 3x3) kernels: 3x3 filters at stride 1 with 16 to 256 channels in and out
+// and at least 512 output pixels per slice. They do about 2.25x fewer multiplications; measured per pass on an
+// AVX-512 host, single-threaded: 1.4-2.7x faster than direct at those shapes, slower outside them (512 channels, a
+// single 14x14 image, 8 input channels). Their rounding differs from direct's: relative L2 error 0.6-1.0e-6 on the
+// forward pass and backward data, 1-4e-6 on the filter gradient, against 1e-7-level for direct (bench/results/
+// cpu_ops.md). Their scratchpad is 6-9 MiB per thread at these shapes, in the workspace like the rest.
 //
 // KILN_CPU_DNNL=0 turns it off (the im2col + OpenBLAS path, to measure it or rule it out).
 #include "kernels.hpp"
@@ -74,7 +82,7 @@ struct Prim {
   int args[3] = {0, 0, 0};  // DNNL_ARG_* of in0, in1, out
 };
 
-using Key = std::array<int64_t, 14>;  // the op kind and the ConvAttrs
+using Key = std::array<int64_t, 15>;  // the op kind, the ConvAttrs and Winograd or not
 
 // The right padding oneDNN needs for Kiln's output size: (size + pl + pr - kernel) / stride + 1 == out.
 std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, int64_t pl, int64_t out) {
@@ -84,7 +92,7 @@ std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, i
   return pr;
 }
 
-std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
+std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg) {
   const auto prh = pad_right(a.h, a.r, a.stride_h, a.pad_h, a.oh), prw = pad_right(a.w, a.s, a.stride_w, a.pad_w, a.ow);
   if (!prh || !prw || a.pad_h >= a.r || a.pad_w >= a.s) return nullptr;
   const memory::dims xd{a.n, a.c, a.h, a.w}, wd{a.k, a.c, a.r, a.s}, yd{a.n, a.k, a.oh, a.ow};
@@ -97,8 +105,7 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
   auto p = std::make_unique<Prim>();
   const OneOmpThread one;
   try {
-    const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                             xa, wa, ya, strides, pl, pr);
+    const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, xa, wa, ya, strides, pl, pr);
     const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
     // The primitive, its implementation, and for in0, in1, out: the plain layout, the argument and oneDNN's layout.
     auto take = [&](const auto& pd, dnnl::primitive prim, std::array<memory::desc, 3> user, std::array<int, 3> args) {
@@ -113,15 +120,14 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
         take(fpd, dnnl::convolution_forward(fpd), {xu, wu, yu}, {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST});
         break;
       case OpKind::Conv2dBackwardData: {
-        const dnnl::convolution_backward_data::desc bd(dnnl::algorithm::convolution_direct, xa, wa, ya, strides, pl, pr);
+        const dnnl::convolution_backward_data::desc bd(alg, xa, wa, ya, strides, pl, pr);
         const dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, eng, fpd);
         take(bpd, dnnl::convolution_backward_data(bpd), {yu, wu, xu},
              {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC});
         break;
       }
       case OpKind::Conv2dBackwardFilter: {
-        const dnnl::convolution_backward_weights::desc bd(dnnl::algorithm::convolution_direct, xa, wa, ya, strides,
-                                                          pl, pr);
+        const dnnl::convolution_backward_weights::desc bd(alg, xa, wa, ya, strides, pl, pr);
         const dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, eng, fpd);
         take(bpd, dnnl::convolution_backward_weights(bpd), {xu, yu, wu},
              {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS});
@@ -147,15 +153,27 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a) {
 }
 
 // Cached primitives, for the process (primitives with user scratchpads may run on several threads at once).
-const Prim* prim_for(OpKind kind, const ConvAttrs& a) {
+// With `winograd`, Winograd where oneDNN has it for this CPU and geometry, else direct.
+const Prim* prim_for(OpKind kind, const ConvAttrs& a, bool winograd) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Prim>> cache;
   const Key key{static_cast<int64_t>(kind), a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w,
-                a.pad_h, a.pad_w, a.oh, a.ow};
+                a.pad_h, a.pad_w, a.oh, a.ow, winograd ? 1 : 0};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, build(kind, a)).first;
+  if (it == cache.end()) {
+    std::unique_ptr<Prim> p;
+    if (winograd) p = build(kind, a, dnnl::algorithm::convolution_winograd);
+    if (!p) p = build(kind, a, dnnl::algorithm::convolution_direct);
+    it = cache.emplace(key, std::move(p)).first;
+  }
   return it->second.get();
+}
+
+// The shapes where Winograd was measured faster than direct (top of the file).
+bool winograd_suits(const ConvAttrs& a, int64_t slice_images) {
+  return a.r == 3 && a.s == 3 && a.stride_h == 1 && a.stride_w == 1 && a.c >= 16 && a.k >= 16 && a.c <= 256 &&
+         a.k <= 256 && slice_images * a.oh * a.ow >= 512;
 }
 
 bool enabled() {
@@ -184,7 +202,7 @@ struct Plan {
   size_t shared = 0, per_slot[4] = {0, 0, 0, 0}, slot_total = 0, partials = 0;
 };
 
-std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads) {
+std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool winograd) {
   // Pointwise convolutions are a plain GEMM already; with fewer than 8 input channels (a first layer on gray or RGB
   // images) oneDNN's blocked kernels run slower than im2col here (backward data of 1->32 channels: 13x slower).
   // Filters over 1M floats (4 MiB: 512 x 256 x 3 x 3 and up) stay on im2col too: the blocked copies of the filters
@@ -196,8 +214,10 @@ std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads) {
   p.slices = slices_for(a, threads);
   p.n_small = a.n / p.slices;
   p.n_big = (a.n + p.slices - 1) / p.slices;
-  p.big = prim_for(kind, with_n(a, p.n_big));
-  p.small = p.n_small == p.n_big ? p.big : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small)) : p.big);
+  // Both slice sizes take the same algorithm (decided on the smaller), so the slices' results round alike.
+  const bool wino = winograd && winograd_suits(a, std::max<int64_t>(p.n_small, 1));
+  p.big = prim_for(kind, with_n(a, p.n_big), wino);
+  p.small = p.n_small == p.n_big ? p.big : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small), wino) : p.big);
   if (!p.big || !p.small) return std::nullopt;
   // One weights reorder serves every slice: both slice sizes must have chosen the same weights layout.
   if (kind != OpKind::Conv2dBackwardFilter && p.small->chosen[1] != p.big->chosen[1]) return std::nullopt;
@@ -284,16 +304,16 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
 
 }  // namespace
 
-bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, size_t& floats) {
-  const auto p = plan_for(kind, a, threads);
+bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool winograd, size_t& floats) {
+  const auto p = plan_for(kind, a, threads, winograd);
   if (!p) return false;
   floats = workspace_floats(*p, threads);
   return true;
 }
 
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
-               ThreadPool& pool) {
-  const auto p = plan_for(kind, a, pool.size());
+               ThreadPool& pool, bool winograd) {
+  const auto p = plan_for(kind, a, pool.size(), winograd);
   if (!p) return false;
   run_plan(kind, a, *p, in0, in1, out, ws, pool);
   return true;
@@ -304,8 +324,8 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
 #else
 
 namespace kiln::cpu {
-bool dnnl_conv_workspace(OpKind, const ConvAttrs&, int, size_t&) { return false; }
-bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&) { return false; }
+bool dnnl_conv_workspace(OpKind, const ConvAttrs&, int, bool, size_t&) { return false; }
+bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&, bool) { return false; }
 }  // namespace kiln::cpu
 
 #endif

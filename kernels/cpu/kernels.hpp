@@ -31,8 +31,10 @@ void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPo
 void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// conv.cpp. Workspace in floats; the kernels check the size they were given.
-size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads);
+// conv.cpp. Workspace in floats; the kernels check the size they were given. `winograd`: 3x3 stride-1
+// convolutions may run through oneDNN's Winograd kernels (conv_dnnl.cpp; [device] winograd); the workspace and the
+// kernels of one op must be asked with the same value.
+size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads, bool winograd);
 // What a fused conv2d_forward also does: y += bias[k] per filter (BiasAdd), then relu_out = ReLU(y)
 // (ActivationForward relu; relu_out may be y, or null for no ReLU), then pool_out = MaxPoolForward(relu_out)
 // with `pool` (null: no pooling; only after a ReLU). A null epilogue: none of these.
@@ -44,14 +46,15 @@ struct ConvEpilogue {
 };
 // conv_dnnl.cpp: the convolution through oneDNN where the plugin was built with it and oneDNN takes this geometry
 // (false: the caller runs its im2col path). Workspace in floats, for `threads` threads.
-bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, size_t& floats);
+bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool winograd, size_t& floats);
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
-               ThreadPool& pool);
+               ThreadPool& pool, bool winograd);
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
-                    const ConvEpilogue* ep = nullptr);
-void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool);
+                    bool winograd, const ConvEpilogue* ep = nullptr);
+void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool,
+                          bool winograd);
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
-                            ThreadPool& pool);
+                            ThreadPool& pool, bool winograd);
 
 // pool.cpp
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);

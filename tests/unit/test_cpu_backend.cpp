@@ -25,10 +25,11 @@ struct Opened {
   std::unique_ptr<Device> device;
 };
 
-Opened open_cpu(int threads, int virtual_devices = 1, int index = 0) {
+Opened open_cpu(int threads, int virtual_devices = 1, int index = 0, bool winograd = true) {
   Opened r;
-  r.backend = test::registry().backend("cpu")(BackendOptions::parse(
-      "threads = " + std::to_string(threads) + "\nvirtual_devices = " + std::to_string(virtual_devices)));
+  r.backend = test::registry().backend("cpu")(
+      BackendOptions::parse("threads = " + std::to_string(threads) + "\nvirtual_devices = " +
+                            std::to_string(virtual_devices) + "\nwinograd = " + (winograd ? "true" : "false")));
   r.device = r.backend->open(index);
   return r;
 }
@@ -409,6 +410,52 @@ TEST_CASE("cpu convolutions through oneDNN start no threads of their own", "[cpu
     CHECK(max_rel_diff(run_conv_op(*cpu.device, kind, a, in0, in1, 3), reference_conv_op(kind, a, in0, in1)) < 1e-5);
   }
   CHECK(threads_of_this_process() == before);
+#endif
+}
+
+// [device] winograd (on by default): 3x3 stride-1 convolutions with 16..256 channels run through oneDNN's Winograd
+// kernels where oneDNN has them for this CPU (AVX-512); their rounding differs from direct convolution's, within
+// f32 accuracy. Both settings must give the reference result, each deterministically; with Winograd the workspace
+// holds its scratchpad (several MiB), which is how this test sees that Winograd, not direct, ran.
+TEST_CASE("cpu 3x3 convolutions through oneDNN's Winograd kernels give the reference result, and winograd = false "
+          "keeps direct convolution, exact on integers",
+          "[cpu]") {
+#ifndef KILN_CPU_HAS_DNNL
+  KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev)");
+#else
+  const ConvAttrs a{8, 16, 12, 12, 24, 3, 3, 1, 1, 1, 1, 12, 12};  // 4 images of 144 pixels per slice on 2 threads
+  size_t ws[2][3] = {};
+  for (int threads : {1, 2})
+    for (bool wino : {true, false}) {
+      auto cpu = open_cpu(threads, 1, 0, wino);
+      std::mt19937 gen(5);
+      int i = 0;
+      for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
+        const std::string op(op_name(kind));
+        CAPTURE(threads, wino, op);
+        const auto ar = op_arity(kind, a);
+        const Vec in0 = random_vec(ar.in[0], gen), in1 = random_vec(ar.in[1], gen);
+        const Vec got = run_conv_op(*cpu.device, kind, a, in0, in1);
+        CHECK(max_rel_diff(got, reference_conv_op(kind, a, in0, in1)) < 1e-4);
+        CHECK(run_conv_op(*cpu.device, kind, a, in0, in1) == got);
+        if (!wino) {  // direct convolution sums small integers exactly, in any order (data/conformance: cpu.toml)
+          std::uniform_int_distribution<int> small(-3, 3);
+          Vec i0(in0.size()), i1(in1.size());
+          for (float& v : i0) v = static_cast<float>(small(gen));
+          for (float& v : i1) v = static_cast<float>(small(gen));
+          CHECK(run_conv_op(*cpu.device, kind, a, i0, i1) == reference_conv_op(kind, a, i0, i1));
+        }
+        OpCall c{kind, a, {}, {}, {}};
+        if (threads == 2) ws[wino ? 1 : 0][i++] = cpu.device->workspace_bytes(c);
+      }
+    }
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
+    KILN_SKIP("oneDNN 2.x has Winograd kernels for AVX-512 CPUs only; this CPU ran direct convolution both ways");
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i, ws[0][i], ws[1][i]);
+    CHECK(ws[1][i] > ws[0][i] + (size_t{1} << 20));
+  }
 #endif
 }
 
