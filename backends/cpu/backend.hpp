@@ -64,6 +64,7 @@ class CpuDevice final : public Device, public FusedRunner {
   std::atomic<size_t> live_blocks_{0};
   std::vector<double> partials_;   // per-thread loss sums (deterministic reduction order)
   std::vector<float*> part_ptrs_;  // concat/split part pointers, reused across calls
+  std::vector<float> plane_sums_;  // fusion.cpp: per-plane bias sums of a fused max-pool backward (n * c floats)
 
   // Upload queue served by one transfer thread; tickets complete in order.
   struct Upload {

@@ -8,7 +8,8 @@
 //    Fused when the bias runs in place (y1 == y0), or when y1 is separate and the ReLU writes back over y0
 //    (y2 == y0, the planner's ping-pong without [memory] inplace): y0's raw contents are never left behind.
 //  - MaxPoolBackward dx, ActivationBackward relu dx in place, its y the pool's x: max_pool_backward with
-//    relu_grad (with [memory] inplace = true).
+//    relu_grad (with [memory] inplace = true); [BiasGrad of dx]: each plane of dx is summed as it is finished,
+//    while in cache (the same function and order as bias_grad's, so the same bits), instead of read again.
 //  - BatchNormForward y, ActivationForward relu of y: batch_norm_forward also writes the ReLU's output.
 //  - ActivationBackward relu dy, BatchNormBackward of dy (inner >= 16): the ReLU's gradient is computed and written in
 //    the batch norm's statistics sweep (batch_norm_backward_relu).
@@ -82,6 +83,16 @@ bool pool_relu_run(std::span<const OpCall> c) {
   const BufferView& dx = c[0].out[0];
   return is_relu(c[1], OpKind::ActivationBackward, a.n * a.c * a.h * a.w) && same(c[1].in[0], c[0].in[0]) &&
          same(c[1].in[1], dx) && same(c[1].out[0], dx);
+}
+
+// ... then the bias gradient of that dx (a conv layer's bias, NCHW), into a buffer apart from the pool's.
+bool pool_relu_bias_run(std::span<const OpCall> c) {
+  if (c.size() < 3 || !pool_relu_run(c) || c[2].kind != OpKind::BiasGrad) return false;
+  const auto& a = std::get<PoolAttrs>(c[0].attrs);
+  const auto* b = std::get_if<BiasAttrs>(&c[2].attrs);
+  const BufferView& dx = c[0].out[0];
+  return b && b->outer == a.n && b->channels == a.c && b->inner == a.h * a.w && same(c[2].in[0], dx) &&
+         disjoint(c[2].out[0], {&dx, &c[0].in[0], &c[0].in[1], &c[0].in[2]});
 }
 
 // batch norm forward, relu: the normalization pass also writes the ReLU's output. The ReLU reads the batch norm's
@@ -161,6 +172,15 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
                              c.in[3].host(), ReluInFront{r.in[0].host(), r.in[1].host()}, r.out[0].host(),
                              c.out[0].host(), c.out[1].host(), c.out[2].host(), pool_);
     return 2;
+  }
+  if (pool_relu_bias_run(calls)) {
+    const OpCall& c = calls[0];
+    const auto& a = std::get<PoolAttrs>(c.attrs);
+    plane_sums_.resize(static_cast<size_t>(a.n * a.c));  // grows once, to the largest such layer
+    max_pool_backward(a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), pool_, true,
+                      plane_sums_.data());
+    bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+    return 3;
   }
   if (pool_relu_run(calls)) {
     const OpCall& c = calls[0];

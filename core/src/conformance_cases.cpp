@@ -117,6 +117,7 @@ void pool_cases(Table& t) {
       {"1x1x3x3.k2.p2.empty_windows", 1, 1, 3, 3, 2, 2, 1, 1, 2, 2, false},
       {"4x5x13x11.k3x2.s3x2.p0x1", 4, 5, 13, 11, 3, 2, 3, 2, 0, 1, false},
       {"16x32x32x32.k2.s2", 16, 32, 32, 32, 2, 2, 2, 2, 0, 0, true},
+      {"2x3x17x37.k2.s2.odd", 2, 3, 17, 37, 2, 2, 2, 2, 0, 0, false},  // 18 windows a row: 8 + 8 + 2, odd edges
   };
   for (const P& p : cfgs) {
     PoolAttrs a;

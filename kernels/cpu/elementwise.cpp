@@ -53,16 +53,26 @@ void bias_grad(const BiasAttrs& a, const float* dy, float* db, ThreadPool& pool)
   parallel_ranges(pool, C, t, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
       double total = 0;
-      for (int64_t o = 0; o < O; ++o) {
-        const float* p = dy + (o * C + c) * I;
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < I; ++i) s += p[i];
-        total += s;
-      }
+      for (int64_t o = 0; o < O; ++o) total += bias_plane_sum(dy + (o * C + c) * I, I);
       db[c] = static_cast<float>(total);
     }
   });
+}
+
+float bias_plane_sum(const float* p, int64_t count) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < count; ++i) s += p[i];
+  return s;
+}
+
+void bias_grad_from_plane_sums(const BiasAttrs& a, const float* sums, float* db) {
+  const int64_t C = a.channels, O = a.outer;
+  for (int64_t c = 0; c < C; ++c) {
+    double total = 0;
+    for (int64_t o = 0; o < O; ++o) total += sums[o * C + c];
+    db[c] = static_cast<float>(total);
+  }
 }
 
 void add(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool) {

@@ -61,8 +61,10 @@ void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& 
 // max_pool_forward's planes [pb, pe) of the (n, c) planes, on the calling thread.
 void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe);
 // relu_grad: also the ReLU backward that follows when x is a ReLU's output, dx = x > 0 ? dx : 0.
+// plane_sums (n * c floats, or null): also bias_plane_sum of each plane of dx, written as it is finished, for a
+// BiasGrad of dx fused after it (bias_grad_from_plane_sums).
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool, bool relu_grad = false);
+                       ThreadPool& pool, bool relu_grad = false, float* plane_sums = nullptr);
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool);
 
@@ -84,6 +86,11 @@ void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, fl
 // elementwise.cpp: bias, elementwise, reductions, concat/split, dropout.
 void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, ThreadPool& pool);
 void bias_grad(const BiasAttrs& a, const float* dy, float* db, ThreadPool& pool);
+// bias_grad with inner > 1 sums each (outer, channel) plane with bias_plane_sum (one function, so a fused kernel
+// that calls it gets the same bits), then the planes of a channel in outer order in double.
+float bias_plane_sum(const float* p, int64_t count);
+// The same db from the planes' sums (sums[o * channels + c]), computed elsewhere with bias_plane_sum.
+void bias_grad_from_plane_sums(const BiasAttrs& a, const float* sums, float* db);
 void add(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool);
 void mul(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool);
 void axpby(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool);

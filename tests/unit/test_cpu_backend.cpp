@@ -266,7 +266,8 @@ TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals
       }
 }
 
-TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for bit to the two ops, ties at 0 included",
+TEST_CASE("cpu fuses max-pool backward + in-place relu backward [+ bias gradient], equal bit for bit to the ops, ties "
+          "at 0 included",
           "[cpu][fusion]") {
   struct G {
     const char* name;
@@ -275,6 +276,7 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for b
   const G geoms[] = {
       {"3x4x7x9.k2.s2", PoolAttrs{3, 4, 7, 9, 2, 2, 2, 2, 0, 0, 3, 4}},          // the 2x2 fast path, odd edges
       {"2x3x7x9.k3.s2.p1", PoolAttrs{2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5}},      // overlapping windows
+      {"2x3x9x37.k2.s2", PoolAttrs{2, 3, 9, 37, 2, 2, 2, 2, 0, 0, 4, 18}},      // 8 windows at a time, and the rest
   };
   for (int threads : {1, 2})
     for (const G& g : geoms) {
@@ -288,7 +290,7 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for b
       Vec x(static_cast<size_t>(nx));
       for (auto& v : x) v = std::max(0.f, static_cast<float>(small(gen)));
       Vec dy = random_vec(ny, gen);
-      Arena arena(d, {nx, ny, ny, nx, nx});
+      Arena arena(d, {nx, ny, ny, nx, nx, a.c, a.c});
       d.copy_from_host(x.data(), arena.view(0));
       d.copy_from_host(dy.data(), arena.view(2));
       d.run(OpCall{OpKind::MaxPoolForward, a, {arena.view(0)}, {arena.view(1)}, {}});
@@ -313,6 +315,32 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward, equal bit for b
       OpCall other_y = calls[1];
       other_y.in[0] = arena.view(4);
       CHECK(fused_runner(d).run_fused(std::vector<OpCall>{calls[0], other_y}) == 0);
+
+      // With the conv layer's bias gradient of dx after them: dx and db as the three ops leave them.
+      const OpCall bias{OpKind::BiasGrad, BiasAttrs{a.n, a.c, a.h * a.w}, {dx}, {arena.view(5)}, {}};
+      d.run(calls[0]);
+      d.run(calls[1]);
+      d.run(bias);
+      const Vec db_unfused = read(d, arena.view(5));
+      const Vec nan_c(static_cast<size_t>(a.c), NAN);
+      d.copy_from_host(nan.data(), dx);
+      d.copy_from_host(nan_c.data(), arena.view(5));
+      std::vector<OpCall> three = calls;
+      three.push_back(bias);
+      CHECK(fused_runner(d).run_fused(three) == 3);
+      const Vec fused3 = read(d, dx), db_fused = read(d, arena.view(5));
+      CHECK(std::memcmp(fused3.data(), unfused.data(), fused3.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(db_fused.data(), db_unfused.data(), db_fused.size() * sizeof(float)) == 0);
+      CHECK(std::any_of(db_fused.begin(), db_fused.end(), [](float v) { return v != 0.f; }));
+      // The bias gradient of another tensor, or written over dx: only the pool and the ReLU fuse.
+      OpCall other_bias = bias;
+      other_bias.in[0] = arena.view(4);
+      three.back() = other_bias;
+      CHECK(fused_runner(d).run_fused(three) == 2);
+      OpCall over_dx = bias;
+      over_dx.out[0] = BufferView{dx.block, dx.offset, static_cast<size_t>(a.c) * sizeof(float)};
+      three.back() = over_dx;
+      CHECK(fused_runner(d).run_fused(three) == 2);
     }
 }
 
