@@ -10,7 +10,7 @@ PyTorch's padding=1 pads one on each side and so samples other pixels; the strid
 (ZeroPad2d((0, 1, 0, 1))) so that this is the same model, weight for weight (bench/accuracy/resnet_equivalence.py
 checks it step for step).
 
-usage: /usr/bin/python3 bench/accuracy/torch_resnet_fashion_mnist.py [--epochs 8] [--threads 2] [--seed 0]
+usage: /usr/bin/python3 bench/accuracy/torch_resnet_fashion_mnist.py [--epochs 10] [--threads 2] [--seed 0]
                                                         [--time-steps N]
 """
 import argparse
@@ -72,7 +72,7 @@ def make_model():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--time-steps", type=int, default=0,
                    help="only time this many training steps (after 5 warm-up steps) and print ms per step")
