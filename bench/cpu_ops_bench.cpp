@@ -1,5 +1,5 @@
 // GEMM and convolution kernels of the "cpu" plugin, through the real Device API, in GFLOP/s and ms.
-//   kiln_cpu_ops_bench [--threads N] [--plugin-dir DIR] [--reps N]
+//   kiln_cpu_ops_bench [--threads N] [--plugin-dir DIR] [--reps N] [--conv-only] [--no-winograd]
 // Also measures the two design choices of the plugin's threading:
 //  - on an MLP-shaped op sequence, (A) the plugin's way, OpenBLAS single-threaded inside the plugin's
 //    threads, against (B) OpenBLAS's own pthreads for the GEMMs next to the plugin's other kernels;
@@ -343,18 +343,25 @@ void bench_handoff(int calls) {
 int main(int argc, char** argv) {
   int threads = 0, reps = 20;
   std::string dir;
-  bool conv_only = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--threads")
-      threads = std::stoi(argv[i + 1]);
-    else if (k == "--plugin-dir")
-      dir = argv[i + 1];
-    else if (k == "--reps")
-      reps = std::stoi(argv[i + 1]);
+  bool conv_only = false, winograd = true;
+  for (int i = 1; i < argc; ++i) {  // flags and "--key value" pairs in any order
+    const std::string k = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (k == "--conv-only")
+      conv_only = true;
+    else if (k == "--no-winograd")
+      winograd = false;
+    else if (k == "--threads" && has_value)
+      threads = std::stoi(argv[++i]);
+    else if (k == "--plugin-dir" && has_value)
+      dir = argv[++i];
+    else if (k == "--reps" && has_value)
+      reps = std::stoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "kiln_cpu_ops_bench: unknown or incomplete argument '%s'\n", k.c_str());
+      return 2;
+    }
   }
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--conv-only") conv_only = true;
   try {
     bench_handoff(reps * 100);  // first: no other threads of this process are alive yet
     PluginLoader loader;
@@ -363,7 +370,8 @@ int main(int argc, char** argv) {
       loader.load_dir(dir, reg);
     else
       for (auto& d : PluginLoader::default_dirs()) loader.load_dir(d, reg);
-    auto backend = reg.backend("cpu")(BackendOptions::parse("threads = " + std::to_string(threads)));
+    auto backend = reg.backend("cpu")(BackendOptions::parse("threads = " + std::to_string(threads) +
+                                                                  (winograd ? "" : "\nwinograd = false")));
     auto dev = backend->open(0);
     std::printf("device: %s\n", dev->info().name.c_str());
     if (conv_only) {  // --conv-only: the convolution table alone

@@ -1,7 +1,16 @@
-// GEMM through OpenBLAS's sgemm. OpenBLAS is kept single-threaded and the product is split across the
-// device's thread pool: OpenBLAS's own pthreads would otherwise fight our threads for the same cores
-// (measured in bench/results/cpu_ops.md), and one thread model keeps the `threads` option exact.
+// GEMM through oneDNN's sgemm where the plugin is built with oneDNN (KILN_WITH_DNNL), else OpenBLAS's. Either is
+// kept single-threaded and the product is split across the device's thread pool: their own threads would otherwise
+// fight ours for the same cores (measured in bench/results/cpu_ops.md), and one thread model keeps the `threads`
+// option exact. oneDNN's: single-threaded on an AVX-512 host it ran these shapes at 109-117 GFLOP/s against
+// OpenBLAS's 88-106, and it has no counterpart of OpenBLAS's slow state (cpu_ops.md), which a process can enter
+// for good despite the warm-up below. KILN_CPU_GEMM=openblas keeps OpenBLAS (to measure it, or rule it out).
 #include <cblas.h>
+
+#ifdef KILN_WITH_DNNL
+#include <oneapi/dnnl/dnnl.h>
+extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime in Debian's build
+extern "C" int omp_get_max_threads();
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,9 +21,26 @@
 
 namespace kiln::cpu {
 
+namespace {
+
+bool use_dnnl_gemm() {
+#ifdef KILN_WITH_DNNL
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CPU_GEMM");
+    return !(e && std::strcmp(e, "openblas") == 0);
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
 void blas_init() { openblas_set_num_threads(1); }
 
 void blas_warm_up(ThreadPool& pool) {
+  if (use_dnnl_gemm()) return;  // OpenBLAS runs no GEMM then
   if (const char* e = std::getenv("KILN_OPENBLAS_WARMUP"); e && std::strcmp(e, "0") == 0) return;
   pool.run(4 * static_cast<int64_t>(pool.size()), [](int64_t, int) {
     constexpr int64_t m = 256, n = 512, k = 200;
@@ -36,6 +62,16 @@ void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
     }
     return;
   }
+#ifdef KILN_WITH_DNNL
+  if (use_dnnl_gemm()) {
+    // oneDNN's OpenMP team held at one thread (this thread's setting, given back after).
+    const int prev = omp_get_max_threads();
+    if (prev != 1) omp_set_num_threads(1);
+    const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (prev != 1) omp_set_num_threads(prev);
+    if (st == dnnl_success) return;  // else (never seen): OpenBLAS computes it
+  }
+#endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
               static_cast<int>(n), static_cast<int>(k), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,
               C, static_cast<int>(ldc));
