@@ -1,6 +1,9 @@
 // ThreadPool: chunks claimed through one atomic word; workers spin briefly between calls, then sleep.
 #include "thread_pool.hpp"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -27,10 +30,21 @@ constexpr uint64_t pack(uint64_t gen, uint64_t chunks, uint64_t next) { return (
 ThreadPool::ThreadPool(int threads) {
   // Each worker starts from the epoch of construction: one that starts late must still see a later bump.
   const uint32_t epoch = epoch_.load();
+  // Workers start with SIGINT and SIGTERM blocked (a thread inherits its creator's mask), so those signals go to a
+  // thread that is not a worker: the workers run oneDNN's JIT kernels, and a signal frame pushed onto the stack of
+  // a thread in the middle of one of them corrupted memory (the trainer's stop handler then runs on the main
+  // thread's alternate signal stack, trainer.cpp).
+  sigset_t stop, old;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, &old);
   try {
     workers_.reserve(static_cast<size_t>(std::max(threads - 1, 0)));
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, epoch] { worker(i, epoch); });
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
   } catch (const std::system_error& e) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     // The destructor does not run for a constructor that throws: stop the workers already started, or the
     // joinable std::threads left behind call std::terminate.
     const size_t started = workers_.size();
