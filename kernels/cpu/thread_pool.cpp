@@ -31,9 +31,9 @@ ThreadPool::ThreadPool(int threads) {
   // Each worker starts from the epoch of construction: one that starts late must still see a later bump.
   const uint32_t epoch = epoch_.load();
   // Workers start with SIGINT and SIGTERM blocked (a thread inherits its creator's mask), so those signals go to a
-  // thread that is not a worker: the workers run oneDNN's JIT kernels, and a signal frame pushed onto the stack of
-  // a thread in the middle of one of them corrupted memory (the trainer's stop handler then runs on the main
-  // thread's alternate signal stack, trainer.cpp).
+  // thread that is not a worker: the workers run oneDNN's JIT kernels, and a stop signal delivered to a thread
+  // inside one of them corrupted the heap (the trainer's stop handler runs on the main thread's alternate signal
+  // stack, trainer.cpp).
   sigset_t stop, old;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
