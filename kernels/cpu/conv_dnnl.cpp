@@ -35,8 +35,7 @@
 #include <string>
 #include <unordered_map>
 
-extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime in Debian's build
-extern "C" int omp_get_max_threads();
+#include "one_omp_thread.hpp"
 
 namespace kiln::cpu {
 namespace {
@@ -54,17 +53,7 @@ dnnl::engine& engine() {
 
 // oneDNN sizes a primitive's thread partition when the primitive is created (omp_get_max_threads() of the creating
 // thread) and runs that many OpenMP threads when it executes, whatever the executing thread's setting then: both
-// creation and execution hold the thread's OpenMP setting at one thread, and give the caller's setting back.
-class OneOmpThread {
- public:
-  OneOmpThread() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneOmpThread() { omp_set_num_threads(prev_); }
-  OneOmpThread(const OneOmpThread&) = delete;
-  OneOmpThread& operator=(const OneOmpThread&) = delete;
-
- private:
-  int prev_;
-};
+// creation and execution run inside a OneOmpThread (one_omp_thread.hpp).
 
 size_t round_floats(size_t bytes) { return (bytes + 63) / 64 * 16; }  // floats, 64-byte multiples
 

@@ -8,8 +8,8 @@
 
 #ifdef KILN_WITH_DNNL
 #include <oneapi/dnnl/dnnl.h>
-extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime in Debian's build
-extern "C" int omp_get_max_threads();
+
+#include "one_omp_thread.hpp"
 #endif
 
 #include <algorithm>
@@ -64,12 +64,9 @@ void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, co
   }
 #ifdef KILN_WITH_DNNL
   if (use_dnnl_gemm()) {
-    // oneDNN's OpenMP team held at one thread (this thread's setting, given back after).
-    const int prev = omp_get_max_threads();
-    if (prev != 1) omp_set_num_threads(1);
-    const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-    if (prev != 1) omp_set_num_threads(prev);
-    if (st == dnnl_success) return;  // else (never seen): OpenBLAS computes it
+    const OneOmpThread one;
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success)
+      return;  // else (never seen): OpenBLAS computes it
   }
 #endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
