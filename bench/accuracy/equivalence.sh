@@ -9,7 +9,7 @@
 # resnet: samples/resnet_fashion_mnist.toml (batch norm in training mode, residual adds, global average pooling) on
 #      the first training images in order (no shuffle, no flip), Adam and the cosine decay over the steps, against
 #      PyTorch in float32 and in float64 (default 100 steps; RESNET_LR sets the learning rate, default the sample's
-#      2e-3); see resnet_equivalence.py for the pass rule.
+#      2e-3; RESNET_SET adds one --set to Kiln's run); see resnet_equivalence.py for the pass rule.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B="${1:-build}" N="${2:-}" WHAT="${3:-all}"
@@ -54,8 +54,10 @@ if [ "$WHAT" = resnet ] || [ "$WHAT" = all ]; then
   "$B/bin/kiln" train "$cfg" "${plain[@]}" --set optimizer.learning_rate=1e-30 --set train.steps_per_epoch=1 \
     --set train.output_dir="\"$w/rinit\"" >/dev/null
   lr=${RESNET_LR:-2e-3}
+  # RESNET_SET: one more --set for Kiln's run, e.g. RESNET_SET=device.winograd=false
   "$B/bin/kiln" train "$cfg" "${plain[@]}" --set train.steps_per_epoch="$n" --set log.every_steps=1 \
-    --set optimizer.learning_rate="$lr" --set train.output_dir="\"$w/rtrained\"" >/dev/null
+    --set optimizer.learning_rate="$lr" --set train.output_dir="\"$w/rtrained\"" ${RESNET_SET:+--set "$RESNET_SET"} \
+    >/dev/null
   /usr/bin/python3 bench/accuracy/resnet_equivalence.py "$w/rinit/checkpoint.kiln" "$w/rtrained/metrics.jsonl" \
     "$w/rtrained/checkpoint.kiln" "$n" "$lr"
 fi
