@@ -192,22 +192,7 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
   float* relu_out = ep ? ep->relu_out : nullptr;
   const bool pooled = relu_out && ep->pool && ep->pool_out;
   const float beta = bias ? 1.f : 0.f;
-  if (dnnl_conv(OpKind::Conv2dForward, a, x, w, y, ws, pool, winograd)) {  // the epilogue after oneDNN's convolution
-    if (bias || relu_out)
-      pool.run(a.n, [&](int64_t n, int) {
-        float* yn = y + n * K * P;
-        if (bias)
-          for (int64_t k = 0; k < K; ++k) {
-            const float b = ep->bias[k];
-            float* row = yn + k * P;
-#pragma omp simd
-            for (int64_t i = 0; i < P; ++i) row[i] += b;
-          }
-        if (relu_out) relu(yn, relu_out + n * K * P, K * P);
-        if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
-      });
-    return;
-  }
+  if (dnnl_conv(OpKind::Conv2dForward, a, x, w, y, ws, pool, winograd, ep)) return;  // the epilogue included
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
   const size_t col_floats = pw ? 0 : static_cast<size_t>(CRS * P);
   if (images_in_parallel(a, pool.size())) {

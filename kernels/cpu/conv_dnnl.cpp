@@ -69,9 +69,20 @@ struct Prim {
   memory::desc scratch_md;
   size_t scratch_floats = 0;
   int args[3] = {0, 0, 0};  // DNNL_ARG_* of in0, in1, out
+  // Forward with an epilogue (Post): the output reordered back a group of `group` images at a time (then one image
+  // at a time for the rest), so the epilogue's pool reads each group while it is in cache.
+  int64_t group = 0, chosen_stride_n = 0;
+  dnnl::reorder to_user_group, to_user_one;
 };
 
-using Key = std::array<int64_t, 15>;  // the op kind, the ConvAttrs and Winograd or not
+// What oneDNN does after a forward convolution: add the bias (its bias argument). The ReLU stays Kiln's (on each
+// group of images while in cache): oneDNN's ReLU with alpha 0 is a max with 0, which turns NaN into 0, where
+// ActivationForward passes NaN on so the trainer can name the layer it came from.
+struct Post {
+  bool bias = false;
+};
+
+using Key = std::array<int64_t, 16>;  // the op kind, the ConvAttrs, Winograd or not, the Post
 
 // The right padding oneDNN needs for Kiln's output size: (size + pl + pr - kernel) / stride + 1 == out.
 std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, int64_t pl, int64_t out) {
@@ -81,7 +92,7 @@ std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, i
   return pr;
 }
 
-std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg) {
+std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg, Post post) {
   const auto prh = pad_right(a.h, a.r, a.stride_h, a.pad_h, a.oh), prw = pad_right(a.w, a.s, a.stride_w, a.pad_w, a.ow);
   if (!prh || !prw || a.pad_h >= a.r || a.pad_w >= a.s) return nullptr;
   const memory::dims xd{a.n, a.c, a.h, a.w}, wd{a.k, a.c, a.r, a.s}, yd{a.n, a.k, a.oh, a.ow};
@@ -94,7 +105,10 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
   auto p = std::make_unique<Prim>();
   const OneOmpThread one;
   try {
-    const dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, xa, wa, ya, strides, pl, pr);
+    const memory::desc ba({a.k}, Dt::f32, Tag::x);
+    const dnnl::convolution_forward::desc fd =
+        post.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xa, wa, ba, ya, strides, pl, pr)
+                  : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xa, wa, ya, strides, pl, pr);
     const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
     // The primitive, its implementation, and for in0, in1, out: the plain layout, the argument and oneDNN's layout.
     auto take = [&](const auto& pd, dnnl::primitive prim, std::array<memory::desc, 3> user, std::array<int, 3> args) {
@@ -135,6 +149,21 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
     for (int i = 0; i < 2; ++i)
       if (p->reorder[i]) p->to_chosen[i] = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user[i], eng, p->chosen[i]));
     if (p->reorder[2]) p->to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->chosen[2], eng, p->user[2]));
+    if (kind == OpKind::Conv2dForward && post.bias && p->reorder[2]) {
+      const auto& blk = p->chosen[2].data;
+      if (blk.format_kind != dnnl_blocked || blk.offset0 != 0) return nullptr;
+      p->chosen_stride_n = blk.format_desc.blocking.strides[0];
+      // About 256 KiB of output per group: the pool reads it from L2 right after the reorder wrote it.
+      const int64_t img = a.k * a.oh * a.ow;
+      p->group = std::clamp<int64_t>((int64_t{256} << 10) / 4 / std::max<int64_t>(img, 1), 1, a.n);
+      auto images = [&](int64_t g) {
+        const memory::dims d{g, a.k, a.oh, a.ow};
+        const memory::desc from = p->chosen[2].submemory_desc(d, {0, 0, 0, 0}), to(d, Dt::f32, Tag::nchw);
+        return dnnl::reorder(dnnl::reorder::primitive_desc(eng, from, eng, to));
+      };
+      p->to_user_group = images(p->group);
+      p->to_user_one = images(1);
+    }
   } catch (const dnnl::error&) {
     return nullptr;  // not supported by oneDNN: the im2col path runs it
   }
@@ -143,17 +172,17 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
 
 // Cached primitives, for the process (primitives with user scratchpads may run on several threads at once).
 // With `winograd`, Winograd where oneDNN has it for this CPU and geometry, else direct.
-const Prim* prim_for(OpKind kind, const ConvAttrs& a, bool winograd) {
+const Prim* prim_for(OpKind kind, const ConvAttrs& a, bool winograd, Post post) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Prim>> cache;
   const Key key{static_cast<int64_t>(kind), a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h, a.stride_w,
-                a.pad_h, a.pad_w, a.oh, a.ow, winograd ? 1 : 0};
+                a.pad_h, a.pad_w, a.oh, a.ow, winograd ? 1 : 0, post.bias ? 1 : 0};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) {
     std::unique_ptr<Prim> p;
-    if (winograd) p = build(kind, a, dnnl::algorithm::convolution_winograd);
-    if (!p) p = build(kind, a, dnnl::algorithm::convolution_direct);
+    if (winograd) p = build(kind, a, dnnl::algorithm::convolution_winograd, post);
+    if (!p) p = build(kind, a, dnnl::algorithm::convolution_direct, post);
     it = cache.emplace(key, std::move(p)).first;
   }
   return it->second.get();
@@ -191,7 +220,7 @@ struct Plan {
   size_t shared = 0, per_slot[4] = {0, 0, 0, 0}, slot_total = 0, partials = 0;
 };
 
-std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool winograd) {
+std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool winograd, Post post = {}) {
   // Pointwise convolutions are a plain GEMM already; with fewer than 8 input channels (a first layer on gray or RGB
   // images) oneDNN's backward data runs slower than im2col here (1->32 channels: 13x slower), while its forward and
   // backward filter run faster (0.25 and 0.22 ms against 0.31 and 0.52 ms at the CNN's batch 64 on 2 threads).
@@ -207,8 +236,8 @@ std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool 
   p.n_big = (a.n + p.slices - 1) / p.slices;
   // Both slice sizes take the same algorithm (decided on the smaller), so the slices' results round alike.
   const bool wino = winograd && winograd_suits(a, std::max<int64_t>(p.n_small, 1));
-  p.big = prim_for(kind, with_n(a, p.n_big), wino);
-  p.small = p.n_small == p.n_big ? p.big : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small), wino) : p.big);
+  p.big = prim_for(kind, with_n(a, p.n_big), wino, post);
+  p.small = p.n_small == p.n_big ? p.big : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small), wino, post) : p.big);
   if (!p.big || !p.small) return std::nullopt;
   // One weights reorder serves every slice: both slice sizes must have chosen the same weights layout.
   if (kind != OpKind::Conv2dBackwardFilter && p.small->chosen[1] != p.big->chosen[1]) return std::nullopt;
@@ -231,8 +260,33 @@ size_t workspace_floats(const Plan& p, int threads) {
   return p.shared + static_cast<size_t>(std::max(threads, 1)) * p.slot_total + p.partials;
 }
 
+void relu_images(const float* x, float* y, int64_t count) {  // y may be x; NaN passes through, as ActivationForward
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) y[i] = x[i] < 0.f ? 0.f : x[i];
+}
+
+// A forward convolution's epilogue on images [i0, i1) of `out` (plain layout): the bias unless the primitive added
+// it, the ReLU, the max pool; the same arithmetic as the unfused BiasAdd, ActivationForward and MaxPoolForward.
+void epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool bias_done, float* out, int64_t i0, int64_t i1) {
+  const int64_t K = a.k, P = a.oh * a.ow;
+  for (int64_t n = i0; n < i1; ++n) {
+    float* yn = out + n * K * P;
+    if (ep.bias && !bias_done)
+      for (int64_t k = 0; k < K; ++k) {
+        const float b = ep.bias[k];
+        float* row = yn + k * P;
+#pragma omp simd
+        for (int64_t i = 0; i < P; ++i) row[i] += b;
+      }
+    if (ep.relu_out) relu_images(yn, ep.relu_out + n * K * P, K * P);
+  }
+  if (ep.relu_out && ep.pool && ep.pool_out) max_pool_planes(*ep.pool, ep.relu_out, ep.pool_out, i0 * K, i1 * K);
+}
+
+// With `ep` (forward only), each slice's epilogue runs right after its images are back in the plain layout; with
+// `bias_done` the primitives added the bias (Post::bias) and reorder the output back a group of images at a time.
 void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
-              ThreadPool& pool) {
+              ThreadPool& pool, const ConvEpilogue* ep = nullptr, bool bias_done = false) {
   auto& eng = engine();
   const OneOmpThread one;
   // Weights shared by every slice (forward, backward data): reordered once, on the calling thread.
@@ -275,13 +329,29 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
     }
     memory out_chosen(q.chosen[2], eng, q.reorder[2] ? bufs[2] : user_out);
     args.emplace(q.args[2], out_chosen);
+    if (bias_done) args.emplace(DNNL_ARG_BIAS, memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep->bias)));
     if (q.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(q.scratch_md, eng, bufs[3]));
     q.prim.execute(s, args);
-    if (q.reorder[2]) {
-      memory dst(q.user[2], eng, user_out);
-      q.to_user.execute(s, out_chosen, dst);
+    if (bias_done && q.reorder[2]) {
+      // A group of images at a time back into the plain layout, each group's epilogue while it is in cache.
+      for (int64_t i = 0; i < n;) {
+        const int64_t g = n - i >= q.group ? q.group : 1;
+        const memory::dims d{g, a.k, a.oh, a.ow};
+        memory from(q.chosen[2].submemory_desc(d, {0, 0, 0, 0}), eng, bufs[2] + i * q.chosen_stride_n);
+        memory to(memory::desc(d, Dt::f32, Tag::nchw), eng, user_out + i * out_img);
+        (g == q.group ? q.to_user_group : q.to_user_one).execute(s, from, to);
+        s.wait();
+        epilogue(a, *ep, true, out, b + i, b + i + g);
+        i += g;
+      }
+    } else {
+      if (q.reorder[2]) {
+        memory dst(q.user[2], eng, user_out);
+        q.to_user.execute(s, out_chosen, dst);
+      }
+      s.wait();
+      if (ep) epilogue(a, *ep, bias_done, out, b, b + n);
     }
-    s.wait();
   });
   if (kind == OpKind::Conv2dBackwardFilter && p.slices > 1)
     parallel_ranges(pool, wsize, parts_for(wsize * p.slices, pool), [&](int64_t lo, int64_t hi) {
@@ -303,10 +373,20 @@ bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool wino
 }
 
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
-               ThreadPool& pool, bool winograd) {
+               ThreadPool& pool, bool winograd, const ConvEpilogue* ep) {
   const auto p = plan_for(kind, a, pool.size(), winograd);
   if (!p) return false;
-  run_plan(kind, a, *p, in0, in1, out, ws, pool);
+  if (ep && kind != OpKind::Conv2dForward) ep = nullptr;
+  if (ep && ep->bias) {
+    // The primitives with the bias, where they fit the workspace the op was given (sized without them).
+    const auto q = plan_for(kind, a, pool.size(), winograd, Post{true});
+    if (q && q->big->group > 0 && q->small->group > 0 && workspace_floats(*q, pool.size()) <= workspace_floats(*p, pool.size()) &&
+        q->slot_total <= p->slot_total && q->shared <= p->shared) {
+      run_plan(kind, a, *q, in0, in1, out, ws, pool, ep, true);
+      return true;
+    }
+  }
+  run_plan(kind, a, *p, in0, in1, out, ws, pool, ep, false);
   return true;
 }
 
@@ -316,7 +396,10 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
 
 namespace kiln::cpu {
 bool dnnl_conv_workspace(OpKind, const ConvAttrs&, int, bool, size_t&) { return false; }
-bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&, bool) { return false; }
+bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&, bool,
+               const ConvEpilogue*) {
+  return false;
+}
 }  // namespace kiln::cpu
 
 #endif

@@ -47,8 +47,9 @@ struct ConvEpilogue {
 // conv_dnnl.cpp: the convolution through oneDNN where the plugin was built with it and oneDNN takes this geometry
 // (false: the caller runs its im2col path). Workspace in floats, for `threads` threads.
 bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool winograd, size_t& floats);
+// With `ep` (Conv2dForward only), the epilogue too, each slice's images while they are in cache.
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
-               ThreadPool& pool, bool winograd);
+               ThreadPool& pool, bool winograd, const ConvEpilogue* ep = nullptr);
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
                     bool winograd, const ConvEpilogue* ep = nullptr);
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool,

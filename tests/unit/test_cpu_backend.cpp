@@ -185,6 +185,10 @@ TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals
       {"2x4x8x8.k5.r3.s2.valid", ConvAttrs{2, 4, 8, 8, 5, 3, 3, 2, 2, 0, 0, 3, 3}},
       {"3x6x5x5.k4.pointwise", ConvAttrs{3, 6, 5, 5, 4, 1, 1, 1, 1, 0, 0, 5, 5}},
       {"5x8x8x8.k12.r3.p1", ConvAttrs{5, 8, 8, 8, 12, 3, 3, 1, 1, 1, 1, 8, 8}},  // oneDNN's path, where built with it
+      // oneDNN adds the bias and the output comes back 4 images (256 KiB) at a time, then one at a time: slices of
+      // 11, 6 and 5, 4 and 4 and 3 images; the second takes Winograd where oneDNN has it.
+      {"11x8x32x32.k16.r3.p1", ConvAttrs{11, 8, 32, 32, 16, 3, 3, 1, 1, 1, 1, 32, 32}},
+      {"11x16x32x32.k16.r3.p1", ConvAttrs{11, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 32, 32}},
   };
   for (int threads : {1, 2, 3})
     for (const G& g : geoms)
