@@ -491,6 +491,39 @@ TEST_CASE("cpu 3x3 convolutions through oneDNN's Winograd kernels give the refer
 #endif
 }
 
+// conv_dnnl.cpp cuts a batch into more slices than threads where a slice's images would pass 1 MiB, runs each
+// thread's slices one after another and sums a thread's filter gradients slice by slice. 13 images of 16 x 64 x 48
+// (192 KiB each, 5 per slice): 3 slices of 4, 4 and 5 images on 1 thread, 4 of 3, 3, 3 and 4 on 2 threads (two
+// slice sizes, two per thread), 3 on 3 threads. Direct convolution sums integers exactly in any order, so every
+// slice must be counted exactly once; Winograd, on random floats, within float tolerance.
+TEST_CASE("cpu convolutions through oneDNN over more slices than threads equal the reference", "[cpu]") {
+#ifndef KILN_CPU_HAS_DNNL
+  KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev)");
+#else
+  const ConvAttrs a{13, 16, 64, 48, 16, 3, 3, 1, 1, 1, 1, 64, 48};
+  for (int threads : {1, 2, 3})
+    for (bool wino : {false, true}) {
+      auto cpu = open_cpu(threads, 1, 0, wino);
+      std::mt19937 gen(17);
+      std::uniform_int_distribution<int> small(-3, 3);
+      for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
+        const std::string op(op_name(kind));
+        CAPTURE(threads, wino, op);
+        const auto ar = op_arity(kind, a);
+        Vec in0 = random_vec(ar.in[0], gen), in1 = random_vec(ar.in[1], gen);
+        if (!wino) {  // integers for direct convolution, whose sums are then exact
+          for (float& v : in0) v = static_cast<float>(small(gen));
+          for (float& v : in1) v = static_cast<float>(small(gen));
+        }
+        const Vec want = reference_conv_op(kind, a, in0, in1), got = run_conv_op(*cpu.device, kind, a, in0, in1);
+        if (wino) CHECK(max_rel_diff(got, want) < 1e-4);
+        else CHECK(got == want);
+        CHECK(run_conv_op(*cpu.device, kind, a, in0, in1) == got);
+      }
+    }
+#endif
+}
+
 // Batch norm with the ReLU after it (fusion.cpp): forward, the normalization pass also writes the ReLU's output;
 // backward, the ReLU's gradient is computed in the batch norm's statistics sweep. Both must leave every buffer as
 // the two ops run one by one leave it, in place and with separate buffers, and stay unfused where they must.
