@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -228,8 +229,14 @@ const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument&
 int64_t ConfigNode::get_int(const std::string& key) const {
   auto* n = lookup(*this, table_, *doc_, key, true);
   if (auto v = n->as_integer()) return v->get();
-  if (auto f = n->as_floating_point(); f && f->get() == static_cast<double>(static_cast<int64_t>(f->get())))
-    return static_cast<int64_t>(f->get());
+  // A whole float (3.0) reads as 3. The range check comes first: converting a float outside int64's range (1e24),
+  // inf or NaN is undefined behaviour, not a number to compare.
+  if (auto f = n->as_floating_point()) {
+    const double d = f->get();
+    if (std::isfinite(d) && d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d)) return static_cast<int64_t>(d);
+    if (std::isfinite(d) && d == std::trunc(d))
+      fail(key, "expected an integer, found float " + show(*n) + ", outside the 64-bit integer range");
+  }
   fail(key, "expected an integer, found " + type_name(*n) + " " + show(*n));
 }
 int64_t ConfigNode::get_int(const std::string& key, int64_t dflt) const { return has(key) ? get_int(key) : (ignore(key), dflt); }

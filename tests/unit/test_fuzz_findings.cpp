@@ -6,7 +6,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/session.hpp"
 #include "kiln/trainer.hpp"
 #include "test_support.hpp"
 
@@ -140,4 +142,22 @@ TEST_CASE("fuzz finding: a checkpoint tensor with no elements loads (no memcpy f
   CHECK(back.tensors.at("empty").data.empty());
   CHECK(back.tensors.at("w").data == std::vector<float>{1.5f, 1.5f, 1.5f});
   fs::remove_all(dir);
+}
+
+// fuzz_session found a layer count written as a float too large for any integer (tests/fuzz/corpus/session/
+// crash-filters-1e24.toml: `filters = 1E24`): ConfigNode::get_int converted it to int64 before comparing, which is
+// undefined behaviour (UBSan). Now it is a ConfigError naming the file, line and key.
+TEST_CASE("fuzz finding: filters = 1E24 is a ConfigError naming the key, not a float-to-integer conversion",
+          "[fuzz-findings]") {
+  const std::string cfg =
+      "[model]\ninput_shape = [1, 8, 8]\n[[model.layers]]\ntype = \"conv2d\"\nfilters = 1E24\nkernel = 3\n";
+  std::string msg = "(no error)";
+  try {
+    kiln::Session s(kiln::Config::load_string(cfg, "f.toml"), kiln::test::registry());
+  } catch (const kiln::ConfigError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Catch::Contains("f.toml:5"));
+  CHECK_THAT(msg, Catch::Contains("filters"));
+  CHECK_THAT(msg, Catch::Contains("outside the 64-bit integer range"));
 }
