@@ -36,7 +36,7 @@ struct TapRun {
   int64_t ylo, yhi;  // output rows whose input row lies inside the image
   int64_t jb, je;    // the run [jb, je) of the tap's column row with plane index j + delta inside the plane
   int64_t delta;
-  int64_t lo, hi;    // output columns inside the image (valid_cols)
+  int64_t lo, hi;  // output columns inside the image (valid_cols)
 };
 
 TapRun tap_run(const ConvAttrs& a, int64_t r, int64_t s) {
@@ -176,12 +176,27 @@ void prefill_bias(const ConvAttrs& a, const ConvEpilogue* ep, float* yn) {
   for (int64_t k = 0; k < a.k; ++k) std::fill(yn + k * P, yn + (k + 1) * P, ep->bias[k]);
 }
 
-void relu(const float* x, float* y, int64_t count) {  // y may be x
-#pragma omp simd
-  for (int64_t i = 0; i < count; ++i) y[i] = x[i] < 0.f ? 0.f : x[i];  // NaN passes through, as ActivationForward
-}
-
 }  // namespace
+
+void conv_epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool add_bias, float* y, int64_t n0, int64_t n1) {
+  const int64_t K = a.k, P = ohw(a);
+  for (int64_t n = n0; n < n1; ++n) {
+    float* yn = y + n * K * P;
+    if (add_bias && ep.bias)
+      for (int64_t k = 0; k < K; ++k) {
+        const float b = ep.bias[k];
+        float* row = yn + k * P;
+#pragma omp simd
+        for (int64_t i = 0; i < P; ++i) row[i] += b;
+      }
+    if (ep.relu_out) {
+      float* r = ep.relu_out + n * K * P;  // may be yn
+#pragma omp simd
+      for (int64_t i = 0; i < K * P; ++i) r[i] = yn[i] < 0.f ? 0.f : yn[i];  // NaN passes through, as ActivationForward
+    }
+  }
+  if (ep.relu_out && ep.pool && ep.pool_out) max_pool_planes(*ep.pool, ep.relu_out, ep.pool_out, n0 * K, n1 * K);
+}
 
 // y(n) (k, oh*ow) = w (k, c*r*s) * col(n) [+ bias, then ReLU, then max pool].
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
@@ -189,8 +204,6 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
   const bool bias = ep && ep->bias;
-  float* relu_out = ep ? ep->relu_out : nullptr;
-  const bool pooled = relu_out && ep->pool && ep->pool_out;
   const float beta = bias ? 1.f : 0.f;
   if (dnnl_conv(OpKind::Conv2dForward, a, x, w, y, ws, pool, winograd, ep)) return;  // the epilogue included
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
@@ -203,8 +216,7 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
       if (!pw) im2col(a, src, col);
       if (bias) prefill_bias(a, ep, yn);
       sgemm_1t(false, false, K, P, CRS, 1.f, w, CRS, pw ? src : col, P, beta, yn, P);
-      if (relu_out) relu(yn, relu_out + n * K * P, K * P);
-      if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
+      if (ep) conv_epilogue(a, *ep, false, y, n, n + 1);
     });
     return;
   }
@@ -214,8 +226,7 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
     if (!pw) im2col(a, src, ws);
     if (bias) prefill_bias(a, ep, yn);
     gemm(GemmAttrs{K, P, CRS, false, false, 1.f, beta}, w, pw ? src : ws, yn, pool);
-    if (relu_out) relu(yn, relu_out + n * K * P, K * P);
-    if (pooled) max_pool_planes(*ep->pool, relu_out, ep->pool_out, n * K, (n + 1) * K);
+    if (ep) conv_epilogue(a, *ep, false, y, n, n + 1);
   }
 }
 
@@ -245,8 +256,8 @@ void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, f
 
 // dw (k, c*r*s) = sum_n dy(n) (k, oh*ow) * col(n)^T. Group g sums its images into its own copy (group 0
 // into dw); the copies are then added in group order.
-void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
-                            ThreadPool& pool, bool winograd) {
+void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws, ThreadPool& pool,
+                            bool winograd) {
   if (dnnl_conv(OpKind::Conv2dBackwardFilter, a, x, dy, dw, ws, pool, winograd)) return;
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const int64_t wsize = K * CRS;

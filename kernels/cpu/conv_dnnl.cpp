@@ -297,29 +297,6 @@ size_t workspace_floats(const Plan& p, int threads) {
   return p.shared + static_cast<size_t>(std::max(threads, 1)) * p.slot_total + p.partials;
 }
 
-void relu_images(const float* x, float* y, int64_t count) {  // y may be x; NaN passes through, as ActivationForward
-#pragma omp simd
-  for (int64_t i = 0; i < count; ++i) y[i] = x[i] < 0.f ? 0.f : x[i];
-}
-
-// A forward convolution's epilogue on images [i0, i1) of `out` (plain layout): the bias unless the primitive added
-// it, the ReLU, the max pool; the same arithmetic as the unfused BiasAdd, ActivationForward and MaxPoolForward.
-void epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool bias_done, float* out, int64_t i0, int64_t i1) {
-  const int64_t K = a.k, P = a.oh * a.ow;
-  for (int64_t n = i0; n < i1; ++n) {
-    float* yn = out + n * K * P;
-    if (ep.bias && !bias_done)
-      for (int64_t k = 0; k < K; ++k) {
-        const float b = ep.bias[k];
-        float* row = yn + k * P;
-#pragma omp simd
-        for (int64_t i = 0; i < P; ++i) row[i] += b;
-      }
-    if (ep.relu_out) relu_images(yn, ep.relu_out + n * K * P, K * P);
-  }
-  if (ep.relu_out && ep.pool && ep.pool_out) max_pool_planes(*ep.pool, ep.relu_out, ep.pool_out, i0 * K, i1 * K);
-}
-
 // With `ep` (forward only), each slice's epilogue runs right after its images are back in the plain layout; with
 // `bias_done` the primitives added the bias (Post::bias) and reorder the output back a group of images at a time.
 void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
@@ -384,7 +361,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
           memory to(memory::desc(d, Dt::f32, Tag::nchw), eng, user_out + i * out_img);
           (g == q.group ? q.to_user_group : q.to_user_one).execute(s, from, to);
           s.wait();
-          epilogue(a, *ep, true, out, b + i, b + i + g);
+          conv_epilogue(a, *ep, false, out, b + i, b + i + g);
           i += g;
         }
       } else {
@@ -393,7 +370,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
           q.to_user.execute(s, out_chosen, dst);
         }
         s.wait();
-        if (ep) epilogue(a, *ep, bias_done, out, b, b + n);
+        if (ep) conv_epilogue(a, *ep, !bias_done, out, b, b + n);
       }
       if (kind == OpKind::Conv2dBackwardFilter && t != t0)
         for (int64_t i = 0; i < wsize; ++i) group_dw[i] += bufs[4][i];

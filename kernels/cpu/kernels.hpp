@@ -20,11 +20,12 @@ inline int64_t parts_for(int64_t work, const ThreadPool& pool) {
 
 // gemm.cpp. OpenBLAS runs single-threaded inside our pool's threads (see gemm.cpp for why).
 void blas_init();
-// Four 256x512x200 sgemm calls per pool thread, spread over the pool, when a device opens. Measured, not explained: on Kiln's
-// development VM (Zen 4 under Firecracker, Debian's OpenBLAS 0.3.21 on 4 KiB pages), a process whose first sgemm
+// Four 256x512x200 sgemm calls per pool thread, spread over the pool, when a device opens. Measured, not explained: on
+// Kiln's development VM (Zen 4 under Firecracker, Debian's OpenBLAS 0.3.21 on 4 KiB pages), a process whose first sgemm
 // calls had narrow outputs stays in a state where OpenBLAS's kernel runs at a third of its speed (12 against 37
-// GFLOP/s single-threaded at 256x256x784) for the rest of its life, and wider calls first avoid it (most of the time: 23 of 24 runs; one call per thread, 5 of 6); with
-// transparent huge pages "always" neither happens (bench/results/cpu_ops.md). KILN_OPENBLAS_WARMUP=0 skips it.
+// GFLOP/s single-threaded at 256x256x784) for the rest of its life, and wider calls first avoid it (most of the time:
+// 23 of 24 runs; one call per thread, 5 of 6); with transparent huge pages "always" neither happens
+// (bench/results/cpu_ops.md). KILN_OPENBLAS_WARMUP=0 skips it.
 void blas_warm_up(ThreadPool& pool);
 void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPool& pool);
 // Row-major sgemm on the calling thread only, with leading dimensions (used by the conv kernels).
@@ -44,6 +45,10 @@ struct ConvEpilogue {
   const PoolAttrs* pool = nullptr;
   float* pool_out = nullptr;
 };
+// The epilogue after a convolution wrote images [n0, n1) of y: the bias (with add_bias; the im2col path prefills it,
+// oneDNN may add it), then relu_out = ReLU(y) and the max pool, as ConvEpilogue says. Same arithmetic as the
+// unfused BiasAdd, ActivationForward (NaN passes through) and MaxPoolForward.
+void conv_epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool add_bias, float* y, int64_t n0, int64_t n1);
 // conv_dnnl.cpp: the convolution through oneDNN where the plugin was built with it and oneDNN takes this geometry
 // (false: the caller runs its im2col path). Workspace in floats, for `threads` threads.
 bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool winograd, size_t& floats);
@@ -54,8 +59,8 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
                     bool winograd, const ConvEpilogue* ep = nullptr);
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool,
                           bool winograd);
-void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws,
-                            ThreadPool& pool, bool winograd);
+void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws, ThreadPool& pool,
+                            bool winograd);
 
 // pool.cpp
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
@@ -64,8 +69,8 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
 // relu_grad: also the ReLU backward that follows when x is a ReLU's output, dx = x > 0 ? dx : 0.
 // plane_sums (n * c floats, or null): also bias_plane_sum of each plane of dx, written as it is finished, for a
 // BiasGrad of dx fused after it (bias_grad_from_plane_sums).
-void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool, bool relu_grad = false, float* plane_sums = nullptr);
+void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, ThreadPool& pool,
+                       bool relu_grad = false, float* plane_sums = nullptr);
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool);
 
