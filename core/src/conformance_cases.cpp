@@ -118,6 +118,9 @@ void pool_cases(Table& t) {
       {"4x5x13x11.k3x2.s3x2.p0x1", 4, 5, 13, 11, 3, 2, 3, 2, 0, 1, false},
       {"16x32x32x32.k2.s2", 16, 32, 32, 32, 2, 2, 2, 2, 0, 0, true},
       {"2x3x17x37.k2.s2.odd", 2, 3, 17, 37, 2, 2, 2, 2, 0, 0, false},  // 18 windows a row: 8 + 8 + 2, odd edges
+      {"3x4x14x14.k2.s2", 3, 4, 14, 14, 2, 2, 2, 2, 0, 0, false},      // 7 windows a row, the last row masked
+      {"2x3x5x27.k2.s2.odd", 2, 3, 5, 27, 2, 2, 2, 2, 0, 0, false},    // 13 a row: 8, then the last 8 again, odd edges
+      {"2x3x6x28.k2.s2", 2, 3, 6, 28, 2, 2, 2, 2, 0, 0, false},        // 14 a row (the CNN sample's 28x28)
   };
   for (const P& p : cfgs) {
     PoolAttrs a;

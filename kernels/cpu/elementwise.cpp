@@ -59,11 +59,18 @@ void bias_grad(const BiasAttrs& a, const float* dy, float* db, ThreadPool& pool)
   });
 }
 
+// 32 running sums (four vectors' worth: one vector's adds wait on each other, four overlap), then the rest, then
+// the 32 in a fixed order: the result depends on count only, not on threads or alignment.
 float bias_plane_sum(const float* p, int64_t count) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < count; ++i) s += p[i];
-  return s;
+  float acc[32] = {};
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32)
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) acc[j] += p[i + j];
+  for (int j = 0; i < count; ++i, ++j) acc[j] += p[i];
+  for (int w = 16; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
 }
 
 void bias_grad_from_plane_sums(const BiasAttrs& a, const float* sums, float* db) {

@@ -25,6 +25,33 @@ inline void interleave(float* p, __m256 even, __m256 odd) {
   _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
   _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
+
+// The first n (< 8, may be <= 0: none) floats at p, the other lanes 0; and the store of the first n lanes. Masked
+// lanes are neither read nor written (no fault past the end of a buffer). A row of 7 windows (14x14 planes) or the
+// last 6 of 14 (28x28) would otherwise run the scalar loop.
+#ifdef __AVX512VL__
+inline __mmask8 first_lanes(int64_t n) { return n <= 0 ? 0 : static_cast<__mmask8>((1u << std::min<int64_t>(n, 8)) - 1); }
+inline __m256 load_first(const float* p, int64_t n) { return _mm256_maskz_loadu_ps(first_lanes(n), p); }
+inline void store_first(float* p, int64_t n, __m256 v) { _mm256_mask_storeu_ps(p, first_lanes(n), v); }
+#else
+inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(n, 0, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline __m256 load_first(const float* p, int64_t n) { return _mm256_maskload_ps(p, first_lanes(n)); }
+inline void store_first(float* p, int64_t n, __m256 v) { _mm256_maskstore_ps(p, first_lanes(n), v); }
+#endif
+// deinterleave and interleave of the first n < 8 windows (2n floats).
+inline void deinterleave_first(const float* p, int64_t n, __m256& even, __m256& odd) {
+  const __m256 a = load_first(p, 2 * n), b = load_first(p + 8, 2 * n - 8);
+  even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+  odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+}
+inline void interleave_first(float* p, int64_t n, __m256 even, __m256 odd) {
+  const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+  store_first(p, 2 * n, _mm256_permute2f128_ps(lo, hi, 0x20));
+  store_first(p + 8, 2 * n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
 #endif
 
 struct Window {
@@ -62,17 +89,30 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
         const float* r1 = r0 + a.w;
         int64_t ox = 0;
 #ifdef __AVX2__
-        // 8 windows at a time, the same comparisons in the same order as the scalar loop below (ordered
-        // greater-than: a NaN never replaces the running maximum, and a NaN first element stays).
-        for (; ox + 8 <= a.ow; ox += 8) {
+        // 8 windows at a time, the last fewer with masked loads and stores: the same comparisons in the same
+        // order as the scalar loop below (ordered greater-than: a NaN never replaces the running maximum, and a
+        // NaN first element stays).
+        for (; ox < a.ow; ox += 8) {
+          int64_t n = std::min<int64_t>(8, a.ow - ox);
+          // A row's last few windows: the last 8 again, overlapping those done (the same values). A row of fewer
+          // than 8 still loads and stores whole vectors where those stay inside this plane: the extra outputs
+          // land on the next rows, written later (masked stores are slow on AMD's cores).
+          if (n < 8 && ox > 0) ox = a.ow - 8, n = 8;
+          const bool whole = n == 8 || ((2 * oy + 1) * a.w + 2 * ox + 16 <= in_plane && oy * a.ow + ox + 8 <= out_plane);
           __m256 t0, t1, b0, b1;
-          deinterleave(r0 + 2 * ox, t0, t1);
-          deinterleave(r1 + 2 * ox, b0, b1);
+          if (whole) {
+            deinterleave(r0 + 2 * ox, t0, t1);
+            deinterleave(r1 + 2 * ox, b0, b1);
+          } else {
+            deinterleave_first(r0 + 2 * ox, n, t0, t1);
+            deinterleave_first(r1 + 2 * ox, n, b0, b1);
+          }
           __m256 m = t0;
           m = _mm256_blendv_ps(m, t1, _mm256_cmp_ps(t1, m, _CMP_GT_OQ));
           m = _mm256_blendv_ps(m, b0, _mm256_cmp_ps(b0, m, _CMP_GT_OQ));
           m = _mm256_blendv_ps(m, b1, _mm256_cmp_ps(b1, m, _CMP_GT_OQ));
-          _mm256_storeu_ps(yp + oy * a.ow + ox, m);
+          if (whole) _mm256_storeu_ps(yp + oy * a.ow + ox, m);
+          else store_first(yp + oy * a.ow + ox, n, m);
         }
 #endif
         for (; ox < a.ow; ++ox) {
@@ -125,23 +165,43 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
           const float* gr = dy + p * out_plane + oy * a.ow;
           int64_t ox = 0;
 #ifdef __AVX2__
-          // 8 windows at a time: the masks of the scalar loop below, as vector compares (ordered: NaN matches
-          // nothing), and g or +0 by masking bits.
+          // 8 windows at a time, the last fewer with masked loads and stores: the masks of the scalar loop
+          // below, as vector compares (ordered: NaN matches nothing), and g or +0 by masking bits.
           const __m256 zero = _mm256_setzero_ps();
           const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-          for (; ox + 8 <= a.ow; ox += 8) {
-            __m256 t0, t1, b0, b1;
-            deinterleave(r0 + 2 * ox, t0, t1);
-            deinterleave(r1 + 2 * ox, b0, b1);
-            const __m256 yv = _mm256_loadu_ps(yr + ox), g = _mm256_loadu_ps(gr + ox);
+          for (; ox < a.ow; ox += 8) {
+            int64_t n = std::min<int64_t>(8, a.ow - ox);
+            // As in the forward pass: a row's last windows overlapping, or whole vectors unless they would reach
+            // past this plane (the floats past the last window are written again later: the odd edge's zeros,
+            // the second row of these windows, the rows below).
+            if (n < 8 && ox > 0) ox = a.ow - 8, n = 8;
+            const bool whole =
+                n == 8 || ((2 * oy + 1) * a.w + 2 * ox + 16 <= in_plane && oy * a.ow + ox + 8 <= out_plane);
+            __m256 t0, t1, b0, b1, yv, g;
+            if (whole) {
+              deinterleave(r0 + 2 * ox, t0, t1);
+              deinterleave(r1 + 2 * ox, b0, b1);
+              yv = _mm256_loadu_ps(yr + ox), g = _mm256_loadu_ps(gr + ox);
+            } else {
+              deinterleave_first(r0 + 2 * ox, n, t0, t1);
+              deinterleave_first(r1 + 2 * ox, n, b0, b1);
+              yv = load_first(yr + ox, n), g = load_first(gr + ox, n);
+            }
             const __m256 live = relu_grad ? _mm256_cmp_ps(yv, zero, _CMP_GT_OQ) : all;
             const __m256 e0 = _mm256_cmp_ps(t0, yv, _CMP_EQ_OQ), e1 = _mm256_cmp_ps(t1, yv, _CMP_EQ_OQ);
             const __m256 e2 = _mm256_cmp_ps(b0, yv, _CMP_EQ_OQ), e3 = _mm256_cmp_ps(b1, yv, _CMP_EQ_OQ);
             const __m256 lg = _mm256_and_ps(live, g);
             const __m256 seen01 = _mm256_or_ps(e0, e1), seen012 = _mm256_or_ps(seen01, e2);
-            interleave(d0 + 2 * ox, _mm256_and_ps(e0, lg), _mm256_andnot_ps(e0, _mm256_and_ps(e1, lg)));
-            interleave(d1 + 2 * ox, _mm256_andnot_ps(seen01, _mm256_and_ps(e2, lg)),
-                       _mm256_andnot_ps(seen012, _mm256_and_ps(e3, lg)));
+            const __m256 g0 = _mm256_and_ps(e0, lg), g1 = _mm256_andnot_ps(e0, _mm256_and_ps(e1, lg));
+            const __m256 g2 = _mm256_andnot_ps(seen01, _mm256_and_ps(e2, lg));
+            const __m256 g3 = _mm256_andnot_ps(seen012, _mm256_and_ps(e3, lg));
+            if (whole) {
+              interleave(d0 + 2 * ox, g0, g1);
+              interleave(d1 + 2 * ox, g2, g3);
+            } else {
+              interleave_first(d0 + 2 * ox, n, g0, g1);
+              interleave_first(d1 + 2 * ox, n, g2, g3);
+            }
           }
 #endif
           for (; ox < a.ow; ++ox) {

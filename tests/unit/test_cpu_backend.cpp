@@ -281,6 +281,7 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward [+ bias gradient
       {"3x4x7x9.k2.s2", PoolAttrs{3, 4, 7, 9, 2, 2, 2, 2, 0, 0, 3, 4}},          // the 2x2 fast path, odd edges
       {"2x3x7x9.k3.s2.p1", PoolAttrs{2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5}},      // overlapping windows
       {"2x3x9x37.k2.s2", PoolAttrs{2, 3, 9, 37, 2, 2, 2, 2, 0, 0, 4, 18}},      // 8 windows at a time, and the rest
+      {"3x5x14x14.k2.s2", PoolAttrs{3, 5, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7}},     // rows of 7 windows (masked)
   };
   for (int threads : {1, 2})
     for (const G& g : geoms) {
