@@ -10,6 +10,8 @@
 //  - MaxPoolBackward dx, ActivationBackward relu dx in place, its y the pool's x: max_pool_backward with
 //    relu_grad (with [memory] inplace = true); [BiasGrad of dx]: each plane of dx is summed as it is finished,
 //    while in cache (the same function and order as bias_grad's, so the same bits), instead of read again.
+//    [Conv2dBackwardData or Conv2dBackwardFilter of that dx]: the convolution's slices of images each run the pool's
+//    planes for their images first (a ConvPrologue), so the convolution reads dx from cache.
 //  - BatchNormForward y, ActivationForward relu of y: batch_norm_forward also writes the ReLU's output.
 //  - ActivationBackward relu dy, BatchNormBackward of dy (inner >= 16): the ReLU's gradient is computed and written in
 //    the batch norm's statistics sweep (batch_norm_backward_relu).
@@ -95,6 +97,35 @@ bool pool_relu_bias_run(std::span<const OpCall> c) {
          disjoint(c[2].out[0], {&dx, &c[0].in[0], &c[0].in[1], &c[0].in[2]});
 }
 
+// ... then the backward convolution that reads that dx as its dy (the conv layer's input gradient or its filter
+// gradient): fused when the convolution's output, its other input and its workspace are apart from every buffer the
+// pool, the ReLU and the bias gradient read or write, since slices of the two interleave.
+bool pool_relu_bias_conv_run(std::span<const OpCall> c) {
+  if (c.size() < 4 || !pool_relu_bias_run(c)) return false;
+  const OpCall& v = c[3];
+  if (v.kind != OpKind::Conv2dBackwardData && v.kind != OpKind::Conv2dBackwardFilter) return false;
+  const auto& pa = std::get<PoolAttrs>(c[0].attrs);
+  const auto* ca = std::get_if<ConvAttrs>(&v.attrs);
+  if (!ca || ca->n != pa.n || ca->k != pa.c || ca->oh != pa.h || ca->ow != pa.w) return false;
+  const bool data = v.kind == OpKind::Conv2dBackwardData;
+  const BufferView &dx = c[0].out[0], &dy = v.in[data ? 0 : 1], &other = v.in[data ? 1 : 0];
+  const BufferView &px = c[0].in[0], &py = c[0].in[1], &pdy = c[0].in[2], &db = c[2].out[0];
+  if (!same(dy, dx)) return false;
+  return disjoint(v.out[0], {&dx, &px, &py, &pdy, &db, &other}) && disjoint(other, {&dx}) &&
+         (!v.workspace.block || disjoint(v.workspace, {&dx, &px, &py, &pdy, &db, &other}));
+}
+
+// The fused max-pool backward of the images [n0, n1): their planes of dx, with the ReLU's gradient and the bias sums.
+struct PoolPrologue {
+  const PoolAttrs* a;
+  const float *x, *y, *dy;
+  float *dx, *sums;
+};
+void pool_prologue(const void* ctx, int64_t n0, int64_t n1) {
+  const auto& p = *static_cast<const PoolPrologue*>(ctx);
+  max_pool_backward_planes(*p.a, p.x, p.y, p.dy, p.dx, true, p.sums, n0 * p.a->c, n1 * p.a->c);
+}
+
 // batch norm forward, relu: the normalization pass also writes the ReLU's output. The ReLU reads the batch norm's
 // y and writes over it (in place) or into a buffer apart from everything the batch norm reads or writes.
 // A synchronized batch norm (`sync`, run by the data-parallel strategy) is never fused.
@@ -172,6 +203,23 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
                              c.in[3].host(), ReluInFront{r.in[0].host(), r.in[1].host()}, r.out[0].host(),
                              c.out[0].host(), c.out[1].host(), c.out[2].host(), pool_);
     return 2;
+  }
+  if (pool_relu_bias_conv_run(calls)) {
+    // Each slice of the convolution's images first gets its dx planes from the pool, then the convolution reads them
+    // while they are in cache, instead of the pool streaming all of dx out to memory and the convolution back in.
+    const OpCall &c = calls[0], &v = calls[3];
+    const auto& a = std::get<PoolAttrs>(c.attrs);
+    plane_sums_.resize(static_cast<size_t>(a.n * a.c));
+    const PoolPrologue pp{&a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), plane_sums_.data()};
+    const ConvPrologue pro{pool_prologue, &pp};
+    const auto& ca = std::get<ConvAttrs>(v.attrs);
+    float* ws = v.workspace.block ? v.workspace.host() : nullptr;
+    if (v.kind == OpKind::Conv2dBackwardData)
+      conv2d_backward_data(ca, v.in[0].host(), v.in[1].host(), v.out[0].host(), ws, pool_, winograd_, &pro);
+    else
+      conv2d_backward_filter(ca, v.in[0].host(), v.in[1].host(), v.out[0].host(), ws, pool_, winograd_, &pro);
+    bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+    return 4;
   }
   if (pool_relu_bias_run(calls)) {
     const OpCall& c = calls[0];

@@ -10,6 +10,7 @@
 #   bench/step/compare_peers.sh [build-dir]
 # QUICK=1 tries fewer settings: PyTorch with the raised malloc thresholds only (never slower here), torch.compile
 # at 2 threads only, JAX's CNN with lax.reduce_window pooling only.
+# ROWS="cnn64 cnn256" (kind and batch) runs only those rows.
 # Without .venv-peers only Debian's PyTorch is measured. Every command takes the build lock itself.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -86,9 +87,10 @@ row() {  # kind batch steps
     printf "\n    every peer (ms, best setting): %s\n", all
   }'
 }
-row mlp 32 300
-row mlp 128 200
-row mlp 512 100
-row cnn 64 40
-row cnn 256 20
+# ROWS="cnn256 mlp128" runs only those rows (kind and batch), for a second look at one row in the same conditions.
+ROWS=${ROWS:-}
+for r in "mlp 32 300" "mlp 128 200" "mlp 512 100" "cnn 64 40" "cnn 256 20"; do
+  set -- $r
+  [ -z "$ROWS" ] || [[ " $ROWS " == *" $1$2 "* ]] && row "$@"
+done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

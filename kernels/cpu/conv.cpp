@@ -231,9 +231,19 @@ void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y
 }
 
 // dcol(n) (c*r*s, oh*ow) = w^T * dy(n); dx(n) = col2im(dcol(n))
+namespace {
+
+// The prologue over the whole batch, before a path that reads dy all at once.
+void run_prologue(const ConvAttrs& a, const ConvPrologue* pro, ThreadPool& pool) {
+  if (pro) parallel_ranges(pool, a.n, std::min<int64_t>(a.n, 4 * pool.size()), [&](int64_t b, int64_t e) { (*pro)(b, e); });
+}
+
+}  // namespace
+
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool,
-                          bool winograd) {
-  if (dnnl_conv(OpKind::Conv2dBackwardData, a, dy, w, dx, ws, pool, winograd)) return;
+                          bool winograd, const ConvPrologue* pro) {
+  if (dnnl_conv(OpKind::Conv2dBackwardData, a, dy, w, dx, ws, pool, winograd, nullptr, pro)) return;
+  run_prologue(a, pro, pool);
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const bool pw = is_pointwise(a);
   // A pointwise conv has no im2col buffer (ws may be null): no offset is applied to it, not even an unused one.
@@ -257,8 +267,9 @@ void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, f
 // dw (k, c*r*s) = sum_n dy(n) (k, oh*ow) * col(n)^T. Group g sums its images into its own copy (group 0
 // into dw); the copies are then added in group order.
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws, ThreadPool& pool,
-                            bool winograd) {
-  if (dnnl_conv(OpKind::Conv2dBackwardFilter, a, x, dy, dw, ws, pool, winograd)) return;
+                            bool winograd, const ConvPrologue* pro) {
+  if (dnnl_conv(OpKind::Conv2dBackwardFilter, a, x, dy, dw, ws, pool, winograd, nullptr, pro)) return;
+  run_prologue(a, pro, pool);
   const int64_t K = a.k, CRS = crs(a), P = ohw(a), img = a.c * a.h * a.w;
   const int64_t wsize = K * CRS;
   const bool pw = is_pointwise(a);

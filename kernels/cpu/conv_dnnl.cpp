@@ -8,7 +8,8 @@
 // Each slice's tensors are reordered from Kiln's plain NCHW / KCRS into the blocked layouts oneDNN picks for this
 // CPU (format_tag::any), run, and the output reordered back: all in the call's workspace (oneDNN's scratchpad in
 // user mode included), so the memory planner counts every byte. Backward filter sums the slices' gradients in slice
-// order.
+// order. A backward pass fused after a max-pool backward (fusion.cpp) runs the pool's planes of each slice's images
+// (a ConvPrologue) right before the slice's dy is reordered, so dy is read from cache.
 //
 // Algorithm: oneDNN's direct convolution, or where the device allows it ([device] winograd, on by default) and the
 // geometry suits it, its Winograd F(4x4, 3x3) kernels: 3x3 filters at stride 1 with 16 to 256 channels in and out
@@ -300,7 +301,8 @@ size_t workspace_floats(const Plan& p, int threads) {
 // With `ep` (forward only), each slice's epilogue runs right after its images are back in the plain layout; with
 // `bias_done` the primitives added the bias (Post::bias) and reorder the output back a group of images at a time.
 void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
-              ThreadPool& pool, const ConvEpilogue* ep = nullptr, bool bias_done = false) {
+              ThreadPool& pool, const ConvEpilogue* ep = nullptr, bool bias_done = false,
+              const ConvPrologue* pro = nullptr) {
   auto& eng = engine();
   const OneOmpThread one;
   // Weights shared by every slice (forward, backward data): reordered once, on the calling thread.
@@ -331,6 +333,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = slice_begin(a, p.slices, t), n = slice_begin(a, p.slices, t + 1) - b;
       const Prim& q = n == p.n_big ? *p.big : *p.small;
+      if (pro) (*pro)(b, b + n);  // this slice's dy, while the reorder below can still find it in cache
       dnnl::stream s(eng);
       const float* user_in[2] = {in0 + b * in0_img,
                                  kind == OpKind::Conv2dBackwardFilter ? in1 + b * in1_img : w_chosen};
@@ -396,9 +399,13 @@ bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool wino
 }
 
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
-               ThreadPool& pool, bool winograd, const ConvEpilogue* ep) {
+               ThreadPool& pool, bool winograd, const ConvEpilogue* ep, const ConvPrologue* pro) {
   const auto p = plan_for(kind, a, pool.size(), winograd);
   if (!p) return false;
+  if (pro && kind != OpKind::Conv2dForward) {
+    run_plan(kind, a, *p, in0, in1, out, ws, pool, nullptr, false, pro);
+    return true;
+  }
   if (ep && kind != OpKind::Conv2dForward) ep = nullptr;
   if (ep && ep->bias) {
     // The primitives with the bias, where they fit the workspace the op was given (sized without them).
@@ -421,7 +428,7 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
 namespace kiln::cpu {
 bool dnnl_conv_workspace(OpKind, const ConvAttrs&, int, bool, size_t&) { return false; }
 bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&, bool,
-               const ConvEpilogue*) {
+               const ConvEpilogue*, const ConvPrologue*) {
   return false;
 }
 }  // namespace kiln::cpu

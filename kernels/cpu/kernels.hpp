@@ -49,18 +49,29 @@ struct ConvEpilogue {
 // oneDNN may add it), then relu_out = ReLU(y) and the max pool, as ConvEpilogue says. Same arithmetic as the
 // unfused BiasAdd, ActivationForward (NaN passes through) and MaxPoolForward.
 void conv_epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool add_bias, float* y, int64_t n0, int64_t n1);
+// What a fused backward convolution runs first: it writes dy's images [n0, n1) (a max-pool backward, with the
+// ReLU's gradient and the bias's plane sums, writes them: fusion.cpp). Called with ranges that cover the batch once,
+// each range on one thread, before anything reads those images; ranges may run on several threads at once.
+struct ConvPrologue {
+  void (*fn)(const void* ctx, int64_t n0, int64_t n1) = nullptr;
+  const void* ctx = nullptr;
+  void operator()(int64_t n0, int64_t n1) const { fn(ctx, n0, n1); }
+};
 // conv_dnnl.cpp: the convolution through oneDNN where the plugin was built with it and oneDNN takes this geometry
 // (false: the caller runs its im2col path). Workspace in floats, for `threads` threads.
 bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool winograd, size_t& floats);
-// With `ep` (Conv2dForward only), the epilogue too, each slice's images while they are in cache.
+// With `ep` (Conv2dForward only), the epilogue too, each slice's images while they are in cache. With `pro`
+// (backward data and filter), the prologue produces each slice's dy images right before the slice reads them.
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
-               ThreadPool& pool, bool winograd, const ConvEpilogue* ep = nullptr);
+               ThreadPool& pool, bool winograd, const ConvEpilogue* ep = nullptr, const ConvPrologue* pro = nullptr);
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,
                     bool winograd, const ConvEpilogue* ep = nullptr);
+// With `pro`, dy is first written by the prologue: slice by slice inside oneDNN's path, or all of it (over the pool's
+// threads) before the im2col path.
 void conv2d_backward_data(const ConvAttrs& a, const float* dy, const float* w, float* dx, float* ws, ThreadPool& pool,
-                          bool winograd);
+                          bool winograd, const ConvPrologue* pro = nullptr);
 void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy, float* dw, float* ws, ThreadPool& pool,
-                            bool winograd);
+                            bool winograd, const ConvPrologue* pro = nullptr);
 
 // pool.cpp
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
@@ -71,6 +82,9 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
 // BiasGrad of dx fused after it (bias_grad_from_plane_sums).
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, ThreadPool& pool,
                        bool relu_grad = false, float* plane_sums = nullptr);
+// max_pool_backward's planes [pb, pe) of the (n, c) planes, on the calling thread.
+void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
+                              bool relu_grad, float* plane_sums, int64_t pb, int64_t pe);
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool);
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool);
 

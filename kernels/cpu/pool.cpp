@@ -147,11 +147,11 @@ void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& 
 
 // With relu_grad a window whose maximum yv is not > 0 passes no gradient: its argmax is where x == yv, so
 // x > 0 there exactly when yv > 0, and every other position gets 0 from both ops.
-void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool, bool relu_grad, float* plane_sums) {
-  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
+                              bool relu_grad, float* plane_sums, int64_t pb, int64_t pe) {
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
-  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
+  {
     for (int64_t p = pb; p < pe; ++p) {
       const float* xp = x + p * in_plane;
       float* dxp = dx + p * in_plane;
@@ -239,6 +239,13 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
         }
       if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);
     }
+  }
+}
+
+void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
+                       ThreadPool& pool, bool relu_grad, float* plane_sums) {
+  parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
+    max_pool_backward_planes(a, x, y, dy, dx, relu_grad, plane_sums, pb, pe);
   });
 }
 

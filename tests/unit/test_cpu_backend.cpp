@@ -349,6 +349,74 @@ TEST_CASE("cpu fuses max-pool backward + in-place relu backward [+ bias gradient
     }
 }
 
+// The conv layer's backward after a pooled ReLU (fusion.cpp): max-pool backward, the ReLU's gradient and the bias
+// gradient, then the backward convolution that reads their dx. Fused, each slice of the convolution's images
+// gets its dx planes from the pool right before the convolution reads them. 13 images of 16 x 64 x 48 (192 KiB): 3
+// or 4 slices on 1 and 2 threads, so slices of the pool and of the convolution interleave. Every buffer must end as
+// the four ops run one by one leave it, bit for bit; with the convolution's output over the pool's input, or over
+// its other input, only the first three fuse.
+TEST_CASE("cpu fuses max-pool backward, relu, bias gradient and the backward convolution reading their dx, bit for bit",
+          "[cpu][fusion]") {
+  const ConvAttrs ca{13, 16, 64, 48, 16, 3, 3, 1, 1, 1, 1, 64, 48};
+  const PoolAttrs pa{ca.n, ca.k, ca.oh, ca.ow, 2, 2, 2, 2, 0, 0, ca.oh / 2, ca.ow / 2};
+  const int64_t nx = pa.n * pa.c * pa.h * pa.w, ny = pa.n * pa.c * pa.oh * pa.ow;
+  for (int threads : {1, 2})
+    for (OpKind kind : {OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
+      const bool data = kind == OpKind::Conv2dBackwardData;
+      CAPTURE(threads, std::string(op_name(kind)));
+      auto cpu = open_cpu(threads);
+      Device& d = *cpu.device;
+      const auto ar = op_arity(kind, ca);
+      const int64_t other_n = ar.in[data ? 1 : 0], out_n = ar.out[0];
+      std::mt19937 gen(5);
+      std::uniform_int_distribution<int> small(-3, 2);
+      Vec px(static_cast<size_t>(nx));
+      for (auto& v : px) v = std::max(0.f, static_cast<float>(small(gen)));  // a ReLU's output: ties at 0
+      const Vec pdy = random_vec(ny, gen), other = random_vec(other_n, gen);
+      // 0 pool x, 1 pool y, 2 pool dy, 3 dx, 4 db, 5 the convolution's other input, 6 its output
+      Arena arena(d, {nx, ny, ny, nx, pa.c, other_n, out_n});
+      auto v = [&](int i) { return arena.view(static_cast<size_t>(i)); };
+      d.copy_from_host(px.data(), v(0));
+      d.copy_from_host(pdy.data(), v(2));
+      d.copy_from_host(other.data(), v(5));
+      d.run(OpCall{OpKind::MaxPoolForward, pa, {v(0)}, {v(1)}, {}});
+      OpCall conv{kind, ca, {data ? v(3) : v(5), data ? v(5) : v(3)}, {v(6)}, {}};
+      const size_t ws = d.workspace_bytes(conv);
+      Block* wb = ws ? d.allocate_block(ws) : nullptr;
+      conv.workspace = BufferView{wb, 0, ws};
+      const std::vector<OpCall> calls{
+          {OpKind::MaxPoolBackward, pa, {v(0), v(1), v(2)}, {v(3)}, {}},
+          {OpKind::ActivationBackward, ActivationAttrs{Activation::relu, nx}, {v(0), v(3)}, {v(3)}, {}},
+          {OpKind::BiasGrad, BiasAttrs{pa.n, pa.c, pa.h * pa.w}, {v(3)}, {v(4)}, {}},
+          conv};
+      for (const OpCall& c : calls) d.run(c);
+      const Vec dx = read(d, v(3)), db = read(d, v(4)), out = read(d, v(6));
+      auto poison = [&] {
+        for (int i : {3, 4, 6}) {
+          const Vec nan(v(i).bytes / sizeof(float), NAN);
+          d.copy_from_host(nan.data(), v(i));
+        }
+      };
+      poison();
+      CHECK(fused_runner(d).run_fused(calls) == 4);
+      const Vec fdx = read(d, v(3)), fdb = read(d, v(4)), fout = read(d, v(6));
+      CHECK(std::memcmp(fdx.data(), dx.data(), dx.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(fdb.data(), db.data(), db.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(fout.data(), out.data(), out.size() * sizeof(float)) == 0);
+      CHECK(std::any_of(fout.begin(), fout.end(), [](float f) { return f != 0.f; }));
+
+      // Not fused past the bias gradient: the convolution's output over the pool's input (slices would read it
+      // after the convolution wrote it), or its other input over dx.
+      std::vector<OpCall> over = calls;
+      over[3].out[0] = BufferView{v(0).block, v(0).offset, v(6).bytes};
+      CHECK(fused_runner(d).run_fused(over) == 3);
+      over = calls;
+      over[3].in[data ? 1 : 0] = BufferView{v(3).block, v(3).offset, v(5).bytes};
+      CHECK(fused_runner(d).run_fused(over) == 3);
+      if (wb) d.free_block(wb);
+    }
+}
+
 namespace {
 
 // One convolution op (in0, in1 -> out) run on the device with its workspace, `times` times; the output.
