@@ -115,6 +115,33 @@ bool pool_relu_bias_conv_run(std::span<const OpCall> c) {
          (!v.workspace.block || disjoint(v.workspace, {&dx, &px, &py, &pdy, &db, &other}));
 }
 
+// Backward data then backward filter of one convolution (c[at], c[at + 1]) reading the same dy: one pass over the
+// slices (dnnl_conv_backward_pair) in backward filter's workspace. Every buffer one of them writes (dx, dw, the
+// workspace) is apart from every buffer the other reads, and from `also` (a fused pool's buffers).
+bool conv_pair_run(std::span<const OpCall> c, size_t at, std::initializer_list<const BufferView*> also = {}) {
+  if (c.size() < at + 2 || c[at].kind != OpKind::Conv2dBackwardData || c[at + 1].kind != OpKind::Conv2dBackwardFilter)
+    return false;
+  const OpCall &d = c[at], &f = c[at + 1];
+  const auto &da = std::get<ConvAttrs>(d.attrs), &fa = std::get<ConvAttrs>(f.attrs);
+  const bool same_conv = da.n == fa.n && da.c == fa.c && da.h == fa.h && da.w == fa.w && da.k == fa.k && da.r == fa.r &&
+                         da.s == fa.s && da.stride_h == fa.stride_h && da.stride_w == fa.stride_w &&
+                         da.pad_h == fa.pad_h && da.pad_w == fa.pad_w && da.oh == fa.oh && da.ow == fa.ow;
+  if (!same_conv || !same(d.in[0], f.in[1]) || !f.workspace.block) return false;
+  const BufferView &dy = d.in[0], &w = d.in[1], &x = f.in[0], &dx = d.out[0], &dw = f.out[0], &ws = f.workspace;
+  if (!disjoint(dx, {&dy, &w, &x, &dw, &ws}) || !disjoint(dw, {&dy, &w, &x, &ws}) || !disjoint(ws, {&dy, &w, &x}))
+    return false;
+  for (const BufferView* o : also)
+    if (!disjoint(*o, {&dx, &dw, &ws})) return false;
+  return true;
+}
+
+// The pool, ReLU and bias gradient, then such a pair reading their dx: the pair's slices each run the pool's planes
+// first.
+bool pool_relu_bias_conv_pair_run(std::span<const OpCall> c) {
+  if (!pool_relu_bias_conv_run(c)) return false;
+  return conv_pair_run(c, 3, {&c[0].in[0], &c[0].in[1], &c[0].in[2], &c[0].out[0], &c[2].out[0]});
+}
+
 // The fused max-pool backward of the images [n0, n1): their planes of dx, with the ReLU's gradient and the bias sums.
 struct PoolPrologue {
   const PoolAttrs* a;
@@ -203,6 +230,26 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
                              c.in[3].host(), ReluInFront{r.in[0].host(), r.in[1].host()}, r.out[0].host(),
                              c.out[0].host(), c.out[1].host(), c.out[2].host(), pool_);
     return 2;
+  }
+  if (pool_relu_bias_conv_pair_run(calls)) {
+    const OpCall &c = calls[0], &d = calls[3], &f = calls[4];
+    const auto& a = std::get<PoolAttrs>(c.attrs);
+    plane_sums_.resize(static_cast<size_t>(a.n * a.c));
+    const PoolPrologue pp{&a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), plane_sums_.data()};
+    const ConvPrologue pro{pool_prologue, &pp};
+    if (dnnl_conv_backward_pair(std::get<ConvAttrs>(d.attrs), d.in[0].host(), d.in[1].host(), f.in[0].host(),
+                                d.out[0].host(), f.out[0].host(), f.workspace.host(), f.workspace.bytes / sizeof(float),
+                                pool_, winograd_, &pro)) {
+      bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+      return 5;
+    }
+  }
+  if (conv_pair_run(calls, 0)) {
+    const OpCall &d = calls[0], &f = calls[1];
+    if (dnnl_conv_backward_pair(std::get<ConvAttrs>(d.attrs), d.in[0].host(), d.in[1].host(), f.in[0].host(),
+                                d.out[0].host(), f.out[0].host(), f.workspace.host(), f.workspace.bytes / sizeof(float),
+                                pool_, winograd_, nullptr))
+      return 2;
   }
   if (pool_relu_bias_conv_run(calls)) {
     // Each slice of the convolution's images first gets its dx planes from the pool, then the convolution reads them

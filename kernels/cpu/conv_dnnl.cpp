@@ -298,6 +298,18 @@ size_t workspace_floats(const Plan& p, int threads) {
   return p.shared + static_cast<size_t>(std::max(threads, 1)) * p.slot_total + p.partials;
 }
 
+// Backward filter: the groups' partials (the first group's is dw itself) summed into dw, in group order.
+void sum_partials(const Plan& p, int64_t wsize, float* dw, const float* partial_base, ThreadPool& pool) {
+  if (p.groups > 1)
+    parallel_ranges(pool, wsize, parts_for(wsize * p.groups, pool), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        float v = dw[i];
+        for (int64_t t = 1; t < p.groups; ++t) v += partial_base[static_cast<size_t>(t - 1) * wsize + i];
+        dw[i] = v;
+      }
+    });
+}
+
 // With `ep` (forward only), each slice's epilogue runs right after its images are back in the plain layout; with
 // `bias_done` the primitives added the bias (Post::bias) and reorder the output back a group of images at a time.
 void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
@@ -379,14 +391,117 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
         for (int64_t i = 0; i < wsize; ++i) group_dw[i] += bufs[4][i];
     }
   });
-  if (kind == OpKind::Conv2dBackwardFilter && p.groups > 1)
-    parallel_ranges(pool, wsize, parts_for(wsize * p.groups, pool), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        float v = out[i];
-        for (int64_t t = 1; t < p.groups; ++t) v += partial_base[static_cast<size_t>(t - 1) * wsize + i];
-        out[i] = v;
+  if (kind == OpKind::Conv2dBackwardFilter) sum_partials(p, wsize, out, partial_base, pool);
+}
+
+// Backward data and backward filter of one convolution together (a dx and a dw from one dy), slice by slice: each
+// slice's dy is reordered once for both primitives, where the two ops would each reorder all of dy. The slices, their
+// primitives and the order of the filter's sums are the two ops' own, so dx and dw are bit for bit theirs.
+struct PairPlan {
+  Plan data, filter;
+  // Per slot: x, dy, dx and dw in oneDNN's layouts, one scratchpad (the two primitives run one after the other),
+  // one slice's filter gradient; before the slots the weights in backward data's layout; after them the partials.
+  size_t slot[6] = {0, 0, 0, 0, 0, 0}, slot_total = 0;
+  size_t floats(int threads) const {
+    return data.shared + static_cast<size_t>(std::max(threads, 1)) * slot_total + filter.partials;
+  }
+};
+
+std::optional<PairPlan> pair_plan(const ConvAttrs& a, int threads, bool winograd) {
+  auto d = plan_for(OpKind::Conv2dBackwardData, a, threads, winograd);
+  auto f = plan_for(OpKind::Conv2dBackwardFilter, a, threads, winograd);
+  if (!d || !f || d->slices != f->slices || d->groups != f->groups || d->n_big != f->n_big || d->n_small != f->n_small)
+    return std::nullopt;
+  // dy in one layout for both, at both slice sizes.
+  for (auto [dq, fq] : {std::pair{d->big, f->big}, std::pair{d->small, f->small}})
+    if (dq->chosen[0] != fq->chosen[1] || dq->reorder[0] != fq->reorder[1]) return std::nullopt;
+  PairPlan q{*d, *f};
+  q.slot[0] = f->per_slot[0];
+  q.slot[1] = std::max(d->per_slot[0], f->per_slot[1]);
+  q.slot[2] = d->per_slot[2];
+  q.slot[3] = f->per_slot[2];
+  q.slot[4] = std::max(d->per_slot[3], f->per_slot[3]);
+  q.slot[5] = f->per_slot[4];
+  for (size_t v : q.slot) q.slot_total += v;
+  return q;
+}
+
+void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const float* w, const float* x, float* dx,
+              float* dw, float* ws, ThreadPool& pool, const ConvPrologue* pro) {
+  auto& eng = engine();
+  const OneOmpThread one;
+  const Plan &pd = q.data, &pf = q.filter;
+  const float* w_chosen = w;
+  if (pd.big->reorder[1]) {
+    dnnl::stream s(eng);
+    memory src(pd.big->user[1], eng, const_cast<float*>(w)), dst(pd.big->chosen[1], eng, ws);
+    pd.big->to_chosen[1].execute(s, src, dst);
+    s.wait();
+    w_chosen = ws;
+  }
+  const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
+  float* partial_base = ws + pd.shared + static_cast<size_t>(pool.size()) * q.slot_total;
+  pool.run(pf.groups, [&](int64_t grp, int slot) {
+    const OneOmpThread one_here;
+    float* b0 = ws + pd.shared + static_cast<size_t>(slot) * q.slot_total;
+    float* buf[6];
+    for (int i = 0; i < 6; ++i) buf[i] = b0, b0 += q.slot[i];
+    float* group_dw = grp == 0 ? dw : partial_base + static_cast<size_t>(grp - 1) * static_cast<size_t>(wsize);
+    const int64_t t0 = pf.slices * grp / pf.groups, t1 = pf.slices * (grp + 1) / pf.groups;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = slice_begin(a, pf.slices, t), n = slice_begin(a, pf.slices, t + 1) - b;
+      const Prim& dq = n == pd.n_big ? *pd.big : *pd.small;
+      const Prim& fq = n == pf.n_big ? *pf.big : *pf.small;
+      if (pro) (*pro)(b, b + n);
+      dnnl::stream s(eng);
+      float* dy_user = const_cast<float*>(dy + b * y_img);
+      memory dy_mem(dq.chosen[0], eng, dq.reorder[0] ? buf[1] : dy_user);
+      if (dq.reorder[0]) {
+        memory src(dq.user[0], eng, dy_user);
+        dq.to_chosen[0].execute(s, src, dy_mem);
       }
-    });
+      // Backward data: dx of this slice.
+      {
+        std::unordered_map<int, memory> args;
+        args.emplace(DNNL_ARG_DIFF_DST, dy_mem);
+        args.emplace(DNNL_ARG_WEIGHTS, memory(dq.chosen[1], eng, const_cast<float*>(w_chosen)));
+        memory dx_mem(dq.chosen[2], eng, dq.reorder[2] ? buf[2] : dx + b * x_img);
+        args.emplace(DNNL_ARG_DIFF_SRC, dx_mem);
+        if (dq.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(dq.scratch_md, eng, buf[4]));
+        dq.prim.execute(s, args);
+        if (dq.reorder[2]) {
+          memory dst(dq.user[2], eng, dx + b * x_img);
+          dq.to_user.execute(s, dx_mem, dst);
+        }
+      }
+      // Backward filter from the same dy: the group's first slice into the group's partial, the others into a slot
+      // buffer added to it.
+      {
+        float* user_out = t == t0 ? group_dw : buf[5];
+        float* x_user = const_cast<float*>(x + b * x_img);
+        memory x_mem(fq.chosen[0], eng, fq.reorder[0] ? buf[0] : x_user);
+        if (fq.reorder[0]) {
+          memory src(fq.user[0], eng, x_user);
+          fq.to_chosen[0].execute(s, src, x_mem);
+        }
+        std::unordered_map<int, memory> args;
+        args.emplace(DNNL_ARG_SRC, x_mem);
+        args.emplace(DNNL_ARG_DIFF_DST, memory(fq.chosen[1], eng, dy_mem.get_data_handle()));
+        memory dw_mem(fq.chosen[2], eng, fq.reorder[2] ? buf[3] : user_out);
+        args.emplace(DNNL_ARG_DIFF_WEIGHTS, dw_mem);
+        if (fq.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(fq.scratch_md, eng, buf[4]));
+        fq.prim.execute(s, args);
+        if (fq.reorder[2]) {
+          memory dst(fq.user[2], eng, user_out);
+          fq.to_user.execute(s, dw_mem, dst);
+        }
+      }
+      s.wait();
+      if (t != t0)
+        for (int64_t i = 0; i < wsize; ++i) group_dw[i] += buf[5][i];
+    }
+  });
+  sum_partials(pf, wsize, dw, partial_base, pool);
 }
 
 }  // namespace
@@ -395,6 +510,22 @@ bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool wino
   const auto p = plan_for(kind, a, threads, winograd);
   if (!p) return false;
   floats = workspace_floats(*p, threads);
+  // Backward filter's workspace also holds the pair (backward data and filter together), which runs in it.
+  if (kind == OpKind::Conv2dBackwardFilter)
+    if (const auto q = pair_plan(a, threads, winograd)) floats = std::max(floats, q->floats(threads));
+  return true;
+}
+
+size_t dnnl_conv_backward_pair_workspace(const ConvAttrs& a, int threads, bool winograd) {
+  const auto q = pair_plan(a, threads, winograd);
+  return q ? q->floats(threads) : 0;
+}
+
+bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
+                             float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro) {
+  const auto q = pair_plan(a, pool.size(), winograd);
+  if (!q || ws_floats < q->floats(pool.size())) return false;
+  run_pair(a, *q, dy, w, x, dx, dw, ws, pool, pro);
   return true;
 }
 
@@ -429,6 +560,11 @@ namespace kiln::cpu {
 bool dnnl_conv_workspace(OpKind, const ConvAttrs&, int, bool, size_t&) { return false; }
 bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, float*, ThreadPool&, bool,
                const ConvEpilogue*, const ConvPrologue*) {
+  return false;
+}
+size_t dnnl_conv_backward_pair_workspace(const ConvAttrs&, int, bool) { return 0; }
+bool dnnl_conv_backward_pair(const ConvAttrs&, const float*, const float*, const float*, float*, float*, float*, size_t,
+                             ThreadPool&, bool, const ConvPrologue*) {
   return false;
 }
 }  // namespace kiln::cpu

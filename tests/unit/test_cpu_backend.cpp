@@ -1,6 +1,7 @@
 // The CPU backend: devices, memory and determinism. Every op against the reference is the conformance table's
 // job (tests/conformance, on 1, 2 and 3 threads); the op contract checks are in test_op_table.cpp.
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -415,6 +416,87 @@ TEST_CASE("cpu fuses max-pool backward, relu, bias gradient and the backward con
       CHECK(fused_runner(d).run_fused(over) == 3);
       if (wb) d.free_block(wb);
     }
+}
+
+// Backward data and backward filter of one convolution reading the same dy (fusion.cpp, dnnl_conv_backward_pair): one
+// pass over the slices that reorders each slice's dy once for both, after the pool's backward (five calls) or alone
+// (two calls), in backward filter's workspace (the planner's one workspace region: both calls' views start at the
+// same place). dx, dw and the pool's outputs must be bit for bit the ops' own.
+TEST_CASE("cpu fuses backward data and backward filter of one convolution, after the pool's backward or alone, bit for "
+          "bit",
+          "[cpu][fusion]") {
+#ifndef KILN_CPU_HAS_DNNL
+  KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev): no pair to fuse");
+#else
+  const ConvAttrs ca{13, 16, 64, 48, 16, 3, 3, 1, 1, 1, 1, 64, 48};
+  const PoolAttrs pa{ca.n, ca.k, ca.oh, ca.ow, 2, 2, 2, 2, 0, 0, ca.oh / 2, ca.ow / 2};
+  const int64_t nx = pa.n * pa.c * pa.h * pa.w, ny = pa.n * pa.c * pa.oh * pa.ow;
+  const int64_t nw = ca.k * ca.c * ca.r * ca.s, ncx = ca.n * ca.c * ca.h * ca.w;
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    auto cpu = open_cpu(threads);
+    Device& d = *cpu.device;
+    std::mt19937 gen(8);
+    std::uniform_int_distribution<int> small(-3, 2);
+    Vec px(static_cast<size_t>(nx));
+    for (auto& v : px) v = std::max(0.f, static_cast<float>(small(gen)));
+    const Vec pdy = random_vec(ny, gen), w = random_vec(nw, gen), cx = random_vec(ncx, gen);
+    // 0 pool x, 1 pool y, 2 pool dy, 3 dx (the convolution's dy), 4 db, 5 w, 6 conv x, 7 conv dx, 8 dw
+    Arena arena(d, {nx, ny, ny, nx, pa.c, nw, ncx, ncx, nw});
+    auto v = [&](int i) { return arena.view(static_cast<size_t>(i)); };
+    d.copy_from_host(px.data(), v(0));
+    d.copy_from_host(pdy.data(), v(2));
+    d.copy_from_host(w.data(), v(5));
+    d.copy_from_host(cx.data(), v(6));
+    d.run(OpCall{OpKind::MaxPoolForward, pa, {v(0)}, {v(1)}, {}});
+    OpCall data{OpKind::Conv2dBackwardData, ca, {v(3), v(5)}, {v(7)}, {}};
+    OpCall filter{OpKind::Conv2dBackwardFilter, ca, {v(6), v(3)}, {v(8)}, {}};
+    const size_t ws = std::max(d.workspace_bytes(data), d.workspace_bytes(filter));
+    Block* wb = d.allocate_block(ws);
+    REQUIRE(wb);
+    data.workspace = BufferView{wb, 0, d.workspace_bytes(data)};
+    filter.workspace = BufferView{wb, 0, d.workspace_bytes(filter)};
+    const std::vector<OpCall> calls{
+        {OpKind::MaxPoolBackward, pa, {v(0), v(1), v(2)}, {v(3)}, {}},
+        {OpKind::ActivationBackward, ActivationAttrs{Activation::relu, nx}, {v(0), v(3)}, {v(3)}, {}},
+        {OpKind::BiasGrad, BiasAttrs{pa.n, pa.c, pa.h * pa.w}, {v(3)}, {v(4)}, {}},
+        data,
+        filter};
+    for (const OpCall& c : calls) d.run(c);
+    std::vector<Vec> want;
+    for (int i : {3, 4, 7, 8}) want.push_back(read(d, v(i)));
+    auto poison = [&](std::initializer_list<int> which) {
+      for (int i : which) {
+        const Vec nan(v(i).bytes / sizeof(float), NAN);
+        d.copy_from_host(nan.data(), v(i));
+      }
+    };
+    auto same_bits = [&](const Vec& a, const Vec& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    poison({3, 4, 7, 8});
+    CHECK(fused_runner(d).run_fused(calls) == 5);
+    for (int k = 0; k < 4; ++k) CHECK(same_bits(read(d, v(std::array{3, 4, 7, 8}[static_cast<size_t>(k)])), want[static_cast<size_t>(k)]));
+    CHECK(std::any_of(want[3].begin(), want[3].end(), [](float f) { return f != 0.f; }));
+
+    // The two convolutions alone, dy already there.
+    const std::vector<OpCall> pair{data, filter};
+    poison({7, 8});
+    CHECK(fused_runner(d).run_fused(pair) == 2);
+    CHECK(same_bits(read(d, v(7)), want[2]));
+    CHECK(same_bits(read(d, v(8)), want[3]));
+
+    // Not a pair: backward data's dx over backward filter's x (a later slice would read what an earlier one wrote),
+    // or two different dy.
+    std::vector<OpCall> bad = pair;
+    bad[0].out[0] = v(6);
+    CHECK(fused_runner(d).run_fused(bad) == 0);
+    bad = pair;
+    bad[1].in[1] = BufferView{v(0).block, v(0).offset, v(3).bytes};
+    CHECK(fused_runner(d).run_fused(bad) == 0);
+    d.free_block(wb);
+  }
+#endif
 }
 
 namespace {
