@@ -12,6 +12,9 @@
 //    while in cache (the same function and order as bias_grad's, so the same bits), instead of read again.
 //    [Conv2dBackwardData or Conv2dBackwardFilter of that dx]: the convolution's slices of images each run the pool's
 //    planes for their images first (a ConvPrologue), so the convolution reads dx from cache.
+//  - Conv2dBackwardData dx, Conv2dBackwardFilter dw of the same convolution and dy (also after the pool above): one
+//    pass over the slices that reorders each slice's dy once for both (dnnl_conv_backward_pair), in the filter's
+//    workspace, which is sized for it.
 //  - BatchNormForward y, ActivationForward relu of y: batch_norm_forward also writes the ReLU's output.
 //  - ActivationBackward relu dy, BatchNormBackward of dy (inner >= 16): the ReLU's gradient is computed and written in
 //    the batch norm's statistics sweep (batch_norm_backward_relu).
@@ -111,7 +114,7 @@ bool pool_relu_bias_conv_run(std::span<const OpCall> c) {
   const BufferView &dx = c[0].out[0], &dy = v.in[data ? 0 : 1], &other = v.in[data ? 1 : 0];
   const BufferView &px = c[0].in[0], &py = c[0].in[1], &pdy = c[0].in[2], &db = c[2].out[0];
   if (!same(dy, dx)) return false;
-  return disjoint(v.out[0], {&dx, &px, &py, &pdy, &db, &other}) && disjoint(other, {&dx}) &&
+  return disjoint(v.out[0], {&dx, &px, &py, &pdy, &db, &other}) && disjoint(other, {&dx, &db}) &&
          (!v.workspace.block || disjoint(v.workspace, {&dx, &px, &py, &pdy, &db, &other}));
 }
 
@@ -138,8 +141,9 @@ bool conv_pair_run(std::span<const OpCall> c, size_t at, std::initializer_list<c
 // The pool, ReLU and bias gradient, then such a pair reading their dx: the pair's slices each run the pool's planes
 // first.
 bool pool_relu_bias_conv_pair_run(std::span<const OpCall> c) {
-  if (!pool_relu_bias_conv_run(c)) return false;
-  return conv_pair_run(c, 3, {&c[0].in[0], &c[0].in[1], &c[0].in[2], &c[0].out[0], &c[2].out[0]});
+  if (!pool_relu_bias_conv_run(c) || !conv_pair_run(c, 3, {&c[0].in[0], &c[0].in[1], &c[0].in[2], &c[0].out[0], &c[2].out[0]}))
+    return false;
+  return disjoint(c[4].in[0], {&c[0].out[0], &c[2].out[0]});  // backward filter's x, read while the pool writes dx
 }
 
 // The fused max-pool backward of the images [n0, n1): their planes of dx, with the ReLU's gradient and the bias sums.

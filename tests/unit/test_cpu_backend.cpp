@@ -494,6 +494,11 @@ TEST_CASE("cpu fuses backward data and backward filter of one convolution, after
     bad = pair;
     bad[1].in[1] = BufferView{v(0).block, v(0).offset, v(3).bytes};
     CHECK(fused_runner(d).run_fused(bad) == 0);
+    // After the pool: backward filter's x over the pool's dx, which the pool writes while the filter reads x: the
+    // pool and backward data fuse (four calls), backward filter runs alone.
+    std::vector<OpCall> bad5 = calls;
+    bad5[4].in[0] = BufferView{v(3).block, v(3).offset, v(6).bytes};
+    CHECK(fused_runner(d).run_fused(bad5) == 4);
     d.free_block(wb);
   }
 #endif
