@@ -298,6 +298,35 @@ size_t workspace_floats(const Plan& p, int threads) {
   return p.shared + static_cast<size_t>(std::max(threads, 1)) * p.slot_total + p.partials;
 }
 
+// Argument i of q (0 or 1) in q's layout: reordered from `user` into `buf` where the layouts differ, else `user` itself.
+memory chosen_arg(const Prim& q, int i, float* user, float* buf, dnnl::stream& s) {
+  memory m(q.chosen[i], engine(), q.reorder[i] ? buf : user);
+  if (q.reorder[i]) {
+    memory src(q.user[i], engine(), user);
+    q.to_chosen[i].execute(s, src, m);
+  }
+  return m;
+}
+// q's output: where it is written (`buf` where it must be reordered back, else `user`), then back to `user`.
+memory chosen_out(const Prim& q, float* user, float* buf) { return memory(q.chosen[2], engine(), q.reorder[2] ? buf : user); }
+void out_to_user(const Prim& q, memory& chosen, float* user, dnnl::stream& s) {
+  if (q.reorder[2]) {
+    memory dst(q.user[2], engine(), user);
+    q.to_user.execute(s, chosen, dst);
+  }
+}
+
+// The weights in the layout forward and backward data chose, reordered once into the start of the workspace for
+// every slice (on the calling thread), or w itself where no reorder is needed.
+const float* shared_weights(const Plan& p, const float* w, float* ws) {
+  if (!p.big->reorder[1]) return w;
+  dnnl::stream s(engine());
+  memory src(p.big->user[1], engine(), const_cast<float*>(w)), dst(p.big->chosen[1], engine(), ws);
+  p.big->to_chosen[1].execute(s, src, dst);
+  s.wait();
+  return ws;
+}
+
 // Backward filter: the groups' partials (the first group's is dw itself) summed into dw, in group order.
 void sum_partials(const Plan& p, int64_t wsize, float* dw, const float* partial_base, ThreadPool& pool) {
   if (p.groups > 1)
@@ -317,15 +346,8 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
               const ConvPrologue* pro = nullptr) {
   auto& eng = engine();
   const OneOmpThread one;
-  // Weights shared by every slice (forward, backward data): reordered once, on the calling thread.
-  const float* w_chosen = in1;
-  if (kind != OpKind::Conv2dBackwardFilter && p.big->reorder[1]) {
-    dnnl::stream s(eng);
-    memory src(p.big->user[1], eng, const_cast<float*>(in1)), dst(p.big->chosen[1], eng, ws);
-    p.big->to_chosen[1].execute(s, src, dst);
-    s.wait();
-    w_chosen = ws;
-  }
+  // Weights shared by every slice (forward, backward data).
+  const float* w_chosen = kind != OpKind::Conv2dBackwardFilter ? shared_weights(p, in1, ws) : in1;
   const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
   // Per Kiln op: in0's and out's image sizes (backward filter: in1 is dy, sliced too).
   int64_t in0_img = x_img, in1_img = 0, out_img = y_img;
@@ -352,16 +374,11 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
       float* user_out = kind == OpKind::Conv2dBackwardFilter ? (t == t0 ? group_dw : bufs[4]) : out + b * out_img;
       std::unordered_map<int, memory> args;
       for (int i = 0; i < 2; ++i) {
-        const bool shared_weights = i == 1 && kind != OpKind::Conv2dBackwardFilter;
-        if (q.reorder[i] && !shared_weights) {
-          memory src(q.user[i], eng, const_cast<float*>(user_in[i])), dst(q.chosen[i], eng, bufs[i]);
-          q.to_chosen[i].execute(s, src, dst);
-          args.emplace(q.args[i], dst);
-        } else {
-          args.emplace(q.args[i], memory(q.chosen[i], eng, const_cast<float*>(user_in[i])));
-        }
+        const bool weights_done = i == 1 && kind != OpKind::Conv2dBackwardFilter;  // shared, already in its layout
+        args.emplace(q.args[i], weights_done ? memory(q.chosen[i], eng, const_cast<float*>(user_in[i]))
+                                             : chosen_arg(q, i, const_cast<float*>(user_in[i]), bufs[i], s));
       }
-      memory out_chosen(q.chosen[2], eng, q.reorder[2] ? bufs[2] : user_out);
+      memory out_chosen = chosen_out(q, user_out, bufs[2]);
       args.emplace(q.args[2], out_chosen);
       if (bias_done)
         args.emplace(DNNL_ARG_BIAS, memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep->bias)));
@@ -380,10 +397,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
           i += g;
         }
       } else {
-        if (q.reorder[2]) {
-          memory dst(q.user[2], eng, user_out);
-          q.to_user.execute(s, out_chosen, dst);
-        }
+        out_to_user(q, out_chosen, user_out, s);
         s.wait();
         if (ep) conv_epilogue(a, *ep, !bias_done, out, b, b + n);
       }
@@ -431,14 +445,7 @@ void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const floa
   auto& eng = engine();
   const OneOmpThread one;
   const Plan &pd = q.data, &pf = q.filter;
-  const float* w_chosen = w;
-  if (pd.big->reorder[1]) {
-    dnnl::stream s(eng);
-    memory src(pd.big->user[1], eng, const_cast<float*>(w)), dst(pd.big->chosen[1], eng, ws);
-    pd.big->to_chosen[1].execute(s, src, dst);
-    s.wait();
-    w_chosen = ws;
-  }
+  const float* w_chosen = shared_weights(pd, w, ws);
   const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
   float* partial_base = ws + pd.shared + static_cast<size_t>(pool.size()) * q.slot_total;
   pool.run(pf.groups, [&](int64_t grp, int slot) {
@@ -454,47 +461,30 @@ void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const floa
       const Prim& fq = n == pf.n_big ? *pf.big : *pf.small;
       if (pro) (*pro)(b, b + n);
       dnnl::stream s(eng);
-      float* dy_user = const_cast<float*>(dy + b * y_img);
-      memory dy_mem(dq.chosen[0], eng, dq.reorder[0] ? buf[1] : dy_user);
-      if (dq.reorder[0]) {
-        memory src(dq.user[0], eng, dy_user);
-        dq.to_chosen[0].execute(s, src, dy_mem);
-      }
+      memory dy_mem = chosen_arg(dq, 0, const_cast<float*>(dy + b * y_img), buf[1], s);
       // Backward data: dx of this slice.
       {
         std::unordered_map<int, memory> args;
         args.emplace(DNNL_ARG_DIFF_DST, dy_mem);
         args.emplace(DNNL_ARG_WEIGHTS, memory(dq.chosen[1], eng, const_cast<float*>(w_chosen)));
-        memory dx_mem(dq.chosen[2], eng, dq.reorder[2] ? buf[2] : dx + b * x_img);
+        memory dx_mem = chosen_out(dq, dx + b * x_img, buf[2]);
         args.emplace(DNNL_ARG_DIFF_SRC, dx_mem);
         if (dq.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(dq.scratch_md, eng, buf[4]));
         dq.prim.execute(s, args);
-        if (dq.reorder[2]) {
-          memory dst(dq.user[2], eng, dx + b * x_img);
-          dq.to_user.execute(s, dx_mem, dst);
-        }
+        out_to_user(dq, dx_mem, dx + b * x_img, s);
       }
       // Backward filter from the same dy: the group's first slice into the group's partial, the others into a slot
       // buffer added to it.
       {
         float* user_out = t == t0 ? group_dw : buf[5];
-        float* x_user = const_cast<float*>(x + b * x_img);
-        memory x_mem(fq.chosen[0], eng, fq.reorder[0] ? buf[0] : x_user);
-        if (fq.reorder[0]) {
-          memory src(fq.user[0], eng, x_user);
-          fq.to_chosen[0].execute(s, src, x_mem);
-        }
         std::unordered_map<int, memory> args;
-        args.emplace(DNNL_ARG_SRC, x_mem);
+        args.emplace(DNNL_ARG_SRC, chosen_arg(fq, 0, const_cast<float*>(x + b * x_img), buf[0], s));
         args.emplace(DNNL_ARG_DIFF_DST, memory(fq.chosen[1], eng, dy_mem.get_data_handle()));
-        memory dw_mem(fq.chosen[2], eng, fq.reorder[2] ? buf[3] : user_out);
+        memory dw_mem = chosen_out(fq, user_out, buf[3]);
         args.emplace(DNNL_ARG_DIFF_WEIGHTS, dw_mem);
         if (fq.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(fq.scratch_md, eng, buf[4]));
         fq.prim.execute(s, args);
-        if (fq.reorder[2]) {
-          memory dst(fq.user[2], eng, user_out);
-          fq.to_user.execute(s, dw_mem, dst);
-        }
+        out_to_user(fq, dw_mem, user_out, s);
       }
       s.wait();
       if (t != t0)

@@ -52,6 +52,42 @@ inline void interleave_first(float* p, int64_t n, __m256 even, __m256 odd) {
   store_first(p, 2 * n, _mm256_permute2f128_ps(lo, hi, 0x20));
   store_first(p + 8, 2 * n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
+
+// The next 8 windows of output row oy of a 2x2 stride-2 pool, from window ox on: n of them (8, or fewer at a row
+// of fewer than 8) and whether whole vectors may be loaded and stored (else the first n, masked). A row's last few
+// windows are the last 8 again, overlapping those done (the same values are written twice); a row of fewer than 8
+// loads and stores whole vectors where those stay inside this plane (the extra outputs land on the next rows, which
+// are written later), masked only at the plane's end: masked stores are slow on AMD's cores.
+struct Chunk {
+  int64_t n;
+  bool whole;
+};
+inline Chunk next_windows(const PoolAttrs& a, int64_t oy, int64_t& ox) {
+  int64_t n = std::min<int64_t>(8, a.ow - ox);
+  if (n < 8 && ox > 0) ox = a.ow - 8, n = 8;
+  return {n, n == 8 || ((2 * oy + 1) * a.w + 2 * ox + 16 <= a.h * a.w && oy * a.ow + ox + 8 <= a.oh * a.ow)};
+}
+// The four corners of those windows: top-left, top-right, bottom-left, bottom-right.
+inline void corners(const float* r0, const float* r1, int64_t ox, Chunk c, __m256& t0, __m256& t1, __m256& b0,
+                    __m256& b1) {
+  if (c.whole) {
+    deinterleave(r0 + 2 * ox, t0, t1);
+    deinterleave(r1 + 2 * ox, b0, b1);
+  } else {
+    deinterleave_first(r0 + 2 * ox, c.n, t0, t1);
+    deinterleave_first(r1 + 2 * ox, c.n, b0, b1);
+  }
+}
+// The inverse: a value for each corner of those windows written into rows d0, d1.
+inline void put_corners(float* d0, float* d1, int64_t ox, Chunk c, __m256 t0, __m256 t1, __m256 b0, __m256 b1) {
+  if (c.whole) {
+    interleave(d0 + 2 * ox, t0, t1);
+    interleave(d1 + 2 * ox, b0, b1);
+  } else {
+    interleave_first(d0 + 2 * ox, c.n, t0, t1);
+    interleave_first(d1 + 2 * ox, c.n, b0, b1);
+  }
+}
 #endif
 
 struct Window {
@@ -89,30 +125,19 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
         const float* r1 = r0 + a.w;
         int64_t ox = 0;
 #ifdef __AVX2__
-        // 8 windows at a time, the last fewer with masked loads and stores: the same comparisons in the same
+        // 8 windows at a time (next_windows: how the last of a row are done), the same comparisons in the same
         // order as the scalar loop below (ordered greater-than: a NaN never replaces the running maximum, and a
         // NaN first element stays).
         for (; ox < a.ow; ox += 8) {
-          int64_t n = std::min<int64_t>(8, a.ow - ox);
-          // A row's last few windows: the last 8 again, overlapping those done (the same values). A row of fewer
-          // than 8 still loads and stores whole vectors where those stay inside this plane: the extra outputs
-          // land on the next rows, written later (masked stores are slow on AMD's cores).
-          if (n < 8 && ox > 0) ox = a.ow - 8, n = 8;
-          const bool whole = n == 8 || ((2 * oy + 1) * a.w + 2 * ox + 16 <= in_plane && oy * a.ow + ox + 8 <= out_plane);
+          const Chunk ch = next_windows(a, oy, ox);
           __m256 t0, t1, b0, b1;
-          if (whole) {
-            deinterleave(r0 + 2 * ox, t0, t1);
-            deinterleave(r1 + 2 * ox, b0, b1);
-          } else {
-            deinterleave_first(r0 + 2 * ox, n, t0, t1);
-            deinterleave_first(r1 + 2 * ox, n, b0, b1);
-          }
+          corners(r0, r1, ox, ch, t0, t1, b0, b1);
           __m256 m = t0;
           m = _mm256_blendv_ps(m, t1, _mm256_cmp_ps(t1, m, _CMP_GT_OQ));
           m = _mm256_blendv_ps(m, b0, _mm256_cmp_ps(b0, m, _CMP_GT_OQ));
           m = _mm256_blendv_ps(m, b1, _mm256_cmp_ps(b1, m, _CMP_GT_OQ));
-          if (whole) _mm256_storeu_ps(yp + oy * a.ow + ox, m);
-          else store_first(yp + oy * a.ow + ox, n, m);
+          if (ch.whole) _mm256_storeu_ps(yp + oy * a.ow + ox, m);
+          else store_first(yp + oy * a.ow + ox, ch.n, m);
         }
 #endif
         for (; ox < a.ow; ++ox) {
@@ -165,28 +190,16 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
           const float* gr = dy + p * out_plane + oy * a.ow;
           int64_t ox = 0;
 #ifdef __AVX2__
-          // 8 windows at a time, the last fewer with masked loads and stores: the masks of the scalar loop
+          // 8 windows at a time (next_windows), the masks of the scalar loop
           // below, as vector compares (ordered: NaN matches nothing), and g or +0 by masking bits.
           const __m256 zero = _mm256_setzero_ps();
           const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
           for (; ox < a.ow; ox += 8) {
-            int64_t n = std::min<int64_t>(8, a.ow - ox);
-            // As in the forward pass: a row's last windows overlapping, or whole vectors unless they would reach
-            // past this plane (the floats past the last window are written again later: the odd edge's zeros,
-            // the second row of these windows, the rows below).
-            if (n < 8 && ox > 0) ox = a.ow - 8, n = 8;
-            const bool whole =
-                n == 8 || ((2 * oy + 1) * a.w + 2 * ox + 16 <= in_plane && oy * a.ow + ox + 8 <= out_plane);
-            __m256 t0, t1, b0, b1, yv, g;
-            if (whole) {
-              deinterleave(r0 + 2 * ox, t0, t1);
-              deinterleave(r1 + 2 * ox, b0, b1);
-              yv = _mm256_loadu_ps(yr + ox), g = _mm256_loadu_ps(gr + ox);
-            } else {
-              deinterleave_first(r0 + 2 * ox, n, t0, t1);
-              deinterleave_first(r1 + 2 * ox, n, b0, b1);
-              yv = load_first(yr + ox, n), g = load_first(gr + ox, n);
-            }
+            const Chunk ch = next_windows(a, oy, ox);
+            __m256 t0, t1, b0, b1;
+            corners(r0, r1, ox, ch, t0, t1, b0, b1);
+            const __m256 yv = ch.whole ? _mm256_loadu_ps(yr + ox) : load_first(yr + ox, ch.n);
+            const __m256 g = ch.whole ? _mm256_loadu_ps(gr + ox) : load_first(gr + ox, ch.n);
             const __m256 live = relu_grad ? _mm256_cmp_ps(yv, zero, _CMP_GT_OQ) : all;
             const __m256 e0 = _mm256_cmp_ps(t0, yv, _CMP_EQ_OQ), e1 = _mm256_cmp_ps(t1, yv, _CMP_EQ_OQ);
             const __m256 e2 = _mm256_cmp_ps(b0, yv, _CMP_EQ_OQ), e3 = _mm256_cmp_ps(b1, yv, _CMP_EQ_OQ);
@@ -195,13 +208,7 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
             const __m256 g0 = _mm256_and_ps(e0, lg), g1 = _mm256_andnot_ps(e0, _mm256_and_ps(e1, lg));
             const __m256 g2 = _mm256_andnot_ps(seen01, _mm256_and_ps(e2, lg));
             const __m256 g3 = _mm256_andnot_ps(seen012, _mm256_and_ps(e3, lg));
-            if (whole) {
-              interleave(d0 + 2 * ox, g0, g1);
-              interleave(d1 + 2 * ox, g2, g3);
-            } else {
-              interleave_first(d0 + 2 * ox, n, g0, g1);
-              interleave_first(d1 + 2 * ox, n, g2, g3);
-            }
+            put_corners(d0, d1, ox, ch, g0, g1, g2, g3);
           }
 #endif
           for (; ox < a.ow; ++ox) {
