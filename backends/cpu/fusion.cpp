@@ -235,33 +235,35 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
                              c.out[0].host(), c.out[1].host(), c.out[2].host(), pool_);
     return 2;
   }
-  if (pool_relu_bias_conv_pair_run(calls)) {
-    const OpCall &c = calls[0], &d = calls[3], &f = calls[4];
+  // The pool's backward as a prologue of the convolution after it (its plane sums give the bias gradient after).
+  auto pool_prologue_of = [&](const OpCall& c) {
     const auto& a = std::get<PoolAttrs>(c.attrs);
-    plane_sums_.resize(static_cast<size_t>(a.n * a.c));
-    const PoolPrologue pp{&a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), plane_sums_.data()};
+    plane_sums_.resize(static_cast<size_t>(a.n * a.c));  // grows once, to the largest such layer
+    return PoolPrologue{&a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), plane_sums_.data()};
+  };
+  auto bias_from_sums = [&](const OpCall& b) {
+    bias_grad_from_plane_sums(std::get<BiasAttrs>(b.attrs), plane_sums_.data(), b.out[0].host());
+  };
+  // Backward data d and backward filter f as one pass; false where oneDNN does not take the pair.
+  auto pair = [&](const OpCall& d, const OpCall& f, const ConvPrologue* pro) {
+    return dnnl_conv_backward_pair(std::get<ConvAttrs>(d.attrs), d.in[0].host(), d.in[1].host(), f.in[0].host(),
+                                   d.out[0].host(), f.out[0].host(), f.workspace.host(),
+                                   f.workspace.bytes / sizeof(float), pool_, winograd_, pro);
+  };
+  if (pool_relu_bias_conv_pair_run(calls)) {
+    const PoolPrologue pp = pool_prologue_of(calls[0]);
     const ConvPrologue pro{pool_prologue, &pp};
-    if (dnnl_conv_backward_pair(std::get<ConvAttrs>(d.attrs), d.in[0].host(), d.in[1].host(), f.in[0].host(),
-                                d.out[0].host(), f.out[0].host(), f.workspace.host(), f.workspace.bytes / sizeof(float),
-                                pool_, winograd_, &pro)) {
-      bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+    if (pair(calls[3], calls[4], &pro)) {
+      bias_from_sums(calls[2]);
       return 5;
     }
   }
-  if (conv_pair_run(calls, 0)) {
-    const OpCall &d = calls[0], &f = calls[1];
-    if (dnnl_conv_backward_pair(std::get<ConvAttrs>(d.attrs), d.in[0].host(), d.in[1].host(), f.in[0].host(),
-                                d.out[0].host(), f.out[0].host(), f.workspace.host(), f.workspace.bytes / sizeof(float),
-                                pool_, winograd_, nullptr))
-      return 2;
-  }
+  if (conv_pair_run(calls, 0) && pair(calls[0], calls[1], nullptr)) return 2;
   if (pool_relu_bias_conv_run(calls)) {
     // Each slice of the convolution's images first gets its dx planes from the pool, then the convolution reads them
     // while they are in cache, instead of the pool streaming all of dx out to memory and the convolution back in.
-    const OpCall &c = calls[0], &v = calls[3];
-    const auto& a = std::get<PoolAttrs>(c.attrs);
-    plane_sums_.resize(static_cast<size_t>(a.n * a.c));
-    const PoolPrologue pp{&a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), plane_sums_.data()};
+    const OpCall& v = calls[3];
+    const PoolPrologue pp = pool_prologue_of(calls[0]);
     const ConvPrologue pro{pool_prologue, &pp};
     const auto& ca = std::get<ConvAttrs>(v.attrs);
     float* ws = v.workspace.block ? v.workspace.host() : nullptr;
@@ -269,16 +271,13 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
       conv2d_backward_data(ca, v.in[0].host(), v.in[1].host(), v.out[0].host(), ws, pool_, winograd_, &pro);
     else
       conv2d_backward_filter(ca, v.in[0].host(), v.in[1].host(), v.out[0].host(), ws, pool_, winograd_, &pro);
-    bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+    bias_from_sums(calls[2]);
     return 4;
   }
   if (pool_relu_bias_run(calls)) {
-    const OpCall& c = calls[0];
-    const auto& a = std::get<PoolAttrs>(c.attrs);
-    plane_sums_.resize(static_cast<size_t>(a.n * a.c));  // grows once, to the largest such layer
-    max_pool_backward(a, c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(), pool_, true,
-                      plane_sums_.data());
-    bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+    const PoolPrologue pp = pool_prologue_of(calls[0]);
+    max_pool_backward(*pp.a, pp.x, pp.y, pp.dy, pp.dx, pool_, true, pp.sums);
+    bias_from_sums(calls[2]);
     return 3;
   }
   if (pool_relu_run(calls)) {

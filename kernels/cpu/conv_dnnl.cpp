@@ -506,11 +506,6 @@ bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool wino
   return true;
 }
 
-size_t dnnl_conv_backward_pair_workspace(const ConvAttrs& a, int threads, bool winograd) {
-  const auto q = pair_plan(a, threads, winograd);
-  return q ? q->floats(threads) : 0;
-}
-
 bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
                              float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro) {
   const auto q = pair_plan(a, pool.size(), winograd);
@@ -523,11 +518,8 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
                ThreadPool& pool, bool winograd, const ConvEpilogue* ep, const ConvPrologue* pro) {
   const auto p = plan_for(kind, a, pool.size(), winograd);
   if (!p) return false;
-  if (pro && kind != OpKind::Conv2dForward) {
-    run_plan(kind, a, *p, in0, in1, out, ws, pool, nullptr, false, pro);
-    return true;
-  }
-  if (ep && kind != OpKind::Conv2dForward) ep = nullptr;
+  if (kind != OpKind::Conv2dForward) ep = nullptr;  // epilogues are forward's, prologues backward's
+  else pro = nullptr;
   if (ep && ep->bias) {
     // The primitives with the bias, where they fit the workspace the op was given (sized without them).
     const auto q = plan_for(kind, a, pool.size(), winograd, Post{true});
@@ -538,7 +530,7 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
       return true;
     }
   }
-  run_plan(kind, a, *p, in0, in1, out, ws, pool, ep, false);
+  run_plan(kind, a, *p, in0, in1, out, ws, pool, ep, false, pro);
   return true;
 }
 
@@ -552,7 +544,6 @@ bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, flo
                const ConvEpilogue*, const ConvPrologue*) {
   return false;
 }
-size_t dnnl_conv_backward_pair_workspace(const ConvAttrs&, int, bool) { return 0; }
 bool dnnl_conv_backward_pair(const ConvAttrs&, const float*, const float*, const float*, float*, float*, float*, size_t,
                              ThreadPool&, bool, const ConvPrologue*) {
   return false;

@@ -65,10 +65,8 @@ bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool wino
 bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
                ThreadPool& pool, bool winograd, const ConvEpilogue* ep = nullptr, const ConvPrologue* pro = nullptr);
 // Backward data and backward filter of one convolution in one pass over the slices, each slice's dy reordered once for
-// both (with `pro`, produced first), in a workspace of at least dnnl_conv_backward_pair_workspace floats (0: no pair
-// for this geometry). Backward filter's own workspace (conv_workspace_floats) is sized to hold it. dx and dw are bit
-// for bit the two ops'. False (nothing run) where oneDNN does not take both or the workspace is smaller.
-size_t dnnl_conv_backward_pair_workspace(const ConvAttrs& a, int threads, bool winograd);
+// both (with `pro`, produced first), in backward filter's workspace (conv_workspace_floats sizes it to hold the pair).
+// dx and dw are bit for bit the two ops'. False (nothing run) where oneDNN does not take both or `ws_floats` is smaller.
 bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
                              float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro);
 void conv2d_forward(const ConvAttrs& a, const float* x, const float* w, float* y, float* ws, ThreadPool& pool,

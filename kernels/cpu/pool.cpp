@@ -13,80 +13,54 @@ namespace kiln::cpu {
 namespace {
 
 #ifdef __AVX2__
-// 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of 8 windows).
-inline void deinterleave(const float* p, __m256& even, __m256& odd) {
-  const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
-  even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
-  odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
-}
-// The inverse: p[2i] = even[i], p[2i + 1] = odd[i].
-inline void interleave(float* p, __m256 even, __m256 odd) {
-  const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
-  _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
-  _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-}
-
-// The first n (< 8, may be <= 0: none) floats at p, the other lanes 0; and the store of the first n lanes. Masked
-// lanes are neither read nor written (no fault past the end of a buffer). A row of 7 windows (14x14 planes) or the
-// last 6 of 14 (28x28) would otherwise run the scalar loop.
-#ifdef __AVX512VL__
-inline __mmask8 first_lanes(int64_t n) { return n <= 0 ? 0 : static_cast<__mmask8>((1u << std::min<int64_t>(n, 8)) - 1); }
-inline __m256 load_first(const float* p, int64_t n) { return _mm256_maskz_loadu_ps(first_lanes(n), p); }
-inline void store_first(float* p, int64_t n, __m256 v) { _mm256_mask_storeu_ps(p, first_lanes(n), v); }
-#else
+// The first n floats at p (n >= 8: a whole vector; fewer: masked, the other lanes 0, and lanes past n neither read nor
+// written, so nothing past the end of a buffer is touched), and the store of the first n lanes.
 inline __m256i first_lanes(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(n, 0, 8))),
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-inline __m256 load_first(const float* p, int64_t n) { return _mm256_maskload_ps(p, first_lanes(n)); }
-inline void store_first(float* p, int64_t n, __m256 v) { _mm256_maskstore_ps(p, first_lanes(n), v); }
-#endif
-// deinterleave and interleave of the first n < 8 windows (2n floats).
-inline void deinterleave_first(const float* p, int64_t n, __m256& even, __m256& odd) {
-  const __m256 a = load_first(p, 2 * n), b = load_first(p + 8, 2 * n - 8);
+inline __m256 load_first(const float* p, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, first_lanes(n));
+}
+inline void store_first(float* p, int64_t n, __m256 v) {
+  if (n >= 8) _mm256_storeu_ps(p, v);
+  else _mm256_maskstore_ps(p, first_lanes(n), v);
+}
+// The first n of 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of
+// 8 windows).
+inline void deinterleave(const float* p, int64_t n, __m256& even, __m256& odd) {
+  const __m256 a = load_first(p, n), b = load_first(p + 8, n - 8);
   even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
   odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
 }
-inline void interleave_first(float* p, int64_t n, __m256 even, __m256 odd) {
+// The inverse: p[2i] = even[i], p[2i + 1] = odd[i], the first n floats.
+inline void interleave(float* p, int64_t n, __m256 even, __m256 odd) {
   const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
-  store_first(p, 2 * n, _mm256_permute2f128_ps(lo, hi, 0x20));
-  store_first(p + 8, 2 * n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+  store_first(p, n, _mm256_permute2f128_ps(lo, hi, 0x20));
+  store_first(p + 8, n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-// The next 8 windows of output row oy of a 2x2 stride-2 pool, from window ox on: n of them (8, or fewer at a row
-// of fewer than 8) and whether whole vectors may be loaded and stored (else the first n, masked). A row's last few
-// windows are the last 8 again, overlapping those done (the same values are written twice); a row of fewer than 8
-// loads and stores whole vectors where those stay inside this plane (the extra outputs land on the next rows, which
-// are written later), masked only at the plane's end: masked stores are slow on AMD's cores.
-struct Chunk {
-  int64_t n;
-  bool whole;
-};
-inline Chunk next_windows(const PoolAttrs& a, int64_t oy, int64_t& ox) {
+// The next 8 windows of output row oy of a 2x2 stride-2 pool, from window ox on: how many lanes to load and store (8,
+// or the n < 8 windows left, masked). A row's last few windows are the last 8 again, overlapping those done (the same
+// values are written twice); a row of fewer than 8 loads and stores whole vectors where those stay inside this plane
+// (the extra outputs land on the next rows, which are written later), masked only at the plane's end: masked stores
+// are slow on AMD's cores.
+inline int64_t next_windows(const PoolAttrs& a, int64_t oy, int64_t& ox) {
   int64_t n = std::min<int64_t>(8, a.ow - ox);
   if (n < 8 && ox > 0) ox = a.ow - 8, n = 8;
-  return {n, n == 8 || ((2 * oy + 1) * a.w + 2 * ox + 16 <= a.h * a.w && oy * a.ow + ox + 8 <= a.oh * a.ow)};
+  const bool whole = (2 * oy + 1) * a.w + 2 * ox + 16 <= a.h * a.w && oy * a.ow + ox + 8 <= a.oh * a.ow;
+  return whole ? 8 : n;
 }
-// The four corners of those windows: top-left, top-right, bottom-left, bottom-right.
-inline void corners(const float* r0, const float* r1, int64_t ox, Chunk c, __m256& t0, __m256& t1, __m256& b0,
+// The four corners of `lanes` windows (top-left, top-right, bottom-left, bottom-right), and the inverse: a value for
+// each corner written into rows d0, d1.
+inline void corners(const float* r0, const float* r1, int64_t ox, int64_t lanes, __m256& t0, __m256& t1, __m256& b0,
                     __m256& b1) {
-  if (c.whole) {
-    deinterleave(r0 + 2 * ox, t0, t1);
-    deinterleave(r1 + 2 * ox, b0, b1);
-  } else {
-    deinterleave_first(r0 + 2 * ox, c.n, t0, t1);
-    deinterleave_first(r1 + 2 * ox, c.n, b0, b1);
-  }
+  deinterleave(r0 + 2 * ox, 2 * lanes, t0, t1);
+  deinterleave(r1 + 2 * ox, 2 * lanes, b0, b1);
 }
-// The inverse: a value for each corner of those windows written into rows d0, d1.
-inline void put_corners(float* d0, float* d1, int64_t ox, Chunk c, __m256 t0, __m256 t1, __m256 b0, __m256 b1) {
-  if (c.whole) {
-    interleave(d0 + 2 * ox, t0, t1);
-    interleave(d1 + 2 * ox, b0, b1);
-  } else {
-    interleave_first(d0 + 2 * ox, c.n, t0, t1);
-    interleave_first(d1 + 2 * ox, c.n, b0, b1);
-  }
+inline void put_corners(float* d0, float* d1, int64_t ox, int64_t lanes, __m256 t0, __m256 t1, __m256 b0, __m256 b1) {
+  interleave(d0 + 2 * ox, 2 * lanes, t0, t1);
+  interleave(d1 + 2 * ox, 2 * lanes, b0, b1);
 }
 #endif
 
@@ -129,15 +103,14 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
         // order as the scalar loop below (ordered greater-than: a NaN never replaces the running maximum, and a
         // NaN first element stays).
         for (; ox < a.ow; ox += 8) {
-          const Chunk ch = next_windows(a, oy, ox);
+          const int64_t lanes = next_windows(a, oy, ox);
           __m256 t0, t1, b0, b1;
-          corners(r0, r1, ox, ch, t0, t1, b0, b1);
+          corners(r0, r1, ox, lanes, t0, t1, b0, b1);
           __m256 m = t0;
           m = _mm256_blendv_ps(m, t1, _mm256_cmp_ps(t1, m, _CMP_GT_OQ));
           m = _mm256_blendv_ps(m, b0, _mm256_cmp_ps(b0, m, _CMP_GT_OQ));
           m = _mm256_blendv_ps(m, b1, _mm256_cmp_ps(b1, m, _CMP_GT_OQ));
-          if (ch.whole) _mm256_storeu_ps(yp + oy * a.ow + ox, m);
-          else store_first(yp + oy * a.ow + ox, ch.n, m);
+          store_first(yp + oy * a.ow + ox, lanes, m);
         }
 #endif
         for (; ox < a.ow; ++ox) {
@@ -195,11 +168,10 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
           const __m256 zero = _mm256_setzero_ps();
           const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
           for (; ox < a.ow; ox += 8) {
-            const Chunk ch = next_windows(a, oy, ox);
+            const int64_t lanes = next_windows(a, oy, ox);
             __m256 t0, t1, b0, b1;
-            corners(r0, r1, ox, ch, t0, t1, b0, b1);
-            const __m256 yv = ch.whole ? _mm256_loadu_ps(yr + ox) : load_first(yr + ox, ch.n);
-            const __m256 g = ch.whole ? _mm256_loadu_ps(gr + ox) : load_first(gr + ox, ch.n);
+            corners(r0, r1, ox, lanes, t0, t1, b0, b1);
+            const __m256 yv = load_first(yr + ox, lanes), g = load_first(gr + ox, lanes);
             const __m256 live = relu_grad ? _mm256_cmp_ps(yv, zero, _CMP_GT_OQ) : all;
             const __m256 e0 = _mm256_cmp_ps(t0, yv, _CMP_EQ_OQ), e1 = _mm256_cmp_ps(t1, yv, _CMP_EQ_OQ);
             const __m256 e2 = _mm256_cmp_ps(b0, yv, _CMP_EQ_OQ), e3 = _mm256_cmp_ps(b1, yv, _CMP_EQ_OQ);
@@ -208,7 +180,7 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
             const __m256 g0 = _mm256_and_ps(e0, lg), g1 = _mm256_andnot_ps(e0, _mm256_and_ps(e1, lg));
             const __m256 g2 = _mm256_andnot_ps(seen01, _mm256_and_ps(e2, lg));
             const __m256 g3 = _mm256_andnot_ps(seen012, _mm256_and_ps(e3, lg));
-            put_corners(d0, d1, ox, ch, g0, g1, g2, g3);
+            put_corners(d0, d1, ox, lanes, g0, g1, g2, g3);
           }
 #endif
           for (; ox < a.ow; ++ox) {
