@@ -14,7 +14,7 @@
 
 namespace kiln::cpu {
 
-struct CpuKernels;
+struct CpuKernel;
 
 // Host facts read from /proc (model name, MemTotal, MemAvailable).
 struct HostInfo {
@@ -53,9 +53,21 @@ class CpuDevice final : public Device, public FusedRunner {
   size_t run_fused(std::span<const OpCall> calls) override;  // fusion.cpp
 
   int threads() const { return threads_; }
+  // What kernels (kernels/cpu) run on: this device's pool, its per-thread loss sums, its [device] winograd setting,
+  // and `n` part pointers for concat/split (grown once per shape, reused across calls).
+  ThreadPool& pool() { return pool_; }
+  double* partials() { return partials_.data(); }
+  bool winograd() const { return winograd_; }
+  std::vector<float*>& part_ptrs(size_t n) {
+    if (part_ptrs_.size() < n) part_ptrs_.resize(n);
+    return part_ptrs_;
+  }
 
  private:
-  friend struct CpuKernels;  // op_table.cpp: the kernel table runs on this device's pool and scratch
+  // The kernel of a built-in op (or a core op registered without a built-in kind) looked up once per device; null
+  // for plugins' ops, which run their HostKernel (dispatch.cpp).
+  const CpuKernel* kernel(OpKind kind) const;
+  std::vector<const CpuKernel*> kernels_;
   DeviceInfo info_;
   int threads_;
   bool winograd_;

@@ -1,4 +1,4 @@
-// CpuDevice: aligned host blocks, memcpy copies and the transfer thread. The op dispatch is op_table.cpp.
+// CpuDevice: aligned host blocks, memcpy copies and the transfer thread. The op dispatch is dispatch.cpp.
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -7,7 +7,10 @@
 
 #include "backend.hpp"
 #include "kernels.hpp"
+#include "cpu_kernel.hpp"
 #include "kiln/error.hpp"
+#include "kiln/kernel_registry.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cpu {
 namespace {
@@ -19,6 +22,10 @@ constexpr size_t kAlignment = 64;
 CpuDevice::CpuDevice(DeviceInfo info, int threads, bool winograd)
     : info_(std::move(info)), threads_(threads), winograd_(winograd), pool_(threads), partials_(loss_partials(threads)) {
   blas_warm_up(pool_);
+  // Every kernel registered so far (the plugin registered its own before any device opens), indexed by kind: the
+  // dispatch of a call is then one load.
+  kernels_.resize(op_count());
+  for (size_t k = 0; k < kernels_.size(); ++k) kernels_[k] = find_kernel<CpuKernel>("cpu", static_cast<OpKind>(k));
 }
 
 CpuDevice::~CpuDevice() {
@@ -111,19 +118,6 @@ void CpuDevice::copy_on_device(const BufferView& src, const BufferView& dst) {
       dst.offset + dst.bytes > dst.block->bytes)
     throw DeviceError(info_.label() + " copy_on_device: a range is outside its block");
   std::memmove(dst.host(), src.host(), src.bytes);
-}
-
-size_t CpuDevice::workspace_bytes(const OpCall& call) const {
-  switch (call.kind) {
-    case OpKind::Conv2dForward:
-    case OpKind::Conv2dBackwardData:
-    case OpKind::Conv2dBackwardFilter:
-      if (const auto* a = std::get_if<ConvAttrs>(&call.attrs))
-        return conv_workspace_floats(call.kind, *a, threads_, winograd_) * sizeof(float);
-      return 0;
-    default:
-      return 0;
-  }
 }
 
 }  // namespace kiln::cpu

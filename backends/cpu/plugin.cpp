@@ -2,8 +2,12 @@
 #include "kiln/plugin.hpp"
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "backend.hpp"
+#include "cpu_kernel.hpp"
+#include "kiln/error.hpp"
 
 namespace kiln::cpu {
 
@@ -14,6 +18,11 @@ const PluginDescriptor* descriptor() {
 }
 
 void register_all(Registry& reg) {
+  for (const CpuKernelEntry& e : cpu_kernel_list()) {
+    const std::optional<OpKind> kind = find_op(e.op);
+    if (!kind) throw Error(std::string("cpu plugin: a kernel is registered for op '") + e.op + "', which no one registered");
+    reg.add_kernel("cpu", *kind, e.kernel);
+  }
   reg.add_backend("cpu",
                   [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<CpuBackend>(o); });
 }

@@ -8,8 +8,6 @@
 #include <string>
 
 #include "check.hpp"
-#include "gemm.hpp"
-#include "kernels.hpp"
 #include "kiln/allocator.hpp"
 #include "kiln/error.hpp"
 #include "nvml.hpp"
@@ -96,7 +94,7 @@ CudaDevice::CudaDevice(int ordinal, DeviceInfo info) : ordinal_(ordinal), info_(
   info_.free_memory = free;
   info_.total_memory = total;
 
-  conv_ = std::make_unique<ConvEngine>(cudnn_.get(), tf32_);
+  for (const DeviceStateMaker& m : device_state_makers()) states_.emplace_back(m.name, m.make(*this));
   staging_ = std::make_unique<PinnedStaging>(s);
   graphs_ = std::make_unique<GraphRecorder>(s, [this](const OpCall& c, const void* scalars) { execute(c, scalars); });
 }
@@ -288,11 +286,12 @@ void* CudaDevice::extension(std::string_view name) {
               (s.last_problem.empty() ? "" : "; last problem: " + s.last_problem);
     return report_.data();
   }
-  if (name == "cuda.conv_report") {
-    std::lock_guard lock(mu_);
-    report_ = conv_->describe();
-    return report_.data();
-  }
+  for (const auto& [state_name, state] : states_)
+    if (name == "cuda." + state_name + "_report") {
+      std::lock_guard lock(mu_);
+      report_ = state->report();
+      return report_.data();
+    }
   return nullptr;
 }
 

@@ -7,7 +7,11 @@
 //   KILN_CUDA_GRAPHS=0               never capture steps as CUDA graphs
 // Named extensions (Device::extension): "cuda.stream" (cudaStream_t), "cuda.device" (CudaDevice*),
 // "cuda.ordinal" (int*), "cuda.workspace_limit" (size_t*, writable: lower it to the memory budget left before
-// planning), "cuda.graph_report" and "cuda.conv_report" (const char*, regenerated on each lookup).
+// planning), "cuda.graph_report" and "cuda.<state>_report" for each op family's per-device state, e.g.
+// "cuda.conv_report" (const char*, regenerated on each lookup).
+//
+// The ops themselves are the kernels the op families register (cuda_kernel.hpp, kernels/cuda); dispatch.cpp
+// finds them.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -17,7 +21,7 @@
 #include <mutex>
 #include <string>
 
-#include "conv.hpp"
+#include "cuda_kernel.hpp"
 #include "graph.hpp"
 #include "handles.hpp"
 #include "kiln/device.hpp"
@@ -60,8 +64,20 @@ class CudaDevice final : public Device {
   cudaStream_t stream() const { return stream_.get(); }
   void activate() const;  // cudaSetDevice(ordinal): every entry point runs on the right device
 
+  // What the op families' kernels use (cuda_kernel.hpp). Handles are bound to stream().
+  cublasHandle_t cublas() const { return cublas_.get(); }
+  cudnnHandle_t cudnn() const { return cudnn_.get(); }
+  bool tf32() const { return tf32_; }  // KILN_CUDA_TF32=1
+  int cc_major() const { return cc_major_; }
+  size_t workspace_limit() const { return workspace_limit_; }  // the per-op workspace budget
+  // The family state add_device_state returned `index` for; T is the type its maker made.
+  template <class T>
+  T& state(size_t index) const {
+    return static_cast<T&>(*states_.at(index).second);
+  }
+
  private:
-  void execute(const OpCall& call, const void* scalars);  // ops.cpp: enqueues the op's kernels
+  void execute(const OpCall& call, const void* scalars);  // dispatch.cpp: enqueues the op's kernel
   void validate(const OpCall& call) const;
   void check_view(const BufferView& v, const char* what) const;
 
@@ -73,7 +89,8 @@ class CudaDevice final : public Device {
   StreamHandle stream_;
   CublasHandle cublas_;
   CudnnHandle cudnn_;
-  std::unique_ptr<ConvEngine> conv_;
+  // One per add_device_state, in its order, with its name (made after the handles, destroyed before them).
+  std::vector<std::pair<std::string, std::unique_ptr<CudaDeviceState>>> states_;
   std::unique_ptr<PinnedStaging> staging_;
   StreamHandle upload_stream_;                   // created on first upload_async
   std::unique_ptr<PinnedStaging> upload_staging_;

@@ -5,7 +5,7 @@
 #include <variant>
 
 #include "check.hpp"
-#include "kernels.hpp"
+#include "cuda_kernel.hpp"
 #include "kiln/error.hpp"
 #include "kiln/op_table.hpp"
 
@@ -14,7 +14,7 @@ namespace {
 
 constexpr size_t kMaxSequences = 16;
 constexpr int kMaxMismatches = 3;
-constexpr size_t kSlot = kernels::kParamSlotBytes;
+constexpr size_t kSlot = kStepScalarSlotBytes;
 
 template <class T>
 void put(std::string& k, const T& v) {

@@ -22,7 +22,8 @@
 
 namespace kiln::cuda {
 
-// Writes the call's per-step scalars into `slot` (kernels::kParamSlotBytes); false for ops that have none.
+// Writes the call's per-step scalars into `slot` (kStepScalarSlotBytes) through its kernel's pack_step_scalars
+// (dispatch.cpp); false for ops that have none.
 bool pack_step_scalars(const OpCall& call, void* slot);
 // A byte string equal for two calls exactly when a recorded graph of one may stand in for the other: kind,
 // buffers, workspace and every attribute that is not a per-step scalar.

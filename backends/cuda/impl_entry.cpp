@@ -2,10 +2,17 @@
 // backend or the NCCL communicator (in one process or across a process group). Ownership passes to the caller (a std::unique_ptr there); errors are thrown
 // as Kiln's exceptions, whose types live in libkiln_core, shared by both libraries.
 #include "cuda_backend.hpp"
+#include "cuda_kernel.hpp"
 #include "kiln/strategy.hpp"
 #ifdef KILN_CUDA_HAVE_NCCL
 #include "nccl_communicator.hpp"
 #endif
+
+// Registers the built-in ops' kernels for "cuda" (every KILN_CUDA_KERNELS family of kernels/cuda), once. The plugin
+// calls it right after loading this library, before it makes anything.
+extern "C" __attribute__((visibility("default"))) void kiln_cuda_register_kernels() {
+  kiln::cuda::register_builtin_kernels();
+}
 
 extern "C" __attribute__((visibility("default"))) kiln::Backend* kiln_cuda_make_backend(const kiln::BackendOptions* o) {
   return new kiln::cuda::CudaBackend(*o);

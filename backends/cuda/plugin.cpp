@@ -6,6 +6,7 @@
 // and a host whose CUDA libraries are missing still loads the plugin: its backend then lists no device and says why.
 #include <dlfcn.h>
 
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -48,17 +49,30 @@ const Impl& impl() {
       i.error = "the CUDA backend's runtime library " + i.path + " could not be loaded: " + (e ? e : "unknown error");
       return;
     }
+    const auto register_kernels = reinterpret_cast<void (*)()>(dlsym(h, "kiln_cuda_register_kernels"));
     i.make_backend = reinterpret_cast<MakeBackend>(dlsym(h, "kiln_cuda_make_backend"));
     i.make_nccl = reinterpret_cast<MakeNccl>(dlsym(h, "kiln_cuda_make_nccl"));
     i.make_nccl_group = reinterpret_cast<MakeNcclGroup>(dlsym(h, "kiln_cuda_make_nccl_group"));
-    if (!i.make_backend) i.error = i.path + " has no kiln_cuda_make_backend entry (a library from another build?)";
+    if (!i.make_backend || !register_kernels) {
+      i.error =
+          i.path + " has no kiln_cuda_make_backend or kiln_cuda_register_kernels entry (a library from another build?)";
+      return;
+    }
+    // The built-in ops' kernels live in the runtime part and join the kernel registry now, as a plugin's do when
+    // it loads; a device is made only after this.
+    try {
+      register_kernels();
+    } catch (const std::exception& e) {
+      i.error = "the CUDA backend's runtime library " + i.path + " could not register its kernels: " + e.what();
+    }
   });
   return i;
 }
 
 // The "cuda" backend as registered. Making it is cheap (the session makes every backend to read its [device]
-// keys): the runtime part is loaded on the first enumerate() or open(), and never when CUDA_VISIBLE_DEVICES=-1
-// hides every device. Without the runtime part it lists no devices and gives the reason.
+// keys): the runtime part, and with it the built-in ops' kernels, is loaded on the first enumerate() or open(),
+// and never when CUDA_VISIBLE_DEVICES=-1 hides every device. Without the runtime part it lists no devices and
+// gives the reason.
 class CudaFrontBackend final : public Backend {
  public:
   explicit CudaFrontBackend(const BackendOptions& o) : options_(o) {}

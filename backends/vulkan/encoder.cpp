@@ -19,6 +19,15 @@ uint32_t Encoder::groups_for(int64_t n, uint32_t local) const {
   return static_cast<uint32_t>(std::min<int64_t>(want, std::min<uint32_t>(kMaxGridGroups, limits_.max_groups[0])));
 }
 
+void Encoder::copy(const BufferView& src, const BufferView& dst) {
+  if (src.bytes == 0 || (src.block == dst.block && src.offset == dst.offset)) return;
+  if (src.overlaps(dst)) throw DeviceError("vulkan: copy source and destination overlap");
+  VkBuffer sb = static_cast<VkBuffer>(src.block->native), db = static_cast<VkBuffer>(dst.block->native);
+  stream_.hazard({Range{sb, src.offset, src.offset + src.bytes}}, {Range{db, dst.offset, dst.offset + src.bytes}});
+  const VkBufferCopy region{src.offset, dst.offset, src.bytes};
+  vkCmdCopyBuffer(stream_.cmd(), sb, db, 1, &region);
+}
+
 void Encoder::dispatch_shader(const ShaderKernel& k, std::span<const Bind> binds, const std::vector<uint32_t>& params,
                               uint32_t gx, uint32_t gy, uint32_t gz) {
   if (params.size() * 4 > kPushConstantBytes - 32)

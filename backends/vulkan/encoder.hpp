@@ -49,6 +49,10 @@ class Encoder {
   // A plugin's kernel (kiln/kernel_registry.hpp): its module is created on first use.
   void dispatch_shader(const ShaderKernel& k, std::span<const Bind> binds, const std::vector<uint32_t>& params,
                        uint32_t gx, uint32_t gy, uint32_t gz);
+  // Records a transfer of `src` into the first src.bytes of `dst` (vkCmdCopyBuffer: no kernel, no
+  // maxStorageBufferRange limit); nothing for an empty view or a view onto itself. Throws DeviceError when the two
+  // overlap otherwise.
+  void copy(const BufferView& src, const BufferView& dst);
   // Workgroups for a grid-stride loop over `n` items with `local` invocations each.
   uint32_t groups_for(int64_t n, uint32_t local = 256) const;
   const DeviceLimits& limits() const { return limits_; }

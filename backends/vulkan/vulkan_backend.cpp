@@ -1,13 +1,25 @@
-// The "vulkan" plugin: enumerates every physical device with a compute queue and opens VulkanDevices.
+// The "vulkan" plugin: enumerates every physical device with a compute queue and opens VulkanDevices; registers
+// the kernels of kernels/vulkan.
 #include <cstdlib>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "kiln/error.hpp"
+#include "kiln/kernel_registry.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/plugin.hpp"
 #include "vulkan_device.hpp"
+#include "vulkan_kernel.hpp"
 
 namespace kiln::vulkan {
+
+std::vector<VulkanKernelEntry>& vulkan_kernel_list() {
+  static std::vector<VulkanKernelEntry> list;
+  return list;
+}
+
 namespace {
 
 class VulkanBackend final : public Backend {
@@ -78,6 +90,16 @@ void register_all(Registry& reg) {
   reg.add_backend("vulkan", [](const BackendOptions& o) -> std::unique_ptr<Backend> {
     return std::make_unique<VulkanBackend>(o);
   });
+  std::set<OpKind> seen;
+  for (const VulkanKernelEntry& e : vulkan_kernel_list()) {
+    const std::optional<OpKind> kind = find_op(e.op);
+    if (!kind)
+      throw Error(std::string("vulkan: kernels/vulkan registers a kernel for op '") + e.op +
+                  "', which no op of this build is called");
+    if (!seen.insert(*kind).second)
+      throw Error(std::string("vulkan: kernels/vulkan registers two kernels for op '") + e.op + "'");
+    reg.add_kernel("vulkan", *kind, e.kernel);
+  }
 }
 
 }  // namespace

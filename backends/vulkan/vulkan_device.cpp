@@ -8,7 +8,6 @@
 #include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
 #include "vk_check.hpp"
-#include "vulkan_ops.hpp"
 
 namespace kiln::vulkan {
 namespace {
@@ -204,16 +203,13 @@ void VulkanDevice::copy_on_device(const BufferView& src, const BufferView& dst) 
                       std::to_string(dst.bytes) + "-byte destination");
   if (src.bytes == 0 || (src.block == dst.block && src.offset == dst.offset)) return;
   if (src.overlaps(dst)) throw DeviceError("vulkan: copy_on_device source and destination overlap");
-  VkBuffer sb = static_cast<VkBuffer>(src.block->native), db = static_cast<VkBuffer>(dst.block->native);
-  stream_->hazard({Range{sb, src.offset, src.offset + src.bytes}}, {Range{db, dst.offset, dst.offset + src.bytes}});
-  const VkBufferCopy region{src.offset, dst.offset, src.bytes};
-  vkCmdCopyBuffer(stream_->cmd(), sb, db, 1, &region);
+  encoder().copy(src, dst);
   stream_->end_op();
 }
 
-Support VulkanDevice::supports(OpKind kind, const OpAttrs& attrs) const { return op_support(kind, attrs, limits_); }
+Support VulkanDevice::supports(OpKind kind, const OpAttrs& attrs) const { return ops_.supports(kind, attrs, limits_); }
 
-size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return op_workspace_bytes(call, limits_); }
+size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return ops_.workspace_bytes(call, limits_); }
 
 // Calls arrive checked against the op's contract and this device's supports() (the executor, when it binds).
 // What only this device can tell stays here: every buffer is memory of this device (a foreign VkBuffer would
@@ -232,12 +228,8 @@ void VulkanDevice::run(const OpCall& call) {
   OpCall trimmed = call;
   for (size_t i = 0; i < trimmed.in.size(); ++i) trimmed.in[i].bytes = static_cast<size_t>(ar.in[i]) * sizeof(float);
   for (size_t i = 0; i < trimmed.out.size(); ++i) trimmed.out[i].bytes = static_cast<size_t>(ar.out[i]) * sizeof(float);
-  if (call.kind == OpKind::Copy) {  // a transfer command: no kernel, no maxStorageBufferRange limit
-    copy_on_device(trimmed.in[0], trimmed.out[0]);
-    return;
-  }
-  Encoder enc(*stream_, *kernels_, limits_, static_cast<VkBuffer>(dummy_->block.native));
-  run_op(enc, trimmed);
+  Encoder enc = encoder();
+  ops_.run(enc, trimmed);
   stream_->end_op();
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "command_stream.hpp"
+#include "dispatch.hpp"
 #include "encoder.hpp"
 #include "kernels.hpp"
 #include "kiln/device.hpp"
@@ -50,6 +51,7 @@ class VulkanDevice final : public Device {
   void check_view(const BufferView& v, const char* what) const;
   uint32_t find_memory_type(uint32_t allowed, VkMemoryPropertyFlags need, VkMemoryPropertyFlags prefer) const;
   std::unique_ptr<DeviceBlock> make_block(size_t bytes);  // nullptr when the device is out of memory
+  Encoder encoder() { return Encoder(*stream_, *kernels_, limits_, static_cast<VkBuffer>(dummy_->block.native)); }
 
   std::shared_ptr<VulkanInstance> instance_;
   PhysicalDevice pd_;
@@ -60,6 +62,7 @@ class VulkanDevice final : public Device {
   std::map<const Block*, std::unique_ptr<DeviceBlock>> blocks_;
   std::unique_ptr<DeviceBlock> dummy_;  // bound where a kernel's buffer is empty
   std::unique_ptr<KernelCache> kernels_;
+  OpKernels ops_;
   std::unique_ptr<CommandStream> stream_;
   size_t allocated_bytes_ = 0;
   uint64_t next_block_id_ = 1;

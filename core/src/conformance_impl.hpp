@@ -19,9 +19,8 @@ using kiln::kOut;
 using kiln::OpCase;
 using kiln::uni;
 
-// The built-in ops' table, in a fixed order.
-const std::vector<OpCase>& cases();
-// The built-in table followed by the cases of every op plugins registered (OpDesc::cases).
+// Every op's cases (OpDesc::cases: a built-in op's come from its family's file, core/ops/<family>.cpp), in op kind
+// order, each op's in the order it lists them.
 std::vector<OpCase> all_cases();
 
 struct Tolerance {

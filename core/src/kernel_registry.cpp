@@ -1,4 +1,4 @@
-// Plugins' kernels, keyed by (backend, op).
+// Kernels keyed by (backend, op), and the ops a backend declared it cannot run.
 #include "kiln/kernel_registry.hpp"
 
 #include <map>
@@ -13,6 +13,7 @@ namespace {
 struct Kernels {
   std::shared_mutex mu;
   std::map<std::pair<std::string, OpKind>, Kernel> table;  // node-based: pointers stay valid as it grows
+  std::map<std::pair<std::string, OpKind>, std::string> unsupported;
 };
 Kernels& kernels() {
   static Kernels k;
@@ -25,7 +26,7 @@ void register_kernel(const std::string& backend, OpKind op, Kernel k) {
   (void)op_desc(op);  // throws for an op nothing registered
   Kernels& t = kernels();
   std::unique_lock lock(t.mu);
-  t.table[{backend, op}] = std::move(k);
+  t.table.insert_or_assign({backend, op}, std::move(k));
 }
 
 const Kernel* find_kernel(const std::string& backend, OpKind op) {
@@ -35,8 +36,24 @@ const Kernel* find_kernel(const std::string& backend, OpKind op) {
   return it == t.table.end() ? nullptr : &it->second;
 }
 
+void declare_unsupported(const std::string& backend, OpKind op, std::string reason) {
+  (void)op_desc(op);
+  Kernels& t = kernels();
+  std::unique_lock lock(t.mu);
+  t.unsupported[{backend, op}] = std::move(reason);
+}
+
+std::string unsupported_reason(const std::string& backend, OpKind op) {
+  Kernels& t = kernels();
+  std::shared_lock lock(t.mu);
+  auto it = t.unsupported.find({backend, op});
+  return it == t.unsupported.end() ? std::string() : it->second;
+}
+
 std::string missing_kernel_reason(const std::string& backend, OpKind op) {
   const OpDesc& d = op_desc(op);
+  if (std::string why = unsupported_reason(backend, op); !why.empty())
+    return "op '" + d.name + "' is not supported by the " + backend + " backend: " + why;
   std::string others;
   Kernels& t = kernels();
   {
@@ -46,6 +63,16 @@ std::string missing_kernel_reason(const std::string& backend, OpKind op) {
   }
   return "op '" + d.name + "' (plugin '" + d.plugin + "') has no " + backend + " kernel; kernels exist for: " +
          (others.empty() ? "none" : others);
+}
+
+std::vector<std::string> missing_builtin_kernels(const std::string& backend) {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < op_count(); ++i) {
+    const auto k = static_cast<OpKind>(i);
+    if (op_desc(k).plugin != "core") continue;
+    if (!find_kernel(backend, k) && unsupported_reason(backend, k).empty()) missing.push_back(op_desc(k).name);
+  }
+  return missing;
 }
 
 }  // namespace kiln

@@ -259,32 +259,6 @@ class SiluLayer : public Layer {
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override { return apply_activation(g, in[0], "silu"); }
 };
 
-// PyTorch's nn.LayerNorm(last_dim, eps, bias): normalizes over the last dimension, then scales by gamma (ones at
-// start) and shifts by beta (zeros; none with use_bias = false, as nanoGPT's LayerNorm(bias=False)).
-class LayerNormLayer : public Layer {
- public:
-  explicit LayerNormLayer(const ConfigNode& c) : eps_(c.get_float("epsilon", 1e-5)), use_bias_(c.get_bool("use_bias", true)) {
-    if (!(eps_ > 0) || !std::isfinite(eps_) || eps_ > 1)
-      c.fail("epsilon", "expected a small positive number such as 1e-5 (PyTorch's default)");
-    c.finish();
-  }
-  std::string type() const override { return "layer_norm"; }
-  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
-    const Shape& s = g.shape(in[0]);
-    if (s.rank() < 2) shape_error(g, "layer_norm expects input (batch, ..., features), got " + s.str());
-    const int64_t cols = s[s.rank() - 1];
-    LayerNormAttrs a{s.numel() / std::max<int64_t>(cols, 1), cols, static_cast<float>(eps_), use_bias_};
-    std::vector<TensorId> ins{in[0], g.param("gamma", {cols}, Init{InitKind::ones})};
-    if (use_bias_) ins.push_back(g.param("beta", {cols}, Init{}));
-    std::vector<TensorId> outs = g.op(OpKind::LayerNormForward, a, ins, {s, {a.rows}, {a.rows}});
-    return outs[0];
-  }
-
- private:
-  double eps_;
-  bool use_bias_;
-};
-
 // (N, C, H, W) -> (N, C): the mean of each channel's plane (Keras' GlobalAveragePooling2D, PyTorch's
 // AdaptiveAvgPool2d(1) + flatten).
 class GlobalAvgPoolLayer : public Layer {
@@ -445,7 +419,6 @@ void register_builtin_layers(Registry& reg) {
   reg.add_layer("dropout", factory<DropoutLayer>());
   reg.add_layer("gelu", factory<GeluLayer>());
   reg.add_layer("silu", factory<SiluLayer>());
-  reg.add_layer("layer_norm", factory<LayerNormLayer>());
   register_batch_norm_layer(reg);
   reg.add_layer("embedding", factory<EmbeddingLayer>());
   reg.add_layer("positional_embedding", factory<PositionalEmbeddingLayer>());

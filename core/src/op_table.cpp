@@ -1,5 +1,6 @@
-// The op table: looking up each op's descriptor (the built-in ones: op_builtins.cpp), the registry of plugins' ops,
-// cache keys, and the checks of a call against its op's descriptor. Semantics: ops.hpp.
+// The op table: looking up each op's descriptor (the built-in ones are registered by their families' files,
+// core/ops/<family>.cpp), the registry of plugins' ops, cache keys, the checks of a call against its op's
+// descriptor, and reference_op. Semantics: ops.hpp.
 #include "kiln/op_table.hpp"
 
 #include <algorithm>
@@ -9,11 +10,14 @@
 #include <shared_mutex>
 #include <type_traits>
 
+#include "../ops/op_support.hpp"
 #include "kiln/device.hpp"
 #include "kiln/error.hpp"
-#include "op_table_impl.hpp"
+#include "kiln/reference.hpp"
 
 namespace kiln {
+
+using op_impl::kAttrNames;
 
 namespace {
 
@@ -25,10 +29,7 @@ void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-}  // namespace
-
-namespace op_impl {
-
+// Everything but the scalars the executor patches each step (learning rate, Adam's t, dropout counters).
 void builtin_key(const OpAttrs& attrs, std::string& k) {
   put(k, attrs.index());
   std::visit(
@@ -88,16 +89,26 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
       attrs);
 }
 
-}  // namespace op_impl
+// The built-in kinds' descriptors, filled when libkiln_core loads (each core/ops file registers its family's).
+struct BuiltinOps {
+  std::vector<OpDesc> ops = std::vector<OpDesc>(kBuiltinOpCount);
+};
+BuiltinOps& builtin_slots() {
+  static BuiltinOps b;
+  return b;
+}
+const std::vector<OpDesc>& builtins() { return builtin_slots().ops; }
 
-using op_impl::builtin_key;
-using op_impl::kAttrNames;
-
-namespace {
-
-const std::vector<OpDesc>& builtins() {
-  static const std::vector<OpDesc> t = op_impl::build_builtins();
-  return t;
+void check_desc(const OpDesc& d) {
+  if (d.name.empty()) throw Error("register_op: the op has no name");
+  for (char ch : d.name)
+    if (!(std::islower(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) || ch == '_'))
+      throw Error("register_op: op name '" + d.name + "' must use lower-case letters, digits and '_' only");
+  if (!d.arity) throw Error("register_op: op '" + d.name + "' has no arity (buffer sizes) function");
+  if (!d.reference) throw Error("register_op: op '" + d.name + "' has no reference implementation");
+  if (d.attrs_index >= std::variant_size_v<OpAttrs>)
+    throw Error("register_op: op '" + d.name + "' names attributes alternative " + std::to_string(d.attrs_index) +
+                " of " + std::to_string(std::variant_size_v<OpAttrs>));
 }
 
 // Plugins' ops. A deque keeps references stable as ops are added; registration happens while plugins load.
@@ -114,7 +125,12 @@ CustomOps& custom() {
 
 const OpDesc& op_desc(OpKind k) {
   const size_t i = static_cast<size_t>(k);
-  if (i < kBuiltinOpCount) return builtins()[i];
+  if (i < kBuiltinOpCount) {
+    const OpDesc& d = builtins()[i];
+    if (d.name.empty())
+      throw Error("internal: built-in op kind " + std::to_string(i) + " has no descriptor (no core/ops file registered it)");
+    return d;
+  }
   CustomOps& c = custom();
   std::shared_lock lock(c.mu);
   if (i - kBuiltinOpCount < c.ops.size()) return c.ops[i - kBuiltinOpCount];
@@ -146,16 +162,27 @@ std::optional<OpKind> find_op(std::string_view name) {
   return std::nullopt;
 }
 
+void register_op(OpKind builtin_kind, OpDesc d) {
+  const size_t i = static_cast<size_t>(builtin_kind);
+  if (i >= kBuiltinOpCount) throw Error("register_op: kind " + std::to_string(i) + " is not a built-in kind");
+  check_desc(d);
+  if (!d.key) d.key = builtin_key;
+  OpDesc& slot = builtin_slots().ops[i];
+  if (!slot.name.empty()) throw Error("register_op: built-in kind " + std::to_string(i) + " registered twice ('" +
+                                      slot.name + "', '" + d.name + "')");
+  slot = std::move(d);
+}
+
+void check_builtin_ops() {
+  std::string missing;
+  for (size_t i = 0; i < kBuiltinOpCount; ++i)
+    if (builtins()[i].name.empty()) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+  if (!missing.empty())
+    throw Error("internal: built-in op kinds without a descriptor (no core/ops file registered them): " + missing);
+}
+
 OpKind register_op(OpDesc d) {
-  if (d.name.empty()) throw Error("register_op: the op has no name");
-  for (char ch : d.name)
-    if (!(std::islower(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) || ch == '_'))
-      throw Error("register_op: op name '" + d.name + "' must use lower-case letters, digits and '_' only");
-  if (!d.arity) throw Error("register_op: op '" + d.name + "' has no arity (buffer sizes) function");
-  if (!d.reference) throw Error("register_op: op '" + d.name + "' has no reference implementation");
-  if (d.attrs_index >= std::variant_size_v<OpAttrs>)
-    throw Error("register_op: op '" + d.name + "' names attributes alternative " + std::to_string(d.attrs_index) +
-                " of " + std::to_string(std::variant_size_v<OpAttrs>));
+  check_desc(d);
   if (!d.key) d.key = builtin_key;
   for (size_t i = 0; i < kBuiltinOpCount; ++i)
     if (builtins()[i].name == d.name) throw Error("register_op: '" + d.name + "' is a built-in op");
@@ -226,6 +253,16 @@ void check_call(const OpCall& c, const std::string& where) {
       if (static_cast<int>(p) != unused && c.out[p].block && c.out[p].bytes && ov.overlaps(c.out[p]))
         fail("outputs " + std::to_string(o) + " and " + std::to_string(p) + " overlap");
   }
+}
+
+void reference_op(OpKind kind, const OpAttrs& attrs, std::span<const float* const> in, std::span<float* const> out) {
+  const OpDesc& d = op_desc(kind);
+  const OpArity ar = d.arity(attrs);  // also checks the attrs type
+  if (in.size() != ar.in.size() || out.size() != ar.out.size())
+    throw Error("reference_op(" + d.name + "): expected " + std::to_string(ar.in.size()) + " inputs and " +
+                std::to_string(ar.out.size()) + " outputs, found " + std::to_string(in.size()) + " and " +
+                std::to_string(out.size()));
+  d.reference(attrs, in, out);
 }
 
 }  // namespace kiln

@@ -1,4 +1,4 @@
-// Op names and buffer sizes: lookups into the op table (op_table.cpp, op_builtins.cpp): every op's descriptor.
+// Op names and buffer sizes: lookups into the op table (op_table.cpp; the built-in ops' descriptors: core/ops/).
 #include "kiln/ops.hpp"
 
 #include "kiln/op_table.hpp"

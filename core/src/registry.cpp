@@ -64,8 +64,22 @@ OpKind Registry::add_op(OpDesc d) {
 }
 void Registry::add_kernel(const std::string& backend, OpKind op, Kernel k) {
   register_kernel(backend, op, std::move(k));
-  note("kernel " + std::string(op_name(op)) + " for " + backend);
+  // A backend's kernels for the core's own ops are what makes it a backend; `kiln plugins` lists the others.
+  if (op_desc(op).plugin != "core") note("kernel " + std::string(op_name(op)) + " for " + backend);
 }
+
+void Registry::add_unsupported(const std::string& backend, OpKind op, std::string reason) {
+  declare_unsupported(backend, op, std::move(reason));
+}
+
+namespace {
+std::vector<std::pair<std::string, LayerFactory>>& core_layers() {
+  static std::vector<std::pair<std::string, LayerFactory>> v;
+  return v;
+}
+}  // namespace
+
+void add_core_layer(std::string type, LayerFactory f) { core_layers().emplace_back(std::move(type), std::move(f)); }
 
 const std::function<std::unique_ptr<Backend>(const BackendOptions&)>& Registry::backend(const std::string& n) const {
   return find_or_throw(backends_, n, "backend");
@@ -95,7 +109,9 @@ void register_builtin_strategies(Registry& reg);  // strategy_single.cpp
 Registry Registry::with_builtins() {
   Registry r;
   r.set_current_plugin("core");
+  check_builtin_ops();
   register_builtin_layers(r);
+  for (const auto& [type, f] : core_layers()) r.add_layer(type, f);
   register_builtin_strategies(r);
   return r;
 }

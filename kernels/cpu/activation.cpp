@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 #include "vec_math.hpp"
 
@@ -101,5 +102,20 @@ void softmax_backward(const SoftmaxAttrs& a, const float* y, const float* dy, fl
     }
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("activation_forward", {[](CpuDevice& d, const OpCall& c) {
+  activation_forward(attrs<ActivationAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("activation_backward", {[](CpuDevice& d, const OpCall& c) {
+  activation_backward(attrs<ActivationAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("softmax_forward", {[](CpuDevice& d, const OpCall& c) {
+  softmax_forward(attrs<SoftmaxAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("softmax_backward", {[](CpuDevice& d, const OpCall& c) {
+  softmax_backward(attrs<SoftmaxAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
 
 }  // namespace kiln::cpu

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 namespace kiln::cpu {
@@ -257,5 +258,16 @@ void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const flo
   if (!batch_norm_long_runs(a)) throw std::logic_error("batch_norm_backward_relu: short runs are not fused");
   backward_impl(a, x, gamma, mean, rstd, dy, &r, dy, dx, dgamma, dbeta, pool);
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("batch_norm_forward", {[](CpuDevice& d, const OpCall& c) {
+  batch_norm_forward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1), out(c, 2),
+                     out(c, 3), out(c, 4), d.pool());
+}});
+KILN_CPU_KERNEL("batch_norm_backward", {[](CpuDevice& d, const OpCall& c) {
+  batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0),
+                      out(c, 1), out(c, 2), d.pool());
+}});
 
 }  // namespace kiln::cpu

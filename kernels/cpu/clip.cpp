@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 namespace kiln::cpu {
@@ -40,5 +41,14 @@ void clip_by_global_norm(const ElementwiseAttrs& a, const float* s, float* x, Th
     for (int64_t i = b; i < e; ++i) x[i] *= coef;
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("sum_squares", {[](CpuDevice& d, const OpCall& c) {
+  sum_squares(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.partials(), d.pool());
+}});
+KILN_CPU_KERNEL("clip_by_global_norm", {[](CpuDevice& d, const OpCall& c) {
+  clip_by_global_norm(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
 
 }  // namespace kiln::cpu

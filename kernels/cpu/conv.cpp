@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 namespace kiln::cpu {
@@ -306,5 +307,30 @@ void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy,
     gemm(GemmAttrs{K, CRS, P, false, true, 1.f, n == 0 ? 0.f : 1.f}, dy + n * K * P, pw ? src : ws, dw, pool);
   }
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+namespace {
+size_t conv_workspace(const CpuDevice& d, const OpCall& c) {
+  const auto* a = std::get_if<ConvAttrs>(&c.attrs);
+  return a ? conv_workspace_floats(c.kind, *a, d.threads(), d.winograd()) * sizeof(float) : 0;
+}
+}  // namespace
+
+KILN_CPU_KERNEL("conv2d_forward", {[](CpuDevice& d, const OpCall& c) {
+                                    conv2d_forward(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool(),
+                                                   d.winograd());
+                                  },
+                                  conv_supports, conv_workspace});
+KILN_CPU_KERNEL("conv2d_backward_data", {[](CpuDevice& d, const OpCall& c) {
+                                          conv2d_backward_data(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c),
+                                                               d.pool(), d.winograd());
+                                        },
+                                        conv_supports, conv_workspace});
+KILN_CPU_KERNEL("conv2d_backward_filter", {[](CpuDevice& d, const OpCall& c) {
+                                            conv2d_backward_filter(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0),
+                                                                   ws(c), d.pool(), d.winograd());
+                                          },
+                                          conv_supports, conv_workspace});
 
 }  // namespace kiln::cpu

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 #ifdef __AVX2__
@@ -229,5 +230,52 @@ void dropout(const DropoutAttrs& a, const float* x, float* y, ThreadPool& pool) 
     }
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("bias_add", {[](CpuDevice& d, const OpCall& c) {
+  cpu::bias_add(attrs<BiasAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("bias_grad", {[](CpuDevice& d, const OpCall& c) {
+  cpu::bias_grad(attrs<BiasAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("add", {[](CpuDevice& d, const OpCall& c) {
+  cpu::add(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("mul", {[](CpuDevice& d, const OpCall& c) {
+  cpu::mul(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("axpby", {[](CpuDevice& d, const OpCall& c) {
+  cpu::axpby(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("scale", {[](CpuDevice& d, const OpCall& c) {
+  cpu::scale(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("fill", {[](CpuDevice& d, const OpCall& c) { cpu::fill(attrs<ElementwiseAttrs>(c), out(c, 0), d.pool()); }});
+KILN_CPU_KERNEL("copy", {[](CpuDevice& d, const OpCall& c) {
+  cpu::copy(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("reduce_sum", {[](CpuDevice& d, const OpCall& c) {
+  cpu::reduce_sum(attrs<ReduceAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("concat", {[](CpuDevice& d, const OpCall& c) {
+  const auto& a = attrs<ConcatAttrs>(c);
+  std::vector<float*>& parts = d.part_ptrs(a.sizes.size());
+  for (size_t j = 0; j < a.sizes.size(); ++j) parts[j] = const_cast<float*>(in(c, j));
+  cpu::concat(a, parts.data(), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("split", {[](CpuDevice& d, const OpCall& c) {
+  const auto& a = attrs<ConcatAttrs>(c);
+  std::vector<float*>& parts = d.part_ptrs(a.sizes.size());
+  for (size_t j = 0; j < a.sizes.size(); ++j) parts[j] = out(c, j);
+  cpu::split(a, in(c, 0), parts.data(), d.pool());
+}});
+// Forward and backward are the same mask applied to x or dy.
+KILN_CPU_KERNEL("dropout_forward", {[](CpuDevice& d, const OpCall& c) {
+  cpu::dropout(attrs<DropoutAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("dropout_backward", {[](CpuDevice& d, const OpCall& c) {
+  cpu::dropout(attrs<DropoutAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
 
 }  // namespace kiln::cpu

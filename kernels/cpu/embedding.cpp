@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 namespace kiln::cpu {
@@ -44,5 +45,14 @@ void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* 
     }
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("embedding_forward", {[](CpuDevice& d, const OpCall& c) {
+  embedding_forward(attrs<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("embedding_backward", {[](CpuDevice& d, const OpCall& c) {
+  embedding_backward(attrs<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+}});
 
 }  // namespace kiln::cpu

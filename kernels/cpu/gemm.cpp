@@ -15,8 +15,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <string>
 #include <vector>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 namespace kiln::cpu {
@@ -101,5 +105,31 @@ void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPo
     }
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+namespace {
+// BLAS takes 32-bit dimensions.
+Support blas_dims(std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims)
+    if (d > std::numeric_limits<int>::max())
+      return {false, "a dimension of " + std::to_string(d) + " exceeds what BLAS can index (2^31 - 1)"};
+  return {};
+}
+}  // namespace
+
+Support gemm_supports(OpKind, const OpAttrs& a) {
+  const auto& g = std::get<GemmAttrs>(a);
+  return blas_dims({g.m, g.n, g.k});
+}
+Support conv_supports(OpKind, const OpAttrs& a) {
+  const auto& c = std::get<ConvAttrs>(a);
+  return blas_dims({c.k, c.c * c.r * c.s, c.oh * c.ow});
+}
+
+KILN_CPU_KERNEL("gemm", {[](CpuDevice& d, const OpCall& c) {
+                          cpu::gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                        },
+                        gemm_supports});
 
 }  // namespace kiln::cpu

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 #include "vec_math.hpp"
 
@@ -112,5 +113,17 @@ void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, fl
   });
   loss[0] = static_cast<float>(double(per) * total);
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("softmax_cross_entropy", {[](CpuDevice& d, const OpCall& c) {
+  softmax_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(), d.pool());
+}});
+KILN_CPU_KERNEL("mean_squared_error", {[](CpuDevice& d, const OpCall& c) {
+  mean_squared_error(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(), d.pool());
+}});
+KILN_CPU_KERNEL("binary_cross_entropy", {[](CpuDevice& d, const OpCall& c) {
+  binary_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(), d.pool());
+}});
 
 }  // namespace kiln::cpu

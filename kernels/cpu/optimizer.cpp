@@ -1,6 +1,7 @@
 // Optimizer updates, one fused pass over the parameter each (PyTorch semantics, see ops.hpp).
 #include <cmath>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 namespace kiln::cpu {
@@ -82,5 +83,22 @@ void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& po
     for (int64_t i = b; i < e; ++i) shadow[i] = d * shadow[i] + e1 * w[i];
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("sgd_update", {[](CpuDevice& d, const OpCall& c) {
+  const auto& a = attrs<SgdAttrs>(c);
+  sgd_update(a, in(c, 0), out(c, 0), a.momentum == 0.f ? nullptr : out(c, 1), d.pool());
+}});
+KILN_CPU_KERNEL("adam_update", {[](CpuDevice& d, const OpCall& c) {
+  adam_update(attrs<AdamAttrs>(c), in(c, 0), out(c, 0), out(c, 1), out(c, 2), d.pool());
+}});
+KILN_CPU_KERNEL("rmsprop_update", {[](CpuDevice& d, const OpCall& c) {
+  const auto& a = attrs<RmspropAttrs>(c);
+  rmsprop_update(a, in(c, 0), out(c, 0), out(c, 1), a.momentum > 0.f ? out(c, 2) : nullptr, d.pool());
+}});
+KILN_CPU_KERNEL("ema_update", {[](CpuDevice& d, const OpCall& c) {
+  ema_update(attrs<EmaAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
 
 }  // namespace kiln::cpu

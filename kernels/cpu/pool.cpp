@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "cpu_kernel.hpp"
 #include "kernels.hpp"
 
 #ifdef __AVX2__
@@ -264,5 +265,20 @@ void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPoo
     }
   });
 }
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("max_pool_forward", {[](CpuDevice& d, const OpCall& c) {
+  max_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("max_pool_backward", {[](CpuDevice& d, const OpCall& c) {
+  max_pool_backward(attrs<PoolAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("avg_pool_forward", {[](CpuDevice& d, const OpCall& c) {
+  avg_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
+KILN_CPU_KERNEL("avg_pool_backward", {[](CpuDevice& d, const OpCall& c) {
+  avg_pool_backward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+}});
 
 }  // namespace kiln::cpu

@@ -1,6 +1,7 @@
 // Batch norm forward and backward: a block per channel (channels grid-strided), sums in double in a fixed order
 // (reproducible, no atomics). A channel's element k is x[(k / inner * c + ch) * inner + k % inner].
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
@@ -76,7 +77,7 @@ __global__ void batch_norm_backward_kernel(const float* x, const float* gamma, c
 
 unsigned channels_grid(int64_t c) { return static_cast<unsigned>(std::clamp<int64_t>(c, 1, 65535)); }
 
-}  // namespace
+// x viewed as (n, c, inner); training updates the running statistics in place.
 
 void batch_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                         float* rstd, float* running_mean, float* running_var, int64_t n, int64_t c, int64_t inner,
@@ -94,6 +95,21 @@ void batch_norm_backward(cudaStream_t s, const float* x, const float* gamma, con
   batch_norm_backward_kernel<<<channels_grid(c), row_threads(n * inner), 0, s>>>(x, gamma, mean, rstd, dy, dx, dgamma,
                                                                                   dbeta, n, c, inner, training);
   KILN_CUDA_LAUNCHED("batch_norm_backward_kernel");
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(batch_norm) {
+  register_cuda_kernel(OpKind::BatchNormForward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<BatchNormAttrs>();
+                         batch_norm_forward(op.stream, op.in(0), op.in(1), op.in(2), op.out(0), op.out(1), op.out(2),
+                                            op.out(3), op.out(4), a.n, a.c, a.inner, a.eps, a.momentum, a.training);
+                       }});
+  register_cuda_kernel(OpKind::BatchNormBackward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<BatchNormAttrs>();
+                         batch_norm_backward(op.stream, op.in(0), op.in(1), op.in(2), op.in(3), op.in(4), op.out(0),
+                                             op.out(1), op.out(2), a.n, a.c, a.inner, a.training);
+                       }});
 }
 
 }  // namespace kiln::cuda::kernels

@@ -1,6 +1,7 @@
 // Gradient clipping by global norm: the sum of squares of a gradient (one block, double accumulation in a fixed
 // order, so results are reproducible) and the clip scale (PyTorch's clip_grad_norm_ coefficient).
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
@@ -21,8 +22,7 @@ __global__ void clip_by_global_norm_kernel(const float* s, float* x, int64_t n, 
   KILN_GRID_STRIDE(i, n) x[i] *= coef;
 }
 
-}  // namespace
-
+// y = alpha * sum x^2 + beta * y; x *= min(1, max_norm / (sqrt(sumsq) + 1e-6)).
 void sum_squares(cudaStream_t s, const float* x, float* y, int64_t n, float alpha, float beta) {
   sum_squares_kernel<<<1, kThreads, 0, s>>>(x, y, n, alpha, beta);
   KILN_CUDA_LAUNCHED("sum_squares_kernel");
@@ -32,6 +32,19 @@ void clip_by_global_norm(cudaStream_t s, const float* sumsq, float* x, int64_t n
   if (n == 0) return;
   clip_by_global_norm_kernel<<<grid_for(n), kThreads, 0, s>>>(sumsq, x, n, max_norm);
   KILN_CUDA_LAUNCHED("clip_by_global_norm_kernel");
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(clip) {
+  register_cuda_kernel(OpKind::SumSquares, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ElementwiseAttrs>();
+                         sum_squares(op.stream, op.in(0), op.out(0), a.count, a.alpha, a.beta);
+                       }});
+  register_cuda_kernel(OpKind::ClipByGlobalNorm, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ElementwiseAttrs>();
+                         clip_by_global_norm(op.stream, op.in(0), op.out(0), a.count, a.alpha);
+                       }});
 }
 
 }  // namespace kiln::cuda::kernels

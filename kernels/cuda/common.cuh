@@ -1,4 +1,6 @@
-// Shared pieces of the CUDA kernels: launch sizing, the launch check, block reductions in a fixed order.
+// Shared pieces of the CUDA kernels: launch sizing, the launch check, block reductions in a fixed order, and the
+// elementwise launchers other families reuse. A family's own launchers stay in its file (kernels/cuda/<family>.cu)
+// with the registration of its ops (cuda_kernel.hpp).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -6,9 +8,13 @@
 #include <cstdint>
 
 #include "check.hpp"
-#include "kernels.hpp"
+#include "cuda_kernel.hpp"
 
 namespace kiln::cuda::kernels {
+
+// elementwise.cu: y = value, y = alpha x (y may be x). Also the empty cases of GEMM, convolution and the losses.
+void fill(cudaStream_t s, float* y, int64_t n, float value);
+void scale(cudaStream_t s, const float* x, float* y, int64_t n, float alpha);
 
 inline constexpr int kThreads = 256;
 

@@ -1,10 +1,20 @@
-// Elementwise kernels: bias add, add/mul/axpby/scale/fill, activations, dropout, and the 2-D shifted copy used
-// for explicit convolution padding. Built with --fmad=false: no contraction, so a*x + b*y rounds like the CPU
-// reference does.
+// Elementwise kernels: bias add, add/mul/axpby/scale/fill, activations, dropout, and the registration of their
+// ops. Built with --fmad=false: no contraction, so a*x + b*y rounds like the CPU reference does.
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
+
+// ActivationAttrs::act's values, as the kernels switch over them.
+enum class Act : int { relu = 0, sigmoid = 1, tanh = 2, gelu = 3, gelu_tanh = 4, silu = 5 };
+
+// Dropout's per-step scalars: read from `dev` when it is not null (a captured CUDA graph's slot), else from the
+// by-value copy.
+struct DropoutParams {
+  float rate;
+  uint32_t seed, counter;
+};
 
 __global__ void bias_add_kernel(const float* x, const float* b, float* y, int64_t n, int64_t channels,
                                 int64_t inner) {
@@ -91,17 +101,6 @@ __global__ void dropout_kernel(const float* x, float* y, int64_t n, DropoutParam
   }
 }
 
-__global__ void shift_copy_kernel(const float* in, float* out, int64_t total, int64_t ih, int64_t iw, int64_t oh,
-                                  int64_t ow, int64_t dy, int64_t dx) {
-  KILN_GRID_STRIDE(i, total) {
-    const int64_t x = i % ow, y = (i / ow) % oh, p = i / (ow * oh);
-    const int64_t sy = y + dy, sx = x + dx;
-    out[i] = (sy >= 0 && sy < ih && sx >= 0 && sx < iw) ? in[(p * ih + sy) * iw + sx] : 0.f;
-  }
-}
-
-}  // namespace
-
 void bias_add(cudaStream_t s, const float* x, const float* b, float* y, int64_t outer, int64_t channels,
               int64_t inner) {
   const int64_t n = outer * channels * inner;
@@ -128,6 +127,8 @@ void axpby(cudaStream_t s, const float* x, float* y, int64_t n, float alpha, flo
   KILN_CUDA_LAUNCHED("axpby_kernel");
 }
 
+}  // namespace
+
 void scale(cudaStream_t s, const float* x, float* y, int64_t n, float alpha) {
   if (n == 0) return;
   scale_kernel<<<grid_for(n), kThreads, 0, s>>>(x, y, n, alpha);
@@ -139,6 +140,8 @@ void fill(cudaStream_t s, float* y, int64_t n, float value) {
   fill_kernel<<<grid_for(n), kThreads, 0, s>>>(y, n, value);
   KILN_CUDA_LAUNCHED("fill_kernel");
 }
+
+namespace {
 
 void activation_forward(cudaStream_t s, Act act, const float* x, float* y, int64_t n) {
   if (n == 0) return;
@@ -158,12 +161,55 @@ void dropout(cudaStream_t s, const float* x, float* y, int64_t n, const DropoutP
   KILN_CUDA_LAUNCHED("dropout_kernel");
 }
 
-void shift_copy(cudaStream_t s, const float* in, float* out, int64_t planes, int64_t ih, int64_t iw, int64_t oh,
-                int64_t ow, int64_t dy, int64_t dx) {
-  const int64_t total = planes * oh * ow;
-  if (total == 0) return;
-  shift_copy_kernel<<<grid_for(total), kThreads, 0, s>>>(in, out, total, ih, iw, oh, ow, dy, dx);
-  KILN_CUDA_LAUNCHED("shift_copy_kernel");
+DropoutParams dropout_params(const DropoutAttrs& a) { return {a.rate, a.seed, a.counter}; }
+
+}  // namespace
+
+KILN_CUDA_KERNELS(elementwise) {
+  register_cuda_kernel(OpKind::BiasAdd, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<BiasAttrs>();
+                         bias_add(op.stream, op.in(0), op.in(1), op.out(0), a.outer, a.channels, a.inner);
+                       }});
+  register_cuda_kernel(OpKind::Add, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ElementwiseAttrs>();
+                         add(op.stream, op.in(0), op.in(1), op.out(0), a.count, a.alpha, a.beta);
+                       }});
+  register_cuda_kernel(OpKind::Mul, {.run = [](const CudaOp& op) {
+                         mul(op.stream, op.in(0), op.in(1), op.out(0), op.attrs<ElementwiseAttrs>().count);
+                       }});
+  register_cuda_kernel(OpKind::Axpby, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ElementwiseAttrs>();
+                         axpby(op.stream, op.in(0), op.out(0), a.count, a.alpha, a.beta);
+                       }});
+  register_cuda_kernel(OpKind::Scale, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ElementwiseAttrs>();
+                         scale(op.stream, op.in(0), op.out(0), a.count, a.alpha);
+                       }});
+  register_cuda_kernel(OpKind::Fill, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ElementwiseAttrs>();
+                         fill(op.stream, op.out(0), a.count, a.alpha);
+                       }});
+  register_cuda_kernel(OpKind::ActivationForward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ActivationAttrs>();
+                         activation_forward(op.stream, static_cast<Act>(a.act), op.in(0), op.out(0), a.count);
+                       }});
+  register_cuda_kernel(OpKind::ActivationBackward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ActivationAttrs>();
+                         activation_backward(op.stream, static_cast<Act>(a.act), op.in(0), op.in(1), op.out(0),
+                                             a.count);
+                       }});
+  // Forward and backward apply the same mask (the backward call carries the forward's seed and counter).
+  const CudaKernel drop{
+      .run =
+          [](const CudaOp& op) {
+            const auto& a = op.attrs<DropoutAttrs>();
+            dropout(op.stream, op.in(0), op.out(0), a.count, dropout_params(a),
+                    static_cast<const DropoutParams*>(op.step_scalars));
+          },
+      .pack_step_scalars = [](const OpCall& c,
+                              void* slot) { put_step_scalars(dropout_params(std::get<DropoutAttrs>(c.attrs)), slot); }};
+  register_cuda_kernel(OpKind::DropoutForward, drop);
+  register_cuda_kernel(OpKind::DropoutBackward, drop);
 }
 
 }  // namespace kiln::cuda::kernels

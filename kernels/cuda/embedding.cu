@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
@@ -33,8 +34,6 @@ __global__ void embedding_backward_kernel(const float* ids, const float* dy, flo
   }
 }
 
-}  // namespace
-
 void embedding_forward(cudaStream_t s, const float* ids, const float* table, float* y, int64_t rows, int64_t vocab,
                        int64_t dim) {
   if (rows * dim == 0) return;
@@ -47,6 +46,19 @@ void embedding_backward(cudaStream_t s, const float* ids, const float* dy, float
   if (vocab * dim == 0) return;
   embedding_backward_kernel<<<grid_for(vocab * dim), kThreads, 0, s>>>(ids, dy, dtable, rows, vocab, dim);
   KILN_CUDA_LAUNCHED("embedding_backward_kernel");
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(embedding) {
+  register_cuda_kernel(OpKind::EmbeddingForward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<EmbeddingAttrs>();
+                         embedding_forward(op.stream, op.in(0), op.in(1), op.out(0), a.rows, a.vocab, a.dim);
+                       }});
+  register_cuda_kernel(OpKind::EmbeddingBackward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<EmbeddingAttrs>();
+                         embedding_backward(op.stream, op.in(0), op.in(1), op.out(0), a.rows, a.vocab, a.dim);
+                       }});
 }
 
 }  // namespace kiln::cuda::kernels

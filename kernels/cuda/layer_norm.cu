@@ -1,6 +1,7 @@
 // Layer norm forward and backward: a block per row for the statistics and dx (sums in double, in a fixed
 // order), a thread per column for the parameter gradients (rows in order): reproducible, no atomics.
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
@@ -62,7 +63,7 @@ __global__ void layer_norm_param_grad_kernel(const float* x, const float* mean, 
 
 unsigned rows_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)); }
 
-}  // namespace
+// beta / dbeta null without bias
 
 void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                         float* rstd, int64_t rows, int64_t cols, float eps) {
@@ -80,6 +81,21 @@ void layer_norm_backward(cudaStream_t s, const float* x, const float* gamma, con
   }
   layer_norm_param_grad_kernel<<<grid_for(cols), kThreads, 0, s>>>(x, mean, rstd, dy, dgamma, dbeta, rows, cols);
   KILN_CUDA_LAUNCHED("layer_norm_param_grad_kernel");
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(layer_norm) {
+  register_cuda_kernel(OpKind::LayerNormForward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<LayerNormAttrs>();
+                         layer_norm_forward(op.stream, op.in(0), op.in(1), a.bias ? op.in(2) : nullptr, op.out(0),
+                                            op.out(1), op.out(2), a.rows, a.cols, a.eps);
+                       }});
+  register_cuda_kernel(OpKind::LayerNormBackward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<LayerNormAttrs>();
+                         layer_norm_backward(op.stream, op.in(0), op.in(1), op.in(2), op.in(3), op.in(4), op.out(0),
+                                             op.out(1), a.bias ? op.out(2) : nullptr, a.rows, a.cols);
+                       }});
 }
 
 }  // namespace kiln::cuda::kernels

@@ -2,9 +2,13 @@
 // per-block partial sums go to the workspace in double; one block then adds them in a fixed order, so the loss
 // is the same bits on every run (no atomics).
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
+
+// softmax_cross_entropy_soft: labels are (rows, cols) class probabilities (LossAttrs::soft_labels).
+enum class Loss { softmax_cross_entropy, mse, bce_logits, bce_probs, softmax_cross_entropy_soft };
 
 constexpr int64_t kElementsPerBlock = kThreads * 8;
 constexpr int64_t kMaxPartials = 1024;
@@ -82,8 +86,7 @@ __global__ void finish_sum_kernel(const double* partial, int64_t count, double f
   if (threadIdx.x == 0) value[0] = static_cast<float>(factor * acc);
 }
 
-}  // namespace
-
+// The value is summed through `workspace`, which must hold loss_workspace_bytes(kind, rows, cols).
 size_t loss_workspace_bytes(Loss kind, int64_t rows, int64_t cols) {
   const int64_t partials =
       kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft ? std::max<int64_t>(rows, 1)
@@ -118,6 +121,32 @@ void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, flo
   KILN_CUDA_LAUNCHED("pointwise_loss_kernel");
   finish_sum_kernel<<<1, kThreads, 0, s>>>(partial, partials, per, value);
   KILN_CUDA_LAUNCHED("finish_sum_kernel");
+}
+
+Loss loss_kind(OpKind kind, const LossAttrs& a) {
+  if (kind == OpKind::SoftmaxCrossEntropy)
+    return a.soft_labels ? Loss::softmax_cross_entropy_soft : Loss::softmax_cross_entropy;
+  if (kind == OpKind::MeanSquaredError) return Loss::mse;
+  return a.from_logits ? Loss::bce_logits : Loss::bce_probs;
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(loss) {
+  const CudaKernel fused{.run =
+                             [](const CudaOp& op) {
+                               const auto& a = op.attrs<LossAttrs>();
+                               loss(op.stream, loss_kind(op.call.kind, a), op.in(0), op.in(1), op.out(0), op.out(1),
+                                    a.rows, a.cols, a.scale, op.workspace());
+                             },
+                         .workspace =
+                             [](const CudaDevice&, const OpCall& c) {
+                               const auto& a = std::get<LossAttrs>(c.attrs);
+                               return loss_workspace_bytes(loss_kind(c.kind, a), a.rows, a.cols);
+                             },
+                         .workspace_required = true};
+  for (OpKind k : {OpKind::SoftmaxCrossEntropy, OpKind::MeanSquaredError, OpKind::BinaryCrossEntropy})
+    register_cuda_kernel(k, fused);
 }
 
 }  // namespace kiln::cuda::kernels

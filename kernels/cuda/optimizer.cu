@@ -1,10 +1,48 @@
 // Optimizer updates and EMA, one fused kernel each, in double like the reference (built with --fmad=false, so
-// the update rounds exactly as the CPU reference does). Scalars come from the device slot when the call is part
-// of a replayed CUDA graph (see kernels.hpp).
+// the update rounds exactly as the CPU reference does).
+#include <cmath>
+#include <string>
+
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
+
+// The scalars of each update, which change every step (learning rate, Adam's t). A kernel reads them from `dev`
+// when it is not null (the call's slot in a captured CUDA graph, rewritten before each replay) and from the
+// by-value copy otherwise.
+struct SgdParams {
+  float lr, momentum, weight_decay;
+  int nesterov;
+};
+struct AdamParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  double bias1, bias2;    // 1 - beta1^t, 1 - beta2^t
+  float decoupled_decay;  // AdamW: w *= 1 - lr * decoupled_decay first
+};
+struct RmspropParams {
+  float lr, rho, eps, momentum;
+};
+struct EmaParams {
+  float decay;
+};
+
+SgdParams sgd_params(const SgdAttrs& a) { return {a.lr, a.momentum, a.weight_decay, a.nesterov ? 1 : 0}; }
+AdamParams adam_params(const AdamAttrs& a) {
+  // Bias corrections in double on the host, exactly as the reference computes them.
+  const double t = static_cast<double>(a.step);
+  return {a.lr,
+          a.beta1,
+          a.beta2,
+          a.eps,
+          a.weight_decay,
+          1.0 - std::pow(double(a.beta1), t),
+          1.0 - std::pow(double(a.beta2), t),
+          a.decoupled_decay};
+}
+RmspropParams rmsprop_params(const RmspropAttrs& a) { return {a.lr, a.rho, a.eps, a.momentum}; }
+EmaParams ema_params(const EmaAttrs& a) { return {a.decay}; }
 
 __global__ void sgd_kernel(const float* g, float* w, float* v, int64_t n, SgdParams host, const SgdParams* dev) {
   const SgdParams p = dev ? *dev : host;
@@ -61,8 +99,6 @@ __global__ void ema_kernel(const float* w, float* shadow, int64_t n, EmaParams h
   KILN_GRID_STRIDE(i, n) shadow[i] = static_cast<float>(d * shadow[i] + (1.0 - d) * w[i]);
 }
 
-}  // namespace
-
 void sgd(cudaStream_t s, const float* g, float* w, float* v, int64_t n, const SgdParams& p, const SgdParams* dev) {
   if (n == 0) return;
   sgd_kernel<<<grid_for(n), kThreads, 0, s>>>(g, w, v, n, p, dev);
@@ -87,6 +123,58 @@ void ema(cudaStream_t s, const float* w, float* shadow, int64_t n, const EmaPara
   if (n == 0) return;
   ema_kernel<<<grid_for(n), kThreads, 0, s>>>(w, shadow, n, p, dev);
   KILN_CUDA_LAUNCHED("ema_kernel");
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(optimizer) {
+  register_cuda_kernel(OpKind::SgdUpdate, {.run =
+                                               [](const CudaOp& op) {
+                                                 const auto& a = op.attrs<SgdAttrs>();
+                                                 sgd(op.stream, op.in(0), op.out(0), op.out(1), a.count, sgd_params(a),
+                                                     static_cast<const SgdParams*>(op.step_scalars));
+                                               },
+                                           .pack_step_scalars =
+                                               [](const OpCall& c, void* slot) {
+                                                 put_step_scalars(sgd_params(std::get<SgdAttrs>(c.attrs)), slot);
+                                               }});
+  register_cuda_kernel(
+      OpKind::AdamUpdate,
+      {.run =
+           [](const CudaOp& op) {
+             const auto& a = op.attrs<AdamAttrs>();
+             adam(op.stream, op.in(0), op.out(0), op.out(1), op.out(2), a.count, adam_params(a),
+                  static_cast<const AdamParams*>(op.step_scalars));
+           },
+       .support =
+           [](OpKind, const OpAttrs& attrs) {
+             const auto& a = std::get<AdamAttrs>(attrs);
+             if (a.step < 1) return Support{false, "adam_update needs step t >= 1, found " + std::to_string(a.step)};
+             return Support{};
+           },
+       .pack_step_scalars = [](const OpCall& c,
+                               void* slot) { put_step_scalars(adam_params(std::get<AdamAttrs>(c.attrs)), slot); }});
+  register_cuda_kernel(OpKind::RmspropUpdate,
+                       {.run =
+                            [](const CudaOp& op) {
+                              const auto& a = op.attrs<RmspropAttrs>();
+                              rmsprop(op.stream, op.in(0), op.out(0), op.out(1), op.out(2), a.count, rmsprop_params(a),
+                                      static_cast<const RmspropParams*>(op.step_scalars));
+                            },
+                        .pack_step_scalars =
+                            [](const OpCall& c, void* slot) {
+                              put_step_scalars(rmsprop_params(std::get<RmspropAttrs>(c.attrs)), slot);
+                            }});
+  register_cuda_kernel(OpKind::EmaUpdate, {.run =
+                                               [](const CudaOp& op) {
+                                                 const auto& a = op.attrs<EmaAttrs>();
+                                                 ema(op.stream, op.in(0), op.out(0), a.count, ema_params(a),
+                                                     static_cast<const EmaParams*>(op.step_scalars));
+                                               },
+                                           .pack_step_scalars =
+                                               [](const OpCall& c, void* slot) {
+                                                 put_step_scalars(ema_params(std::get<EmaAttrs>(c.attrs)), slot);
+                                               }});
 }
 
 }  // namespace kiln::cuda::kernels

@@ -1,10 +1,17 @@
 // Max and average pooling. Windows are clipped to the image (padding never wins, an empty window gives 0).
 // The backward passes gather per input element instead of scattering per output, so overlapping windows need
 // no atomics: each dx element adds its contributions in output row-major order, like the reference.
+#include <string>
+
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
+
+struct PoolShape {
+  int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+};
 
 // The valid input rows/cols [y0, y1) x [x0, x1) of output (oy, ox).
 struct Window {
@@ -101,8 +108,6 @@ __global__ void avg_pool_backward_kernel(PoolShape p, const float* dy, float* dx
   }
 }
 
-}  // namespace
-
 void max_pool_forward(cudaStream_t s, const PoolShape& p, const float* x, float* y) {
   const int64_t total = p.n * p.c * p.oh * p.ow;
   if (total == 0) return;
@@ -130,6 +135,48 @@ void avg_pool_backward(cudaStream_t s, const PoolShape& p, const float* dy, floa
   if (total == 0) return;
   avg_pool_backward_kernel<<<grid_for(total), kThreads, 0, s>>>(p, dy, dx, total);
   KILN_CUDA_LAUNCHED("avg_pool_backward_kernel");
+}
+
+PoolShape pool_shape(const PoolAttrs& a) {
+  return {a.n, a.c, a.h, a.w, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.oh, a.ow};
+}
+
+Support pool_support(OpKind, const OpAttrs& attrs) {
+  const auto& p = std::get<PoolAttrs>(attrs);
+  if (p.stride_h < 1 || p.stride_w < 1)
+    return {false,
+            "pooling strides must be >= 1, found " + std::to_string(p.stride_h) + "x" + std::to_string(p.stride_w)};
+  if (p.pad_h < 0 || p.pad_w < 0 || p.kh < 0 || p.kw < 0) return {false, "pooling window and padding must be >= 0"};
+  return {};
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(pool) {
+  register_cuda_kernel(OpKind::MaxPoolForward, {.run =
+                                                    [](const CudaOp& op) {
+                                                      max_pool_forward(op.stream, pool_shape(op.attrs<PoolAttrs>()),
+                                                                       op.in(0), op.out(0));
+                                                    },
+                                                .support = pool_support});
+  register_cuda_kernel(OpKind::MaxPoolBackward, {.run =
+                                                     [](const CudaOp& op) {
+                                                       max_pool_backward(op.stream, pool_shape(op.attrs<PoolAttrs>()),
+                                                                         op.in(0), op.in(1), op.in(2), op.out(0));
+                                                     },
+                                                 .support = pool_support});
+  register_cuda_kernel(OpKind::AvgPoolForward, {.run =
+                                                    [](const CudaOp& op) {
+                                                      avg_pool_forward(op.stream, pool_shape(op.attrs<PoolAttrs>()),
+                                                                       op.in(0), op.out(0));
+                                                    },
+                                                .support = pool_support});
+  register_cuda_kernel(OpKind::AvgPoolBackward, {.run =
+                                                     [](const CudaOp& op) {
+                                                       avg_pool_backward(op.stream, pool_shape(op.attrs<PoolAttrs>()),
+                                                                         op.in(0), op.out(0));
+                                                     },
+                                                 .support = pool_support});
 }
 
 }  // namespace kiln::cuda::kernels

@@ -1,6 +1,7 @@
 // Reductions (bias gradient, ReduceSum) and row-wise softmax. Sums accumulate in double in a fixed order, so
 // results are reproducible and close to the reference (which sums in double).
 #include "common.cuh"
+#include "kiln/op_table.hpp"
 
 namespace kiln::cuda::kernels {
 namespace {
@@ -71,8 +72,6 @@ __global__ void softmax_backward_kernel(const float* y, const float* dy, float* 
 
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)); }
 
-}  // namespace
-
 void reduce_sum(cudaStream_t s, const float* x, float* y, int64_t outer, int64_t reduce, int64_t inner) {
   const int64_t outputs = outer * inner;
   if (outputs == 0) return;
@@ -93,6 +92,7 @@ void bias_grad(cudaStream_t s, const float* dy, float* db, int64_t outer, int64_
   KILN_CUDA_LAUNCHED("bias_grad_kernel");
 }
 
+// causal: row r keeps columns j <= r % cols, the others get 0 (attention's mask).
 void softmax_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols, bool causal) {
   if (rows == 0 || cols == 0) return;
   softmax_forward_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(x, y, rows, cols, causal);
@@ -103,6 +103,27 @@ void softmax_backward(cudaStream_t s, const float* y, const float* dy, float* dx
   if (rows == 0 || cols == 0) return;
   softmax_backward_kernel<<<row_grid(rows), row_threads(cols), 0, s>>>(y, dy, dx, rows, cols);
   KILN_CUDA_LAUNCHED("softmax_backward_kernel");
+}
+
+}  // namespace
+
+KILN_CUDA_KERNELS(reduce) {
+  register_cuda_kernel(OpKind::BiasGrad, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<BiasAttrs>();
+                         bias_grad(op.stream, op.in(0), op.out(0), a.outer, a.channels, a.inner);
+                       }});
+  register_cuda_kernel(OpKind::ReduceSum, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<ReduceAttrs>();
+                         reduce_sum(op.stream, op.in(0), op.out(0), a.outer, a.reduce, a.inner);
+                       }});
+  register_cuda_kernel(OpKind::SoftmaxForward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<SoftmaxAttrs>();
+                         softmax_forward(op.stream, op.in(0), op.out(0), a.rows, a.cols, a.causal);
+                       }});
+  register_cuda_kernel(OpKind::SoftmaxBackward, {.run = [](const CudaOp& op) {
+                         const auto& a = op.attrs<SoftmaxAttrs>();
+                         softmax_backward(op.stream, op.in(0), op.in(1), op.out(0), a.rows, a.cols);
+                       }});
 }
 
 }  // namespace kiln::cuda::kernels

@@ -1,12 +1,15 @@
-// Kernels that plugins supply for ops (their own, registered with register_op / Registry::add_op), per backend.
-// A backend looks up the kind of kernel it runs: "cpu" runs HostKernel, "vulkan" ShaderKernel, "cuda"
-// StreamKernel. A backend with no kernel for an op answers supports() with missing_kernel_reason().
+// Kernels for ops, per backend: one registry for the built-in ops and for plugins' ops alike. The core stores and
+// finds kernels and never looks inside one, so a backend brings its own kinds of kernel without a core change.
+// The kinds declared here are the ones third-party plugins use: HostKernel for "cpu", ShaderKernel for "vulkan",
+// StreamKernel for "cuda". A backend's own kernels may use a kind of its own (one that sees the backend's device).
 #pragma once
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
-#include <variant>
+#include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "kiln/device.hpp"
@@ -34,7 +37,20 @@ struct StreamKernel {
   std::function<void(const OpCall&, void* stream)> run;
 };
 
-using Kernel = std::variant<HostKernel, ShaderKernel, StreamKernel>;
+// A kernel of any kind K (copyable): Kernel k = HostKernel{...}; k.get<HostKernel>() is null for another kind.
+class Kernel {
+ public:
+  template <class K, class = std::enable_if_t<!std::is_same_v<std::decay_t<K>, Kernel>>>
+  Kernel(K k) : impl_(std::make_shared<const K>(std::move(k))), type_(&typeid(K)) {}  // NOLINT: implicit on purpose
+  template <class K>
+  const K* get() const {
+    return type_ && *type_ == typeid(K) ? static_cast<const K*>(impl_.get()) : nullptr;
+  }
+
+ private:
+  std::shared_ptr<const void> impl_;  // the deleter lives in the registering library, which is never unloaded
+  const std::type_info* type_ = nullptr;
+};
 
 // Process-wide: registered while plugins load. Registering a kernel for (backend, op) again replaces it.
 void register_kernel(const std::string& backend, OpKind op, Kernel k);
@@ -42,9 +58,18 @@ const Kernel* find_kernel(const std::string& backend, OpKind op);
 template <class K>
 const K* find_kernel(const std::string& backend, OpKind op) {
   const Kernel* k = find_kernel(backend, op);
-  return k ? std::get_if<K>(k) : nullptr;
+  return k ? k->get<K>() : nullptr;
 }
-// "op 'swish' (plugin 'example') has no cpu kernel; kernels exist for: vulkan"
+
+// A backend that cannot run an op at all says so once, with the reason; supports() answers with it, the completeness
+// check accepts it and docs/op_support.md shows it.
+void declare_unsupported(const std::string& backend, OpKind op, std::string reason);
+// The declared reason, or "" when `backend` did not declare `op` unsupported.
+std::string unsupported_reason(const std::string& backend, OpKind op);
+// "op 'swish' (plugin 'example') has no cpu kernel; kernels exist for: vulkan", or the declared reason.
 std::string missing_kernel_reason(const std::string& backend, OpKind op);
+// The ops of the core's op set that `backend` has neither a kernel for nor declared unsupported, by name. A
+// backend is complete when this is empty once its plugin has registered (a test checks every built backend).
+std::vector<std::string> missing_builtin_kernels(const std::string& backend);
 
 }  // namespace kiln

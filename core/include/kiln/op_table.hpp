@@ -71,7 +71,7 @@ struct OpDesc {
   // Appends the attributes that define the call's work to a record/replay cache key (step scalars excluded).
   std::function<void(const OpAttrs&, std::string&)> key;
   // Conformance cases (run on every backend against the reference; those marked gradcheck also check the
-  // gradient rule by finite differences). Built-in ops keep theirs in the core's case table.
+  // gradient rule by finite differences). A built-in op's are in its family's file, core/ops/<family>.cpp.
   std::function<std::vector<OpCase>()> cases;
   std::string plugin = "core";  // who registered it
 };
@@ -87,6 +87,20 @@ std::optional<OpKind> find_op(std::string_view name);
 // name again from the same plugin returns the existing kind (a plugin loaded twice); from another plugin, or
 // with a built-in op's name, it throws Error. Throws Error for a descriptor without name, arity or reference.
 OpKind register_op(OpDesc d);
+// The descriptor of a built-in kind (< OpKind::Count_), from the file of its op family (core/ops/<family>.cpp).
+// Throws Error for a kind registered twice or a descriptor without name, arity or reference.
+void register_op(OpKind builtin_kind, OpDesc d);
+// Throws Error naming every built-in kind that has no descriptor (its core/ops file did not register it).
+void check_builtin_ops();
+
+// Each op family of the core lives in one file, core/ops/<family>.cpp, that registers its ops (register_op),
+// kernel-independent parts included (arity, aliasing, gradient rule, reference, conformance cases), and any layer
+// of its own (add_core_layer), when libkiln_core loads:
+//   KILN_CORE_OPS(layer_norm) { register_op(OpKind::LayerNormForward, ...); add_core_layer("layer_norm", ...); }
+#define KILN_CORE_OPS(family)                                                                    \
+  static void kiln_core_ops_##family();                                                          \
+  [[maybe_unused]] static const bool kiln_core_ops_##family##_registered = (kiln_core_ops_##family(), true); \
+  static void kiln_core_ops_##family()
 
 // Checks a call against its op's contract: attribute type, buffer counts, every buffer bound and large enough
 // inside its block, 4-byte aligned, and no overlap except what may_alias and unused_output allow. Throws

@@ -55,8 +55,11 @@ class Registry {
   // A plugin's own op (op_table.hpp): returns its kind for layers and gradient rules to emit. The descriptor's
   // `plugin` is set to the registering plugin. Throws Error for a name taken by another plugin or a built-in.
   OpKind add_op(OpDesc d);
-  // A kernel for an op on one backend ("cpu": HostKernel, "vulkan": ShaderKernel, "cuda": StreamKernel).
+  // A kernel for an op on one backend (a kind that backend runs: HostKernel for "cpu", ShaderKernel for "vulkan",
+  // StreamKernel for "cuda", or the backend's own).
   void add_kernel(const std::string& backend, OpKind op, Kernel k);
+  // `backend` cannot run `op` at all, for this reason (kernel_registry.hpp declare_unsupported).
+  void add_unsupported(const std::string& backend, OpKind op, std::string reason);
 
   // Lookups throw ConfigError listing what is registered when `name` is unknown.
   const std::function<std::unique_ptr<Backend>(const BackendOptions&)>& backend(const std::string& name) const;
@@ -97,6 +100,10 @@ class Registry {
   std::string current_ = "core";
   std::map<std::string, std::vector<std::string>> provided_;
 };
+
+// A layer of the core, registered when libkiln_core loads from the file of its op family (KILN_CORE_OPS);
+// Registry::with_builtins() adds every one.
+void add_core_layer(std::string type, LayerFactory f);
 
 // The one symbol a plugin exports. Use KILN_PLUGIN(desc, register_fn) in exactly one source file.
 struct PluginEntry {

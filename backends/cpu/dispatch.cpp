@@ -1,0 +1,45 @@
+// The cpu backend's op dispatch: every op runs the kernel registered for it on "cpu" (kernels/cpu registers the
+// core's ops as CpuKernel, plugins register HostKernel). Calls arrive checked (check_call, when the executor binds),
+// so kernels take their buffers as they come.
+#include <string>
+
+#include "backend.hpp"
+#include "cpu_kernel.hpp"
+#include "kiln/error.hpp"
+#include "kiln/kernel_registry.hpp"
+#include "kiln/op_table.hpp"
+
+namespace kiln::cpu {
+
+std::vector<CpuKernelEntry>& cpu_kernel_list() {
+  static std::vector<CpuKernelEntry> list;
+  return list;
+}
+
+const CpuKernel* CpuDevice::kernel(OpKind kind) const {
+  const size_t k = static_cast<size_t>(kind);
+  if (k < kernels_.size()) return kernels_[k];
+  // Ops registered after this device opened (a plugin's, in tests) are looked up on every call.
+  return find_kernel<CpuKernel>("cpu", kind);
+}
+
+Support CpuDevice::supports(OpKind kind, const OpAttrs& attrs) const {
+  if (!op_known(kind)) return {false, "unknown op kind " + std::to_string(static_cast<int>(kind))};
+  if (const CpuKernel* k = kernel(kind)) return k->supports ? k->supports(kind, attrs) : Support{};
+  if (find_kernel<HostKernel>("cpu", kind)) return {};
+  return {false, missing_kernel_reason("cpu", kind)};
+}
+
+size_t CpuDevice::workspace_bytes(const OpCall& call) const {
+  const CpuKernel* k = kernel(call.kind);
+  return k && k->workspace_bytes ? k->workspace_bytes(*this, call) : 0;
+}
+
+void CpuDevice::run(const OpCall& call) {
+  if (const CpuKernel* k = kernel(call.kind)) return k->run(*this, call);
+  const HostKernel* host = find_kernel<HostKernel>("cpu", call.kind);
+  if (!host) throw DeviceError(info_.label() + ": " + missing_kernel_reason("cpu", call.kind));
+  host->run(call);
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,109 @@
+// Concatenation along the middle axis of (outer, sizes[j], inner) parts, and split, its inverse.
+// Semantics: ops.hpp.
+#include "op_support.hpp"
+
+namespace kiln::op_impl {
+namespace {
+
+OpArity concat_arity(OpKind k, std::string_view name, const OpAttrs& attrs) {
+  const auto& a = attrs_as<ConcatAttrs>(name, attrs);
+  check_dims(name, {{"outer", a.outer}, {"inner", a.inner}});
+  std::vector<int64_t> parts;
+  int64_t total = 0;
+  for (size_t j = 0; j < a.sizes.size(); ++j) {
+    const std::string key = "sizes[" + std::to_string(j) + "]";
+    check_dims(name, {{key.c_str(), a.sizes[j]}});
+    parts.push_back(product(name, {a.outer, a.sizes[j], a.inner}));
+    if (__builtin_add_overflow(total, a.sizes[j], &total)) throw Error(op_label(name) + ": sizes overflow");
+  }
+  const int64_t whole = product(name, {a.outer, total, a.inner});
+  if (k == OpKind::Concat) return {parts, {whole}};
+  return {{whole}, parts};
+}
+
+void concat_grad(GradContext& g) {
+  const Node& n = g.node();
+  std::vector<TensorId> parts;
+  for (auto x : n.in) parts.push_back(g.new_tensor(g.shape(x)));
+  g.emit(OpKind::Split, n.attrs, {g.dy()}, parts);
+  for (size_t i = 0; i < n.in.size(); ++i)
+    if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);
+}
+
+void split_grad(GradContext& g) {
+  const Node& n = g.node();
+  if (!g.needs_grad(n.in[0])) return;
+  std::vector<TensorId> parts;
+  for (size_t i = 0; i < n.out.size(); ++i) {
+    TensorId d = g.dy(i);
+    if (d == kNoTensor) {  // an unused part contributes zeros
+      d = g.new_tensor(g.shape(n.out[i]));
+      g.emit(OpKind::Fill, ElementwiseAttrs{g.shape(n.out[i]).numel(), 0.f, 0.f}, {}, {d});
+    }
+    parts.push_back(d);
+  }
+  g.emit_grad(n.in[0], OpKind::Concat, n.attrs, parts);
+}
+
+// Concat copies x_j into y; Split copies y back into x_j. `whole` is y, `parts` the x_j.
+void concat_split_ref(OpKind k, const ConcatAttrs& a, In in, Out out) {
+  const bool concat = k == OpKind::Concat;
+  int64_t total = 0;
+  for (int64_t s : a.sizes) total += s;
+  int64_t start = 0;  // first row of part j inside y
+  for (size_t j = 0; j < a.sizes.size(); ++j) {
+    const int64_t rows = a.sizes[j];
+    for (int64_t o = 0; o < a.outer; ++o)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < a.inner; ++i) {
+          const int64_t w = (o * total + start + r) * a.inner + i;
+          const int64_t p = (o * rows + r) * a.inner + i;
+          if (concat)
+            out[0][w] = in[j][p];
+          else
+            out[j][p] = in[0][w];
+        }
+    start += rows;
+  }
+}
+
+void concat_cases(Table& t) {
+  const Gen f = uni(-1.f, 1.f);
+  t.grad("2x(3,1,2)x2", OpKind::Concat, ConcatAttrs{2, 2, {3, 1, 2}}, {f, f, f}, {kOut}, Check::elementwise);
+  t.grad("2x(3,1,2)x2", OpKind::Split, ConcatAttrs{2, 2, {3, 1, 2}}, {f}, {kOut, kOut, kOut}, Check::elementwise);
+
+  struct C {
+    int64_t outer, inner;
+    std::vector<int64_t> sizes;
+  };
+  const C shapes[] = {{1, 1, {1}},       {3, 4, {2, 3}},       {2, 5, {5, 1, 7}},
+                      {7, 1, {3, 0, 2}}, {1, 1000, {3, 4, 5}}, {64, 49, {16, 32}}};
+  for (const C& c : shapes) {
+    std::string v = str(c.outer) + "x[";
+    for (size_t i = 0; i < c.sizes.size(); ++i) {
+      if (i) v += ',';
+      v += str(c.sizes[i]);
+    }
+    v += "]x";
+    v += str(c.inner);
+    v += ".int";
+    ConcatAttrs a{c.outer, c.inner, c.sizes};
+    t.add(v, OpKind::Concat, a, V(c.sizes.size(), kI), {kOut}, Check::elementwise, true);
+    t.add(v, OpKind::Split, a, {kI}, V(c.sizes.size(), kOut), Check::elementwise, true);
+  }
+}
+
+}  // namespace
+
+KILN_CORE_OPS(concat) {
+  for (auto [k, name] : {std::pair{OpKind::Concat, "concat"}, std::pair{OpKind::Split, "split"}}) {
+    OpDesc d = desc<ConcatAttrs>(
+        name, [k = k, name = name](const OpAttrs& a) { return concat_arity(k, name, a); },
+        ref_of<ConcatAttrs, concat_split_ref>(k));
+    d.grad = k == OpKind::Concat ? concat_grad : split_grad;
+    d.cases = cases_of(k, concat_cases);
+    register_op(k, std::move(d));
+  }
+}
+
+}  // namespace kiln::op_impl
