@@ -1,5 +1,7 @@
 // Memory as a plan, end to end: kiln plan's prediction against a real training step's measured peak (the samples
-// and the 206M-parameter deep net), refusal before allocating, the OOM report, --sweep, memory_policy = "fit".
+// and the 206M-parameter deep net), refusal before allocating, the OOM report, --sweep, memory_policy = "fit". Also
+// kiln plan on strategies that split a batch and on the parallel samples (where each layer runs, the bytes copied,
+// each device's peak), and sizes no device holds named instead of printing FITS.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -34,6 +36,10 @@ bool found(const std::string& text, const std::string& re) { return std::regex_s
 std::string read(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+std::string dense_model(const std::string& units, const std::string& input = "[784]") {
+  return "[model]\ninput_shape = " + input + "\n[[model.layers]]\ntype = \"dense\"\nunits = " + units + "\n";
 }
 
 std::string small_run(const fs::path& out, const std::string& extra) {
@@ -161,6 +167,63 @@ TEST_CASE("kiln plan --sweep writes CSV and SVG with measured peaks within 5% of
   CHECK_THAT(svg, Catch::StartsWith("<svg"));
   CHECK_THAT(svg, Catch::Contains("predicted (kiln plan)"));
   CHECK_THAT(svg, Catch::Contains("limit 256.0 MiB"));
+}
+
+TEST_CASE("kiln plan finds the largest batch and sweeps for strategies that split a batch", "[hardening][plan]") {
+  auto dir = kiln::test::temp_dir("hard-plan-dp");
+  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\nvirtual_devices = 2\nthreads = 1\nmemory_limit = \"64MiB\"\n"
+                                  << "[strategy]\ntype = \"data_parallel\"\ndevices = [0, 1]\n"
+                                  << "[model]\ninput_shape = [16]\n[[model.layers]]\ntype = \"dense\"\nunits = 4\n"
+                                  << "[train]\nbatch_size = 8\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [16], examples = 64}]\n";
+  auto r = kiln::test::run_app("plan " + (dir / "run.toml").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("largest batch size that fits: ") && !Catch::Contains("fits: 0"));
+  r = kiln::test::run_app("plan " + (dir / "run.toml").string() + " --sweep --sweep-out " + (dir / "sweep").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("batch 2: predicted") && !Catch::Contains("batch 1: predicted"));
+}
+
+TEST_CASE("kiln plan shows where each layer runs, the bytes copied and each device's peak for the samples", "[parallel]") {
+  auto mp = test::run_app("plan " + std::string(KILN_SOURCE_DIR) + "/samples/two_branch_mp.toml");
+  INFO(mp.output);
+  CHECK(mp.exit_code == 0);
+  CHECK_THAT(mp.output, Catch::Contains("step memory on cpu:1") && Catch::Contains("layer branch_a (dense): gemm, bias_add") &&
+                            Catch::Contains("copies in per step: 96.0 KiB (encoder -> branch_a 64.0 KiB from cpu:0") &&
+                            Catch::Contains("ideal bubble (K-1)/(M+K-1) = 0.500"));
+  auto dp = test::run_app("plan " + std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_dp.toml");
+  INFO(dp.output);
+  CHECK(dp.exit_code == 0);
+  CHECK_THAT(dp.output, Catch::Contains("data_parallel replica 1 of 2: batch 16 of 32") && Catch::Contains("gradient all-reduce"));
+}
+
+TEST_CASE("kiln plan names [device] memory_limit = \"1e30GiB\" and huge units instead of printing FITS",
+          "[hardening][sizes]") {
+  auto dir = kiln::test::temp_dir("hard-sizes-plan");
+  auto write = [&](const std::string& device, const std::string& units) {
+    std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\n" << device << "\n" << dense_model(units)
+                                    << "[train]\nbatch_size = 32\n";
+    return (dir / "run.toml").string();
+  };
+  auto r = kiln::test::run_app("plan " + write("memory_limit = \"1e30GiB\"", "10"));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("device.memory_limit") && Catch::Contains("16 EiB"));
+  CHECK_THAT(r.output, !Catch::Contains("FITS"));
+
+  r = kiln::test::run_app("plan " + write("", "4611686018427387904"));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("model.layers[0].units"));
+  CHECK_THAT(r.output, !Catch::Contains("FITS"));
+
+  r = kiln::test::run_app("plan " + write("", "1099511627776"));  // 2^40 units: fits alone, not times 784 inputs
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("model.layers[0].units") && Catch::Contains("256 TiB"));
+  CHECK_THAT(r.output, !Catch::Contains("FITS"));
 }
 
 TEST_CASE("memory_policy = \"fit\" turns on recomputation when the plan does not fit otherwise", "[memory]") {

@@ -1,4 +1,9 @@
-// End to end: the real `kiln` app on real Fashion-MNIST data (a subset), and its exit codes and messages.
+// End to end: the real `kiln` app on real Fashion-MNIST data (a subset), and its exit codes and messages. Input that
+// used to crash or pass silently (a config path that is a directory, a bad --plugin-dir, a thread count the host
+// cannot use, a plugin with a null entry, a run name or output directory that would write somewhere else) is refused
+// with exit code 2, naming what is wrong.
+#include <sys/wait.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -6,6 +11,8 @@
 #include <sstream>
 
 #include "test_support.hpp"
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -76,6 +83,16 @@ double json_field(const std::string& line, const std::string& key) {
   std::regex re("\"" + key + "\":([-0-9.eE+]+)");
   REQUIRE(std::regex_search(line, m, re));
   return std::stod(m[1]);
+}
+
+// A small run that trains in well under a second; `run` and `train` are extra lines for those tables.
+std::string write_run(const fs::path& dir, const std::string& run, const std::string& train) {
+  std::ofstream(dir / "run.toml") << "[run]\n" << run << "\n[device]\nbackend = \"cpu\"\n"
+                                  << "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n"
+                                  << "[train]\nepochs = 1\nbatch_size = 8\nprogress = \"none\"\n" << train << "\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [4], classes = 3, "
+                                     "examples = 16}]\n";
+  return (dir / "run.toml").string();
 }
 
 }  // namespace
@@ -150,6 +167,48 @@ TEST_CASE("config errors exit with code 2 and name the line and key", "[e2e]") {
   CHECK(r.exit_code == 2);
 }
 
+TEST_CASE("a config path that is a directory, a missing or non-directory --plugin-dir, an empty visible list and an "
+          "empty input_shape are refused with exit code 2",
+          "[hardening][config]") {
+  auto dir = kiln::test::temp_dir("hard-inputs");
+  auto r = kiln::test::run_app("train " + dir.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("expected a TOML file, found a directory"));
+
+  r = kiln::test::run_app("--plugin-dir " + (dir / "missing").string() + " plugins");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--plugin-dir") && Catch::Contains("does not exist"));
+  std::ofstream(dir / "file") << "x";
+  r = kiln::test::run_app("--plugin-dir " + (dir / "file").string() + " plugins");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--plugin-dir") && Catch::Contains("is actually a file"));
+
+  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\nvisible = []\n"
+                                  << "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\nunits = 2\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [4], examples = 8}]\n";
+  r = kiln::test::run_app("plan " + (dir / "run.toml").string());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("device.visible") && Catch::Contains("at least one device index"));
+  r = kiln::test::run_app("plan " + (dir / "run.toml").string() + " --set 'device.visible=[0]' --set 'model.input_shape=[]'");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("model.input_shape") && Catch::Contains("at least one dimension"));
+}
+
+TEST_CASE("kiln train with [device] threads = 100000 is a config error with exit code 2, not an abort",
+          "[hardening][threads]") {
+  auto dir = kiln::test::temp_dir("hard-threads");
+  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\nthreads = 100000\n"
+                                  << "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\nunits = 2\n"
+                                  << "[train]\nprogress = \"none\"\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [4], examples = 8}]\n";
+  auto r = kiln::test::run_app("train " + (dir / "run.toml").string());
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("threads = 100000") && Catch::Contains("at most"));
+  CHECK_THAT(r.output, !Catch::Contains("terminate"));
+}
+
 TEST_CASE("a missing data file is a runtime error naming the file", "[e2e]") {
   auto dir = kiln::test::temp_dir("nodata");
   auto text = mlp_config((dir / "out").string());
@@ -177,6 +236,22 @@ TEST_CASE("kiln --version, --help, plugins and devices answer", "[e2e]") {
   r = kiln::test::run_app("devices --backend cpu");
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("cpu:0"));
+}
+
+TEST_CASE("kiln plugins and kiln train list a null-entry plugin as failed instead of crashing", "[hardening][plugins]") {
+  auto r = kiln::test::run_app(std::string("--plugin-dir ") + KILN_TEST_PLUGIN_DIR + " plugins");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("FAILED " + std::string(KILN_TEST_PLUGIN_DIR) + "/libkiln_null_entry.so") &&
+                           Catch::Contains("null pointer"));
+
+  auto dir = kiln::test::temp_dir("hard-null-plugin");
+  std::ofstream(dir / "run.toml") << "[plugins]\nload = [\"" << KILN_TEST_PLUGIN_DIR << "/libkiln_null_entry.so\"]\n"
+                                  << "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\nunits = 2\n";
+  auto t = kiln::test::run_app("train " + (dir / "run.toml").string());
+  INFO(t.output);
+  CHECK(t.exit_code == 2);
+  CHECK_THAT(t.output, Catch::Contains("plugin error") && Catch::Contains("libkiln_null_entry.so"));
 }
 
 TEST_CASE("device prefetch changes no value: the same losses and accuracy with it on and off", "[e2e][prefetch]") {
@@ -233,6 +308,23 @@ TEST_CASE("[log] every_steps writes step records whose losses make up the epoch'
   CHECK_THAT(r.output, Catch::Contains("every_steps") && Catch::Contains("bad.toml"));
 }
 
+TEST_CASE("progress lines show an ETA and never print the epoch's last batch twice", "[hardening][progress]") {
+  auto dir = kiln::test::temp_dir("hard-progress");
+  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\n"
+                                  << "[model]\ninput_shape = [8]\n[[model.layers]]\ntype = \"dense\"\nunits = 10\n"
+                                  << "[train]\nepochs = 1\nbatch_size = 4\nprogress = \"lines\"\nevaluate = false\n"
+                                  << "output_dir = \"" << (dir / "out").string() << "\"\n"
+                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [8], examples = 40}]\n";
+  auto r = kiln::test::run_app("train " + (dir / "run.toml").string());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // 10 batches, a line every batch: batch 10/10 once, earlier lines with an ETA.
+  size_t last = 0, pos = 0;
+  while ((pos = r.output.find("batch 10/10", pos)) != std::string::npos) ++last, ++pos;
+  CHECK(last == 1);
+  CHECK_THAT(r.output, Catch::Contains("batch 5/10") && Catch::Contains(" eta "));
+}
+
 namespace {
 std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -276,6 +368,63 @@ TEST_CASE("a run directory is never overwritten silently: --resume, --overwrite,
   auto nothing = kiln::test::run_app("train " + fresh + " --set train.epochs=1 --resume");
   CHECK(nothing.exit_code == 0);
   CHECK_THAT(nothing.output, Catch::Contains("nothing to resume") && Catch::Contains("starting a new run"));
+}
+
+TEST_CASE("a run name that is not one directory name is a config error and nothing is written outside runs/",
+          "[hardening][paths]") {
+  auto dir = kiln::test::temp_dir("hard-paths-name");
+  const fs::path escape = dir / "escaped";
+  for (const std::string name : {"../escaped", ".", "..", "", "a/b"}) {
+    INFO("name = \"" << name << "\"");
+    const std::string cfg = write_run(dir, "name = \"" + name + "\"", "");
+    // Run from `dir`: the default output runs/<name> is relative, so "../escaped" would land in dir/escaped and
+    // "." in dir/runs itself.
+    const std::string cmd = "cd " + dir.string() + " && " + std::string(KILN_APP) + " train " + cfg + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int status = ::pclose(p);
+    INFO(out);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK_THAT(out, Catch::Contains("run.name") && Catch::Contains("one directory name"));
+    CHECK_FALSE(fs::exists(dir / "runs" / "metrics.jsonl"));
+    CHECK_FALSE(fs::exists(escape));
+  }
+}
+
+TEST_CASE("an output directory that is a file is a config error naming the key and the path", "[hardening][paths]") {
+  auto dir = kiln::test::temp_dir("hard-paths-outfile");
+  const fs::path file = dir / "not_a_dir";
+  std::ofstream(file) << "keep me\n";
+  auto r = kiln::test::run_app("train " + write_run(dir, "", "output_dir = \"" + file.string() + "\""));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("train.output_dir") && Catch::Contains(file.string()) &&
+                           Catch::Contains("not a directory"));
+  CHECK_THAT(r.output, !Catch::Contains("internal error"));
+  std::ifstream f(file);
+  std::string line;
+  std::getline(f, line);
+  CHECK(line == "keep me");
+
+  // A file in the middle of the path: a runtime error naming the key and the path, not "filesystem error".
+  auto r2 = kiln::test::run_app("train " + write_run(dir, "", "output_dir = \"" + (file / "sub").string() + "\""));
+  INFO(r2.output);
+  CHECK(r2.exit_code != 0);
+  CHECK_THAT(r2.output, Catch::Contains("train.output_dir") && Catch::Contains((file / "sub").string()));
+  CHECK_THAT(r2.output, !Catch::Contains("internal error"));
+
+  // An explicitly empty output_dir is refused too; a valid one trains.
+  auto r3 = kiln::test::run_app("train " + write_run(dir, "", "output_dir = \"\""));
+  CHECK(r3.exit_code == 2);
+  CHECK_THAT(r3.output, Catch::Contains("train.output_dir") && Catch::Contains("is empty"));
+  auto ok = kiln::test::run_app("train " + write_run(dir, "", "output_dir = \"" + (dir / "out").string() + "\""));
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK(fs::exists(dir / "out" / "metrics.jsonl"));
 }
 
 TEST_CASE("after a resume metrics.jsonl holds each epoch once, even when records were written after the checkpoint", "[e2e][rundir]") {

@@ -24,6 +24,15 @@ TEST_CASE("parse_memory_size understands units and percentages", "[allocator]") 
   CHECK_THROWS_AS(parse_memory_size("-5MB", 1000), ConfigError);
 }
 
+TEST_CASE("a memory size of 2^64 bytes or more is refused, not turned into the whole device", "[hardening][sizes]") {
+  CHECK(kiln::parse_memory_size("1GiB", 0) == size_t{1} << 30);
+  CHECK(kiln::parse_memory_size("16000000TiB", 0) > 0);  // about 1.76e19 bytes, still below 2^64
+  for (const char* text : {"1e30GiB", "17000000TiB", "18446744073709551616"}) {
+    INFO(text);
+    CHECK_THROWS_WITH(kiln::parse_memory_size(text, 0), Catch::Contains(text) && Catch::Contains("16 EiB"));
+  }
+}
+
 TEST_CASE("allocator splits a block and coalesces freed neighbours", "[allocator]") {
   auto dev = cpu_device();
   AllocatorOptions o;

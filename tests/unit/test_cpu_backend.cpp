@@ -1,17 +1,26 @@
 // The CPU backend: devices, memory and determinism. Every op against the reference is the conformance table's
-// job (tests/conformance, on 1, 2 and 3 threads); the op contract checks are in test_op_table.cpp.
+// job (tests/conformance, on 1, 2 and 3 threads); the op contract checks are in test_op_table.cpp. A thread count
+// the host cannot use is a config error naming [device] threads, and a thread pool that cannot start its threads is
+// a DeviceError, never std::terminate.
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "kiln/device.hpp"
 #include "kiln/error.hpp"
 #include "kiln/reference.hpp"
 #include "test_support.hpp"
@@ -100,6 +109,67 @@ TEST_CASE("cpu backend open with a bad index throws DeviceError naming the index
                     Catch::Contains("device.virtual_devices") && Catch::Contains("1..64"));
   CHECK_THROWS_WITH(test::registry().backend("cpu")(BackendOptions::parse("threads = -1")),
                     Catch::Contains("device.threads") && Catch::Contains("positive"));
+}
+
+namespace {
+
+std::unique_ptr<kiln::Backend> cpu_backend(int threads) {
+  return kiln::test::registry().backend("cpu")(kiln::BackendOptions::parse("threads = " + std::to_string(threads)));
+}
+
+}  // namespace
+
+TEST_CASE("cpu backend refuses a thread count far above the host's cores, naming [device] threads",
+          "[hardening][threads]") {
+  for (int threads : {100000, 1025}) {
+    INFO(threads);
+    CHECK_THROWS_MATCHES(cpu_backend(threads), kiln::ConfigError,
+                         Catch::Matchers::Predicate<kiln::ConfigError>([&](const kiln::ConfigError& e) {
+                           const std::string m = e.what();
+                           return m.find("[device] threads = " + std::to_string(threads)) != std::string::npos &&
+                                  m.find("at most") != std::string::npos && m.find("threads = 0") != std::string::npos;
+                         }));
+  }
+  // 0 (one per core) and small counts still open.
+  CHECK(cpu_backend(0)->open(0) != nullptr);
+  CHECK(cpu_backend(2)->open(0) != nullptr);
+}
+
+TEST_CASE("a thread pool that cannot start its threads is a DeviceError, not std::terminate", "[hardening][threads]") {
+  // As many threads as the backend allows (4 per core): more worker stacks than glibc's cache of freed stacks
+  // could hold, so they need new mappings.
+  cpu_set_t set;
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  const int threads = std::min(1024, 4 * CPU_COUNT(&set));
+  auto backend = cpu_backend(threads);
+  // In a child: an address-space limit just above what the process uses leaves no room for the workers' stacks.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t used = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE));
+    rlimit lim{used + (6u << 20), used + (6u << 20)};
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(10);
+    try {
+      auto dev = backend->open(0);
+      ::_exit(11);  // the threads started after all: the limit did not bite (checked below)
+    } catch (const kiln::DeviceError& e) {
+      const std::string m = e.what();
+      ::_exit(m.find("[device] threads = " + std::to_string(threads)) != std::string::npos && m.find("worker thread") != std::string::npos
+                  ? 0
+                  : 12);
+    } catch (...) {
+      ::_exit(13);
+    }
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO("child status " << status);
+  REQUIRE(WIFEXITED(status));  // not killed by SIGABRT from std::terminate
+  if (WEXITSTATUS(status) == 11)
+    KILN_SKIP("the address-space limit did not stop thread creation on this host: the DeviceError is not reached");
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("cpu device blocks are 64-byte aligned, copies round-trip, impossible sizes return nullptr", "[cpu]") {

@@ -1,7 +1,9 @@
-// Semantics of the transforming stages: map ops, scale, shuffle, batch, prefetch, and their config checks.
+// Semantics of the transforming stages: map ops, scale, shuffle, batch, prefetch, and their config checks (a batch
+// larger than the largest tensor is refused when the pipeline is built).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "kiln/error.hpp"
@@ -202,6 +204,35 @@ TEST_CASE("batch size defaults to the global batch and must agree with it when g
   REQUIRE(build("stages = [" + kSynth + ", {type = \"batch\", size = 16}]", o));
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"batch\", size = 8}]", o), ConfigError);
   REQUIRE_THROWS_AS(build("stages = [" + kSynth + ", {type = \"batch\"}]"), ConfigError);  // no size at all
+}
+
+namespace {
+
+constexpr int64_t kHuge = int64_t{1} << 62;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
+}  // namespace
+
+TEST_CASE("a batch larger than the largest tensor is refused when the pipeline is built, naming batch_size",
+          "[hardening][sizes]") {
+  const std::string source = R"({type = "synthetic", shape = [4], examples = 8})";
+  kiln::test::data::PipelineOptions o;
+  o.global_batch = kHuge;
+  std::string m = error_of([&] { kiln::test::data::build("stages = [" + source + R"(, {type = "batch"}])", o); });
+  CHECK_THAT(m, Catch::Contains("[train] batch_size = " + std::to_string(kHuge)) && Catch::Contains("256 TiB"));
+  m = error_of([&] { kiln::test::data::build("stages = [" + source + ", {type = \"batch\", size = " + std::to_string(kHuge) + "}]"); });
+  CHECK_THAT(m, Catch::Contains("stages[1].size") && Catch::Contains("256 TiB"));
+  // A large but possible batch is accepted (nothing is allocated until it is pulled).
+  o.global_batch = int64_t{1} << 20;
+  CHECK_NOTHROW(kiln::test::data::build("stages = [" + source + R"(, {type = "batch"}])", o));
 }
 
 TEST_CASE("prefetch delivers exactly the upstream elements and re-throws upstream errors in next()", "[data]") {

@@ -1,9 +1,15 @@
 // The allocator's harder cases on a real CPU device: fragmentation, giving whole blocks back, reserve mode,
-// fault injection across a whole workload, peaks, and the advice hook of OOM reports.
+// fault injection across a whole workload, peaks, and the advice hook of OOM reports. A fault injection block request
+// that a run never makes is refused where it is written, and a run stays within the bound it is checked against.
 #include <catch2/catch.hpp>
 #include <random>
+#include <sstream>
 
 #include "kiln/allocator.hpp"
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/session.hpp"
+#include "kiln/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace kiln;
@@ -138,6 +144,60 @@ TEST_CASE("fault injection at every k over a mixed workload keeps the statistics
     workload(a, held, again);
     CHECK(again == 0);
   }
+}
+
+namespace {
+
+// dense 4 -> 2 (2 parameters), Adam (2 state tensors each): 6 persistent tensors.
+const std::string kModel = "[model]\ninput_shape = [4]\n[[model.layers]]\nname = \"fc\"\ntype = \"dense\"\nunits = 2\n";
+
+std::string config_error(const std::string& toml) {
+  try {
+    Session s(Config::load_string(toml, "run.toml"), test::registry());
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<ok>";
+}
+
+}  // namespace
+
+TEST_CASE("fault_injection_block beyond the single reservation of growth = false is refused", "[hardening][fault_injection]") {
+  const std::string m = config_error("[device]\ngrowth = false\nfault_injection_block = 2\n" + kModel);
+  CHECK_THAT(m, Catch::Contains("run.toml:3: key 'device.fault_injection_block'") && Catch::Contains("is 2") &&
+                    Catch::Contains("growth = false") && Catch::Contains("1 block request") &&
+                    Catch::Contains("#2 never happens"));
+  CHECK(config_error("[device]\ngrowth = false\nfault_injection_block = 1\n" + kModel) == "<ok>");
+  CHECK(config_error("[device]\ngrowth = false\nfault_injection_block = 0\n" + kModel) == "<ok>");
+}
+
+TEST_CASE("fault_injection_block beyond the block requests a growing run can make is refused, naming the count",
+          "[hardening][fault_injection]") {
+  // 2 x 30 planned reservations + 4 x (6 persistent tensors + 4 regions x 30 step graphs) = 564.
+  const std::string m = config_error("[device]\nfault_injection_block = 565\n" + kModel);
+  CHECK_THAT(m, Catch::Contains("run.toml:2: key 'device.fault_injection_block'") && Catch::Contains("is 565") &&
+                    Catch::Contains("at most 564 block requests") && Catch::Contains("6 persistent tensors") &&
+                    Catch::Contains("1 to 564"));
+  CHECK(config_error("[device]\nfault_injection_block = 564\n" + kModel) == "<ok>");
+  CHECK_THAT(config_error("[device]\nfault_injection_block = 1000000\n" + kModel), Catch::Contains("at most 564"));
+}
+
+TEST_CASE("a training run makes no more block requests than the bound fault_injection_block is checked against",
+          "[hardening][fault_injection]") {
+  auto dir = test::temp_dir("never-fires-count");
+  std::ostringstream toml;
+  toml << "[device]\nbackend = \"cpu\"\nmemory_limit = \"64MiB\"\nfault_injection_block = 564\n" << kModel
+       << "[train]\nepochs = 2\nbatch_size = 3\nprogress = \"none\"\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+       << "[data.train]\nstages = [{type = \"synthetic\", shape = [4], classes = 2, examples = 10}]\n"
+       << "[data.test]\nstages = [{type = \"synthetic\", shape = [4], classes = 2, examples = 7}]\n";
+  Session s(Config::load_string(toml.str(), (dir / "run.toml").string()), test::registry());
+  std::ostringstream out;
+  Trainer(s, out).run();
+  INFO(out.str());
+  REQUIRE(s.devices().size() == 1);
+  const size_t made = s.devices()[0].allocator->stats().block_requests;
+  CHECK(made >= 1);
+  CHECK(made < 564);
 }
 
 TEST_CASE("reset_peak starts a new measurement window and OOM advice comes from the provider", "[memory]") {

@@ -163,16 +163,3 @@ TEST_CASE("parallel strategy config errors name the file and key before any devi
                     Catch::Contains("micro_batches = 5"));
   CHECK_NOTHROW(session("virtual_devices = 4\n", "[strategy]\ntype = \"data_parallel\"\ndevices = [0, 1, 2]\nuneven = true\n"));
 }
-
-TEST_CASE("kiln plan shows where each layer runs, the bytes copied and each device's peak for the samples", "[parallel]") {
-  auto mp = test::run_app("plan " + std::string(KILN_SOURCE_DIR) + "/samples/two_branch_mp.toml");
-  INFO(mp.output);
-  CHECK(mp.exit_code == 0);
-  CHECK_THAT(mp.output, Catch::Contains("step memory on cpu:1") && Catch::Contains("layer branch_a (dense): gemm, bias_add") &&
-                            Catch::Contains("copies in per step: 96.0 KiB (encoder -> branch_a 64.0 KiB from cpu:0") &&
-                            Catch::Contains("ideal bubble (K-1)/(M+K-1) = 0.500"));
-  auto dp = test::run_app("plan " + std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_dp.toml");
-  INFO(dp.output);
-  CHECK(dp.exit_code == 0);
-  CHECK_THAT(dp.output, Catch::Contains("data_parallel replica 1 of 2: batch 16 of 32") && Catch::Contains("gradient all-reduce"));
-}

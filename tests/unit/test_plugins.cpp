@@ -1,10 +1,13 @@
-// Plugin loading: the real Boost.DLL path, including the failures users hit.
+// Plugin loading: the real Boost.DLL path, including the failures users hit: a plugin with a null entry, null
+// functions or a null descriptor is a PluginError naming the file, never a segfault.
 #include <catch2/catch.hpp>
 #include <filesystem>
 
 #include "kiln/error.hpp"
 #include "kiln/plugin_loader.hpp"
 #include "test_support.hpp"
+
+namespace fs = std::filesystem;
 
 TEST_CASE("the build's plugins load and register their factories", "[plugins]") {
   auto& reg = kiln::test::registry();
@@ -41,6 +44,34 @@ TEST_CASE("a library without the Kiln entry is refused", "[plugins]") {
   std::string path = std::string(KILN_TEST_PLUGIN_DIR) + "/libkiln_no_entry.so";
   REQUIRE(std::filesystem::exists(path));
   CHECK_THROWS_WITH(loader.load(path, reg), Catch::Contains("not a Kiln plugin") && Catch::Contains(path));
+}
+
+TEST_CASE("plugins with a null entry, null functions, a null descriptor or no name are refused naming the file",
+          "[hardening][plugins]") {
+  struct Case {
+    const char* lib;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"libkiln_null_entry.so", "'kiln_plugin' entry is a null pointer"},
+      {"libkiln_null_descriptor_fn.so", "descriptor() function is null"},
+      {"libkiln_null_register_fn.so", "register_all() function is null"},
+      {"libkiln_null_descriptor.so", "descriptor() returned null"},
+      {"libkiln_null_name.so", "has no name"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = std::string(KILN_TEST_PLUGIN_DIR) + "/" + c.lib;
+    INFO(path);
+    REQUIRE(fs::exists(path));
+    kiln::PluginLoader loader;
+    kiln::Registry reg;
+    CHECK_THROWS_MATCHES(loader.load(path, reg), kiln::PluginError,
+                         Catch::Matchers::Predicate<kiln::PluginError>([&](const kiln::PluginError& e) {
+                           const std::string m = e.what();
+                           return m.find(path) != std::string::npos && m.find(c.says) != std::string::npos;
+                         }));
+    CHECK_FALSE(reg.has_stage("never_registered"));
+  }
 }
 
 TEST_CASE("a missing plugin library is an error naming the path", "[plugins]") {

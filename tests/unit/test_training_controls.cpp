@@ -1,10 +1,19 @@
-// [optimizer] ema_warmup and [train] early_stopping.
+// [optimizer] and [train] settings and what the trainer does with them: ema_warmup's decay, every optimizer and
+// schedule hyperparameter range-checked where it is written (a zero epsilon used to train to 0.09 accuracy, an infinite
+// learning rate or a NaN weight decay failed only at run time, a cosine schedule without decay steps was accepted),
+// and an evaluation whose loss turns non-finite stops naming the batch and the layer instead of reporting an accuracy.
+// early_stopping and ema_warmup through the app: tests/integration/test_training_controls.cpp.
 #include <catch2/catch.hpp>
-#include <filesystem>
-#include <fstream>
+#include <cmath>
+#include <map>
+#include <optional>
 
+#include "kiln/config.hpp"
+#include "kiln/error.hpp"
+#include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/strategy.hpp"
+#include "kiln/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace kiln;
@@ -32,105 +41,110 @@ TEST_CASE("ema_warmup patches the EMA decay to min(decay, (1 + n) / (10 + n)) ea
 
 namespace {
 
-std::string run_config(const std::filesystem::path& out, const std::string& extra_train, const std::string& extra_opt = "") {
-  const std::string fm = "/usr/share/datasets/fashion-mnist/";
-  return R"([run]
-name = "controls"
-seed = 9
-[model]
-input_shape = [1, 28, 28]
-loss = "softmax_cross_entropy"
-[[model.layers]]
-type = "flatten"
-[[model.layers]]
-type = "dense"
-units = 32
-activation = "relu"
-[[model.layers]]
-type = "dense"
-units = 10
-[optimizer]
-type = "adam"
-learning_rate = 2e-3
-)" + extra_opt + R"(
-[train]
-epochs = 10
-batch_size = 32
-progress = "none"
-output_dir = ")" + out.string() + "\"\n" + extra_train + R"(
-[data.train]
-stages = [{type = "idx", images = ")" + fm + R"(train-images-idx3-ubyte.gz", labels = ")" + fm +
-         R"(train-labels-idx1-ubyte.gz", limit = 320}, {type = "scale", factor = 0.00392156862745098}, {type = "batch"}]
-[data.test]
-stages = [{type = "idx", images = ")" + fm + R"(t10k-images-idx3-ubyte.gz", labels = ")" + fm +
-         R"(t10k-labels-idx1-ubyte.gz", limit = 320}, {type = "scale", factor = 0.00392156862745098}, {type = "batch"}]
-)";
-}
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-size_t count_epochs(const std::filesystem::path& metrics) {
-  std::ifstream f(metrics);
-  size_t n = 0;
-  for (std::string l; std::getline(f, l);) n += l.find("\"event\":\"epoch\"") != std::string::npos;
-  return n;
+std::string error_of(const std::string& toml) {
+  try {
+    auto c = kiln::Config::load_string(toml, "run.toml");
+    kiln::parse_optimizer(*c.root().table("optimizer"));
+  } catch (const kiln::ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
 
-TEST_CASE("early_stopping stops after patience epochs without improvement and restores the best epoch's weights",
-          "[early_stopping]") {
-  auto dir = test::temp_dir("early-stop");
-  // min_delta = 100: no epoch after the first improves by that much, so the run stops after epoch 1 + patience.
-  auto cfg = dir / "run.toml";
-  std::ofstream(cfg) << run_config(dir / "out",
-                                   "early_stopping = {metric = \"test_loss\", patience = 2, min_delta = 100.0, restore_best = true}\n");
-  auto r = test::run_app("train " + cfg.string());
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  CHECK_THAT(r.output, Catch::Contains("early stopping after epoch 3") && Catch::Contains("at epoch 1") &&
-                           Catch::Contains("weights are restored"));
-  CHECK(count_epochs(dir / "out" / "metrics.jsonl") == 3);
-  // The final checkpoint holds the best (epoch 1) weights: the same tensor bytes as checkpoint-best.kiln (the files
-  // differ only in their epoch and step fields and checksum).
-  const std::string fin = slurp(dir / "out" / "checkpoint.kiln"), best = slurp(dir / "out" / "checkpoint-best.kiln");
-  REQUIRE(fin.size() == best.size());
-  CHECK(fin.substr(32, fin.size() - 40) == best.substr(32, best.size() - 40));
-
-  // train_loss improves every epoch here (min_delta 0): the run goes all 10 epochs.
-  auto cfg2 = dir / "run2.toml";
-  std::ofstream(cfg2) << run_config(dir / "out2", "early_stopping = {metric = \"train_loss\", patience = 2}\n");
-  auto r2 = test::run_app("train " + cfg2.string());
-  INFO(r2.output);
-  CHECK(r2.exit_code == 0);
-  CHECK(count_epochs(dir / "out2" / "metrics.jsonl") == 10);
-
-  // Watching a test metric without evaluation is refused; bad values name the key.
-  auto cfg3 = dir / "run3.toml";
-  std::ofstream(cfg3) << run_config(dir / "out3", "evaluate = false\nearly_stopping = {metric = \"test_accuracy\"}\n");
-  auto r3 = test::run_app("train " + cfg3.string());
-  CHECK(r3.exit_code == 2);
-  CHECK_THAT(r3.output, Catch::Contains("early_stopping watches test_accuracy"));
-  auto cfg4 = dir / "run4.toml";
-  std::ofstream(cfg4) << run_config(dir / "out4", "early_stopping = {metric = \"val_loss\"}\n");
-  auto r4 = test::run_app("train " + cfg4.string());
-  CHECK(r4.exit_code == 2);
-  CHECK_THAT(r4.output, Catch::Contains("metric") && Catch::Contains("test_loss"));
+TEST_CASE("optimizer and schedule values out of range are config errors naming the key", "[hardening][config]") {
+  struct Bad {
+    const char* toml;
+    const char* key;
+  };
+  const Bad bad[] = {
+      {"[optimizer]\ntype = \"adam\"\nepsilon = 0.0\n", "epsilon"},
+      {"[optimizer]\ntype = \"adam\"\nepsilon = -1e-8\n", "epsilon"},
+      {"[optimizer]\ntype = \"rmsprop\"\nepsilon = nan\n", "epsilon"},
+      {"[optimizer]\nlearning_rate = inf\n", "learning_rate"},
+      {"[optimizer]\nlearning_rate = nan\n", "learning_rate"},
+      {"[optimizer]\nweight_decay = nan\n", "weight_decay"},
+      {"[optimizer]\nweight_decay = -0.1\n", "weight_decay"},
+      {"[optimizer]\ntype = \"sgd\"\nmomentum = nan\n", "momentum"},
+      {"[optimizer]\ntype = \"rmsprop\"\nrho = 1.0\n", "rho"},
+      {"[optimizer]\n[optimizer.schedule]\ntype = \"exponential\"\ndecay_rate = -0.5\n", "decay_rate"},
+      {"[optimizer]\n[optimizer.schedule]\ntype = \"step\"\ndecay_rate = inf\n", "decay_rate"},
+      {"[optimizer]\n[optimizer.schedule]\ntype = \"cosine\"\ndecay_steps = 0\n", "decay_steps"},
+      {"[optimizer]\n[optimizer.schedule]\ntype = \"cosine\"\ndecay_steps = 100\nalpha = 2.0\n", "alpha"},
+  };
+  for (const Bad& b : bad) {
+    INFO(b.toml);
+    const std::string m = error_of(b.toml);
+    CHECK_THAT(m, Catch::Contains("run.toml") && Catch::Contains(b.key) && Catch::Contains("expected"));
+  }
+  // Good values still parse.
+  CHECK(error_of("[optimizer]\ntype = \"adam\"\nepsilon = 1e-8\nweight_decay = 0.01\n") == "");
+  CHECK(error_of("[optimizer]\n[optimizer.schedule]\ntype = \"cosine\"\ndecay_steps = 1000\nalpha = 0.1\n") == "");
+  CHECK(error_of("[optimizer]\n[optimizer.schedule]\ntype = \"cosine\"\n") == "");  // the whole run
+  CHECK(error_of("[optimizer]\ntype = \"rmsprop\"\nrho = 0.0\nmomentum = 0.5\n") == "");
 }
 
-TEST_CASE("ema_warmup is refused without ema", "[ema]") {
-  auto dir = test::temp_dir("ema-warmup");
-  auto cfg = dir / "run.toml";
-  std::ofstream(cfg) << run_config(dir / "out", "", "ema_warmup = true\n");
-  auto r = test::run_app("train " + cfg.string());
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.output, Catch::Contains("ema_warmup"));
-  auto ok = dir / "ok.toml";
-  std::ofstream(ok) << run_config(dir / "ok", "", "ema = 0.999\nema_warmup = true\n");
-  auto r2 = test::run_app("train " + ok.string() + " --set train.epochs=1");
-  INFO(r2.output);
-  CHECK(r2.exit_code == 0);
+namespace {
+
+// A runner whose evaluation loss is NaN on its second batch, as weights or activations gone non-finite give.
+class NanEvalRunner final : public kiln::Runner {
+ public:
+  kiln::StepResult train_step(const kiln::Element&, const kiln::StepScalars&) override { return {}; }
+  kiln::EvalResult eval_batch(const kiln::Element& b, bool) override {
+    kiln::EvalResult r;
+    r.losses = {++calls_ == 2 ? std::nanf("") : 0.5f};
+    r.outputs.emplace_back(kiln::Shape{b.batch, 3});  // zeros: every prediction is class 0
+    return r;
+  }
+  std::map<std::string, kiln::HostTensor> save_state() override { return {}; }
+  void load_state(const std::map<std::string, kiln::HostTensor>&) override {}
+  std::string find_nonfinite_layer(const kiln::Element&, int64_t) override { return "dense_2"; }
+  std::vector<kiln::DevicePlan> plan() const override { return {}; }
+
+ private:
+  int calls_ = 0;
+};
+
+class ZeroLabels final : public kiln::Stage {
+ public:
+  std::string name() const override { return "zeros"; }
+  std::optional<kiln::Element> next() override {
+    if (n_ == 3) return std::nullopt;
+    ++n_;
+    kiln::Element e;
+    e.batch = 4;
+    e.x = kiln::HostTensor(kiln::Shape{4, 2});
+    e.y = kiln::HostTensor(kiln::Shape{4});
+    return e;
+  }
+  void reset(uint64_t) override { n_ = 0; }
+  kiln::Shape example_shape() const override { return kiln::Shape{2}; }
+  kiln::Shape label_shape() const override { return kiln::Shape{}; }
+  kiln::StageState save() const override { return {}; }
+  void restore(const kiln::StageState&) override {}
+
+ private:
+  int n_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a non-finite loss in evaluation is an error naming the batch and layer, not an accuracy",
+          "[hardening][labels]") {
+  kiln::ModelSpec m;
+  m.outputs.push_back({"dense_2", kiln::LossKind::softmax_cross_entropy, 1.f, true, ""});
+  NanEvalRunner runner;
+  ZeroLabels data;
+  try {
+    kiln::Evaluation e = kiln::evaluate(runner, data, m, false);
+    FAIL("evaluation reported loss " << e.loss << " and accuracy " << e.accuracy << " over a NaN loss");
+  } catch (const kiln::NumericError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK_THAT(msg, Catch::Contains("evaluation stopped") && Catch::Contains("output 'dense_2'") &&
+                        Catch::Contains("nan") && Catch::Contains("evaluation batch 2") &&
+                        Catch::Contains("examples 4 to 7") &&
+                        Catch::Contains("first layer whose output is non-finite is 'dense_2'"));
+  }
 }

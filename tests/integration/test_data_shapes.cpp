@@ -1,6 +1,6 @@
-// Issue 15 item 10: data whose examples or labels do not fit the model is a config error (exit 2) from `kiln plan`
-// and `kiln train` before step 1, naming the data section, its file, the stage that shaped the data, the shape
-// found, and the model key (with its line) it contradicts.
+// Data whose examples or labels do not fit the model is a config error (exit 2) from `kiln plan` and `kiln train`
+// before step 1, naming the data section, its file, the stage that shaped the data, the shape found, and the model key
+// (with its line) it contradicts.
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <sstream>
