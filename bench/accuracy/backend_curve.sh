@@ -4,18 +4,21 @@
 # defaults: build vulkan 200 samples/shakespeare_char.toml 1e-3. Trains STEPS steps on each backend (evaluation off,
 # one metrics record per step), prints every 10th step's losses and the worst relative difference, and exits 1 when
 # any step differs by more than the tolerance.
+# Environment (bench/common.sh): KILN_FASHION_MNIST (a Fashion-MNIST config), PYTHON (compares the curves).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 B="${1:-build}" BACKEND="${2:-vulkan}" N="${3:-200}" CFG="${4:-samples/shakespeare_char.toml}" TOL="${5:-1e-3}"
 w=$(mktemp -d)
 trap 'rm -rf "$w"' EXIT
+mapfile -t ds < <(data_sets "$CFG")
 for be in cpu "$BACKEND"; do
   start=$(date +%s%N)
-  "$B/bin/kiln" train "$CFG" --set "device.backend=\"$be\"" --set train.max_steps="$N" --set train.evaluate=false \
+  "$B/bin/kiln" train "$CFG" "${ds[@]}" --set "device.backend=\"$be\"" --set train.max_steps="$N" --set train.evaluate=false \
     --set log.every_steps=1 --set 'train.progress="none"' --set train.output_dir="\"$w/$be\"" > "$w/$be.log"
   echo "$be: $N steps in $(( ($(date +%s%N) - start) / 1000000 )) ms ($(grep -m1 '^device ' "$w/$be.log"))"
 done
-/usr/bin/python3 - "$w/cpu/metrics.jsonl" "$w/$BACKEND/metrics.jsonl" "$N" "$TOL" "$BACKEND" <<'PY'
+"$PYTHON" - "$w/cpu/metrics.jsonl" "$w/$BACKEND/metrics.jsonl" "$N" "$TOL" "$BACKEND" <<'PY'
 import json, sys
 def curve(p):
     return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if r.get("event") == "step"}

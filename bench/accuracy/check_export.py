@@ -38,7 +38,9 @@ except ImportError as e:  # the ctest wrapper reports this as skipped, never pas
     print(f"KILN-SKIPPED: {e} (torch from python3-torch; pip install safetensors onnx onnxruntime)")
     sys.exit(SKIP)
 
-FM = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+# Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+FM = os.path.join(os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"),
+                  "t10k-images-idx3-ubyte.gz")
 
 
 def kiln(args, *rest):

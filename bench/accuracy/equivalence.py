@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Continues Kiln's initial MLP weights in PyTorch for N Adam steps and compares with Kiln's weights after N steps."""
 import gzip
+import os
 import struct
 import sys
 
@@ -35,7 +36,8 @@ def load_checkpoint(path):
 
 def main():
     init, trained, steps = load_checkpoint(sys.argv[1]), load_checkpoint(sys.argv[2]), int(sys.argv[3])
-    D = "/usr/share/datasets/fashion-mnist/"
+    # Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+    D = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
     x = np.frombuffer(gzip.open(D + "train-images-idx3-ubyte.gz").read(), np.uint8, offset=16).reshape(-1, 784)
     x = x[:6400].astype(np.float32) * np.float32(0.00392156862745098)
     y = np.frombuffer(gzip.open(D + "train-labels-idx1-ubyte.gz").read(), np.uint8, offset=8)[:6400].astype(np.int64)

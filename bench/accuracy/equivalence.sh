@@ -10,8 +10,10 @@
 #      the first training images in order (no shuffle, no flip), Adam and the cosine decay over the steps, against
 #      PyTorch in float32 and in float64 (default 100 steps; RESNET_LR sets the learning rate, default the sample's
 #      2e-3; RESNET_SET adds one --set to Kiln's run); see resnet_equivalence.py for the pass rule.
+# Environment (bench/common.sh): KILN_FASHION_MNIST, PYTHON (with PyTorch).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 B="${1:-build}" N="${2:-}" WHAT="${3:-all}"
 w=$(mktemp -d)
 trap 'rm -rf "$w"' EXIT
@@ -19,11 +21,12 @@ export OPENBLAS_NUM_THREADS=1
 if [ "$WHAT" = mlp ] || [ "$WHAT" = all ]; then
   n=${N:-5}
   cfg=bench/accuracy/mlp_equivalence.toml
+  mapfile -t ds < <(data_sets "$cfg")
   # Initial weights: one SGD step with a learning rate of 1e-30 leaves them unchanged and writes a checkpoint.
-  "$B/bin/kiln" train "$cfg" --set optimizer.type='"sgd"' --set optimizer.learning_rate=1e-30 \
+  "$B/bin/kiln" train "$cfg" "${ds[@]}" --set optimizer.type='"sgd"' --set optimizer.learning_rate=1e-30 \
     --set train.steps_per_epoch=1 --set train.output_dir="\"$w/init\"" >/dev/null
-  "$B/bin/kiln" train "$cfg" --set train.steps_per_epoch="$n" --set train.output_dir="\"$w/trained\"" >/dev/null
-  /usr/bin/python3 bench/accuracy/equivalence.py "$w/init/checkpoint.kiln" "$w/trained/checkpoint.kiln" "$n"
+  "$B/bin/kiln" train "$cfg" "${ds[@]}" --set train.steps_per_epoch="$n" --set train.output_dir="\"$w/trained\"" >/dev/null
+  "$PYTHON" bench/accuracy/equivalence.py "$w/init/checkpoint.kiln" "$w/trained/checkpoint.kiln" "$n"
 fi
 if [ "$WHAT" = gpt ] || [ "$WHAT" = all ]; then
   n=${N:-100}
@@ -43,13 +46,14 @@ if [ "$WHAT" = gpt ] || [ "$WHAT" = all ]; then
     --set train.output_dir="\"$w/ginit\"" >/dev/null
   "$B/bin/kiln" train "$cfg" "${seq[@]}" --set train.steps_per_epoch="$spe" --set log.every_steps=1 \
     --set train.output_dir="\"$w/gtrained\"" >/dev/null
-  /usr/bin/python3 bench/accuracy/gpt_equivalence.py "$w/ginit/checkpoint.kiln" "$w/gtrained/metrics.jsonl" "$n" "$spe"
+  "$PYTHON" bench/accuracy/gpt_equivalence.py "$w/ginit/checkpoint.kiln" "$w/gtrained/metrics.jsonl" "$n" "$spe"
 fi
 if [ "$WHAT" = resnet ] || [ "$WHAT" = all ]; then
   n=${N:-100}
   cfg=samples/resnet_fashion_mnist.toml
-  fm=/usr/share/datasets/fashion-mnist
-  plain=(--set "data.train.stages=[{type=\"idx\", images=\"$fm/train-images-idx3-ubyte.gz\", labels=\"$fm/train-labels-idx1-ubyte.gz\"}, {type=\"map\", ops=[{op=\"scale\", factor=0.00392156862745098}, {op=\"normalize\", mean=[0.2860], std=[0.3530]}]}, {type=\"batch\"}]"
+  fm=$KILN_FASHION_MNIST
+  mapfile -t ds < <(data_sets "$cfg")
+  plain=("${ds[@]}" --set "data.train.stages=[{type=\"idx\", images=\"$fm/train-images-idx3-ubyte.gz\", labels=\"$fm/train-labels-idx1-ubyte.gz\"}, {type=\"map\", ops=[{op=\"scale\", factor=0.00392156862745098}, {op=\"normalize\", mean=[0.2860], std=[0.3530]}]}, {type=\"batch\"}]"
          --set train.evaluate=false --set train.epochs=1 --set 'train.progress="none"')
   "$B/bin/kiln" train "$cfg" "${plain[@]}" --set optimizer.learning_rate=1e-30 --set train.steps_per_epoch=1 \
     --set train.output_dir="\"$w/rinit\"" >/dev/null
@@ -58,6 +62,6 @@ if [ "$WHAT" = resnet ] || [ "$WHAT" = all ]; then
   "$B/bin/kiln" train "$cfg" "${plain[@]}" --set train.steps_per_epoch="$n" --set log.every_steps=1 \
     --set optimizer.learning_rate="$lr" --set train.output_dir="\"$w/rtrained\"" ${RESNET_SET:+--set "$RESNET_SET"} \
     >/dev/null
-  /usr/bin/python3 bench/accuracy/resnet_equivalence.py "$w/rinit/checkpoint.kiln" "$w/rtrained/metrics.jsonl" \
+  "$PYTHON" bench/accuracy/resnet_equivalence.py "$w/rinit/checkpoint.kiln" "$w/rtrained/metrics.jsonl" \
     "$w/rtrained/checkpoint.kiln" "$n" "$lr"
 fi

@@ -5,9 +5,10 @@
 #   bench/accuracy/gpt_seeds.sh [build-dir] SEED...
 # PyTorch: bench/accuracy/torch_shakespeare_char.py (nanoGPT's model.py and train.py loop) at 1 torch thread x
 # OpenBLAS 2 (its best setting here, bench/results/shakespeare_char.md), malloc thresholds raised. Prints one line per
-# seed and framework, then the means.
+# seed and framework, then the means. Environment (bench/common.sh): PYTHON (with PyTorch).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 B="${1:-build}"
 shift || true
 [ $# -gt 0 ] || { echo "usage: $0 [build-dir] SEED..." >&2; exit 2; }
@@ -27,7 +28,7 @@ for s in "$@"; do
   printf '%-6s %-8s %10s %12s %9.1f\n' "$s" kiln "$small" "$big" "$(echo "$t1 - $t0" | bc)"
   t0=$(date +%s.%N)
   MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 OPENBLAS_NUM_THREADS=2 \
-    /usr/bin/python3 bench/accuracy/torch_shakespeare_char.py --threads 1 --seed "$s" --final-eval-iters 200 \
+    "$PYTHON" bench/accuracy/torch_shakespeare_char.py --threads 1 --seed "$s" --final-eval-iters 200 \
     > "$w/p$s.log" 2>&1
   t1=$(date +%s.%N)
   small=$(grep -o 'final val loss [0-9][0-9.]*' "$w/p$s.log" | cut -d' ' -f4)

@@ -5,6 +5,7 @@ usage: /usr/bin/python3 bench/accuracy/torch_fashion_mnist.py {mlp|cnn} [--init 
 """
 import argparse
 import gzip
+import os
 import time
 
 import numpy as np
@@ -21,7 +22,8 @@ a = p.parse_args()
 torch.manual_seed(a.seed)
 torch.set_num_threads(a.threads)
 
-D = "/usr/share/datasets/fashion-mnist/"
+# Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+D = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
 def images(f):
     with gzip.open(D + f) as fh:
         return np.frombuffer(fh.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28).astype(np.float32) / 255.0

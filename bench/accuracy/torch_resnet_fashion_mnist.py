@@ -16,6 +16,7 @@ usage: /usr/bin/python3 bench/accuracy/torch_resnet_fashion_mnist.py [--epochs 1
 import argparse
 import gzip
 import math
+import os
 import time
 
 import numpy as np
@@ -23,7 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-D = "/usr/share/datasets/fashion-mnist/"
+# Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+D = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
 MEAN, STD = 0.2860, 0.3530
 
 

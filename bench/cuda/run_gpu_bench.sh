@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks and benchmarks, for a machine with an NVIDIA GPU (they cannot run without one).
-# Builds Kiln with CUDA required, then writes to bench/results/ (each file starts with the commands that made it):
+# Runs on a build with the CUDA backend and writes to bench/results/ (each file starts with the commands that made it):
 #   cuda_tests_<gpu>.txt        the [cuda] unit tests (ops against the reference, graphs, NCCL, OOM, copies)
 #   cuda_nccl_mpi_<gpu>.txt     NCCL across 2 MPI ranks against one process (the [mpi][cuda] integration test; it
 #                               skips without mpirun or with fewer than 2 GPUs, after checking what 1 GPU allows)
@@ -9,32 +9,42 @@
 #   cuda_step_<gpu>.txt         training step of the samples: Kiln (graphs on/off) against PyTorch (eager/graph)
 #   cuda_accuracy_<gpu>.txt     both samples trained on the GPU (when Fashion-MNIST is there)
 #   vulkan_gpu_<gpu>.txt        the Vulkan backend on the same GPU (NVIDIA's Vulkan driver), same steps
-# usage: bench/cuda/run_gpu_bench.sh [build-dir]   builds there (default build-gpu; needs the CUDA toolkit and cmake)
-#        KILN_OUT=$OUT bench/cuda/run_gpu_bench.sh --carried
-#            uses a build packed here by bench/cuda/pack_for_gpu.sh and carried as .gpu (the device tool's carry),
-#            and copies the result files to $KILN_OUT (the device tool's $OUT) so they come back
+# usage: bench/cuda/run_gpu_bench.sh [build-dir]
+#            on the GPU machine, after the README's build (./setup.sh build, or cmake --preset cuda and
+#            cmake --build --preset cuda, where the CUDA toolkit is installed); default build, or build-cuda when only
+#            that one has the CUDA backend
+#        [KILN_OUT=DIR] bench/cuda/run_gpu_bench.sh --carried
+#            on a GPU machine without the toolkit: a build packed elsewhere by bench/cuda/pack_for_gpu.sh and copied
+#            here as .gpu/ (bench/cuda/gpu_env.sh); KILN_OUT, if set, is a directory the result files are copied to
+# Environment: PYTHON, the Python with PyTorch for CUDA (default python3 on the PATH); KILN_FASHION_MNIST
+# (bench/common.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# Here PyTorch for CUDA is usually a pip install on the PATH, not Debian's (bench/common.sh's default).
+PY=${PYTHON:-python3}
 CARRIED=0
 if [ "${1:-}" = "--carried" ]; then
   CARRIED=1
   source bench/cuda/gpu_env.sh
   B="$KILN_B"
+elif [ -n "${1:-}" ]; then
+  B="$1"
 else
-  B="${1:-build-gpu}"
+  B=build
+  cuda_plugin=lib/kiln/cuda/libkiln_cuda_impl.so
+  [ ! -f "build/$cuda_plugin" ] && [ -f "build-cuda/$cuda_plugin" ] && B=build-cuda
 fi
+source bench/common.sh
+for t in kiln kiln_unit_tests kiln_integration_tests kiln_cuda_gemm_bench kiln_step_bench; do
+  [ -x "$B/bin/$t" ] || {
+    echo "run_gpu_bench: no $B/bin/$t: build first (./setup.sh build, or cmake --build $B)" >&2; exit 2; }
+done
+[ -f "$B/lib/kiln/cuda/libkiln_cuda_impl.so" ] || {
+  echo "run_gpu_bench: $B has no CUDA backend: build where the CUDA toolkit is (cmake --preset cuda)" >&2; exit 2; }
 OUT=bench/results
 mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9\n' '_' | tr -d '\n')
 gpu=${gpu:-unknown_gpu}
-PY=${PYTHON:-python3}
-
-if [ "$CARRIED" = 0 ]; then
-  set -e
-  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON
-  cmake --build "$B" -j"$(nproc)" --target kiln kiln_cuda kiln_unit_tests kiln_integration_tests kiln_cuda_gemm_bench kiln_step_bench
-  set +e
-fi
 "$B/bin/kiln" devices 2>&1 | head -20
 
 header() { echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $gpu, commit $(git rev-parse --short HEAD 2>/dev/null)"; \
@@ -57,19 +67,21 @@ tail -3 "$OUT/cuda_nccl_mpi_$gpu.txt"
 } > "$OUT/cuda_gemm_$gpu.txt"
 cat "$OUT/cuda_gemm_$gpu.txt"
 
-torch_ok=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+torch_ok=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
 { header
   # The sizes the CUDA issue names: MLP batch 32 and 512, CNN batch 64 and 512.
   for spec in "mlp samples/fashion_mnist_mlp.toml 32 500" "mlp samples/fashion_mnist_mlp.toml 512 300" \
               "cnn samples/fashion_mnist_cnn.toml 64 200" "cnn samples/fashion_mnist_cnn.toml 512 100"; do
     set -- $spec
     kind=$1 cfg=$2 batch=$3 steps=$4
-    run "$B/bin/kiln_step_bench" "$cfg" --set device.backend=cuda --set train.batch_size=$batch --steps "$steps"
-    run env KILN_CUDA_GRAPHS=0 "$B/bin/kiln_step_bench" "$cfg" --set device.backend=cuda \
+    mapfile -t ds < <(data_sets "$cfg")
+    run "$B/bin/kiln_step_bench" "$cfg" "${ds[@]}" --set device.backend=cuda --set train.batch_size=$batch \
+      --steps "$steps"
+    run env KILN_CUDA_GRAPHS=0 "$B/bin/kiln_step_bench" "$cfg" "${ds[@]}" --set device.backend=cuda \
       --set train.batch_size=$batch --steps "$steps"
     if [ "$torch_ok" = "1" ]; then
-      run $PY bench/cuda/torch_step_cuda.py "$kind" "$batch" "$steps"
-      run $PY bench/cuda/torch_step_cuda.py "$kind" "$batch" "$steps" --graphs
+      run "$PY" bench/cuda/torch_step_cuda.py "$kind" "$batch" "$steps"
+      run "$PY" bench/cuda/torch_step_cuda.py "$kind" "$batch" "$steps" --graphs
     else
       echo "pytorch with CUDA is not available to $PY: no PyTorch comparison on this machine"
     fi
@@ -77,17 +89,19 @@ torch_ok=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/n
 } > "$OUT/cuda_step_$gpu.txt"
 cat "$OUT/cuda_step_$gpu.txt"
 
-# Both samples trained on the GPU (needs /usr/share/datasets/fashion-mnist: pack_for_gpu.sh --data).
-if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+# Both samples trained on the GPU (needs Fashion-MNIST in $KILN_FASHION_MNIST; for --carried: pack_for_gpu.sh --data).
+if [ -f "$KILN_FASHION_MNIST/train-images-idx3-ubyte.gz" ]; then
   { header
-    run "$B/bin/kiln" train samples/fashion_mnist_mlp.toml --overwrite --set device.backend=cuda --set 'train.progress="lines"' \
-      --set 'train.output_dir="/tmp/kiln-gpu-mlp"'
-    run "$B/bin/kiln" train samples/fashion_mnist_cnn.toml --overwrite --set device.backend=cuda --set 'train.progress="lines"' \
-      --set 'train.output_dir="/tmp/kiln-gpu-cnn"'
+    for s in mlp cnn; do
+      mapfile -t ds < <(data_sets "samples/fashion_mnist_$s.toml")
+      run "$B/bin/kiln" train "samples/fashion_mnist_$s.toml" "${ds[@]}" --overwrite --set device.backend=cuda \
+        --set 'train.progress="lines"' --set "train.output_dir=\"/tmp/kiln-gpu-$s\""
+    done
   } > "$OUT/cuda_accuracy_$gpu.txt"
   grep -E "^done|^\(exit" "$OUT/cuda_accuracy_$gpu.txt"
 else
-  echo "no Fashion-MNIST on this machine: no accuracy runs (pack with bench/cuda/pack_for_gpu.sh --data)"
+  echo "no Fashion-MNIST in $KILN_FASHION_MNIST: no accuracy runs (set KILN_FASHION_MNIST, or for --carried pack" \
+    "with bench/cuda/pack_for_gpu.sh --data)"
 fi
 
 # The Vulkan backend on the same GPU, same steps (ratios against the CUDA rows above).
@@ -96,9 +110,10 @@ fi
   for spec in "samples/fashion_mnist_mlp.toml 32 300" "samples/fashion_mnist_mlp.toml 512 200" \
               "samples/fashion_mnist_cnn.toml 64 100" "samples/fashion_mnist_cnn.toml 512 50"; do
     set -- $spec
-    run "$B/bin/kiln_step_bench" "$1" --set device.backend=vulkan --set train.batch_size=$2 --steps "$3"
+    mapfile -t ds < <(data_sets "$1")
+    run "$B/bin/kiln_step_bench" "$1" "${ds[@]}" --set device.backend=vulkan --set train.batch_size=$2 --steps "$3"
   done
 } > "$OUT/vulkan_gpu_$gpu.txt"
 cat "$OUT/vulkan_gpu_$gpu.txt"
 
-if [ "$CARRIED" = 1 ] && [ -n "${KILN_OUT:-}" ]; then cp "$OUT"/cuda_*_"$gpu".* "$OUT"/vulkan_gpu_"$gpu".txt "$KILN_OUT"/ 2>/dev/null; fi
+if [ -n "${KILN_OUT:-}" ]; then cp "$OUT"/cuda_*_"$gpu".* "$OUT"/vulkan_gpu_"$gpu".txt "$KILN_OUT"/ 2>/dev/null; fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Kiln's data pipeline against PyTorch's DataLoader on Fashion-MNIST (Debian dataset-fashion-mnist), samples/s.
 #   bench/data/run.sh [build-dir] [epochs] [rounds]   (3 rounds: about an hour on a loaded 2-core host)
-# Needs BUILD/bin/kiln_data_bench (cmake --build BUILD --target kiln_data_bench) and /usr/bin/python3 with torch.
+# Needs BUILD/bin/kiln_data_bench (cmake --build BUILD --target kiln_data_bench) and $PYTHON (default
+# /usr/bin/python3) with torch.
 #
 # Each round runs every Kiln case, then every PyTorch case under each setting a user could pick: torch threads 1 and
 # 2, OPENBLAS_NUM_THREADS 1 and 2, and glibc's default malloc thresholds or raised ones
@@ -13,11 +14,12 @@
 # PyTorch's cases: per-example Dataset.__getitem__ (torchvision's idiom) with workers 0, 1, 2, with and without
 # augmentation, and --batched (a BatchSampler hands __getitem__ a whole batch's indices; the transforms run on the
 # batch) with workers 0.
-# Environment: RUN, if set, prefixes every timed command (e.g. RUN=/usr/local/bin/kbuild to hold a machine-wide
-# lock); KILN_CASES (space-separated kiln_data_bench case names, default all) and TORCH_CASES (';'-separated
+# Environment: RUN, if set, prefixes every timed command (e.g. RUN=bench/lock.sh to hold the build lock);
+# KILN_FASHION_MNIST and PYTHON (bench/common.sh); KILN_CASES (space-separated kiln_data_bench case names, default all) and TORCH_CASES (';'-separated
 # torch_loader.py argument lists, default the seven above) run a subset.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 B="${1:-build}"
 E="${2:-3}"
 R="${3:-3}"
@@ -36,15 +38,17 @@ torch_case() {  # malloc threads openblas [torch_loader args...]
   shift 3
   local env=(OPENBLAS_NUM_THREADS="$o")
   [ "$m" = raised ] && env+=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864)
-  $RUN env "${env[@]}" /usr/bin/python3 bench/data/torch_loader.py --threads "$t" --epochs "$E" "$@"
+  $RUN env "${env[@]}" "$PYTHON" bench/data/torch_loader.py --data "$KILN_FASHION_MNIST" --threads "$t" --epochs "$E" "$@"
 }
 
 for ((r = 0; r < R; r++)); do
   echo "# round $((r + 1)) of $R, $(date -u '+%F %T') UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$LOG"
   if [ -z "$KILN_CASES" ]; then
-    $RUN "$B/bin/kiln_data_bench" --epochs "$E" | tee -a "$LOG"
+    $RUN "$B/bin/kiln_data_bench" --data "$KILN_FASHION_MNIST" --epochs "$E" | tee -a "$LOG"
   else
-    for k in $KILN_CASES; do $RUN "$B/bin/kiln_data_bench" --epochs "$E" --only "$k" | tail -n 1 | tee -a "$LOG"; done
+    for k in $KILN_CASES; do
+      $RUN "$B/bin/kiln_data_bench" --data "$KILN_FASHION_MNIST" --epochs "$E" --only "$k" | tail -n 1 | tee -a "$LOG"
+    done
   fi
   n=${#settings[@]}
   for ((i = 0; i < n; i++)); do
@@ -56,7 +60,7 @@ for ((r = 0; r < R; r++)); do
   done
 done
 
-/usr/bin/python3 - "$LOG" <<'EOF'
+"$PYTHON" - "$LOG" <<'EOF'
 import statistics
 import sys
 from collections import defaultdict

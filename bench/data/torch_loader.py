@@ -85,7 +85,7 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batched", action="store_true")
-    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--data", default=os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(1)

@@ -1,7 +1,11 @@
 #!/bin/bash
 # Peak memory of the same training steps in Kiln and PyTorch (CPU, RSS), plus Kiln's plan and allocator peak.
 # Usage: bench/memory/run.sh BUILD_DIR   (prints a Markdown table for bench/results/memory.md; several minutes on 2 cores)
+# Environment (bench/common.sh): KILN_FASHION_MNIST, PYTHON (with PyTorch). Run it under bench/lock.sh on a shared
+# machine.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
+source bench/common.sh
 BUILD=${1:-build}
 KILN="$BUILD/bin/kiln"
 OUT=$(mktemp -d)
@@ -10,14 +14,18 @@ common=(--set train.epochs=1 --set train.evaluate=false --set train.checkpoint_e
 
 kiln_rss() {  # config steps -> "peak_rss_mib seconds"
   rm -rf "$OUT/run"  # a run directory is never reused silently: a second run into it would be refused
-  if ! /usr/bin/time -f "%M %e" -o "$OUT/time" "$KILN" train "$1" "${common[@]}" --set train.steps_per_epoch="$2" \
+  local -a ds
+  mapfile -t ds < <(data_sets "$1")
+  if ! /usr/bin/time -f "%M %e" -o "$OUT/time" "$KILN" train "$1" "${ds[@]}" "${common[@]}" --set train.steps_per_epoch="$2" \
     --set "train.output_dir=\"$OUT/run\"" "${@:3}" > "$OUT/log" 2>&1; then
     echo "kiln train $1 failed:" >&2; cat "$OUT/log" >&2; echo "failed -"; return
   fi
   awk '{printf "%.1f %s", $1 / 1024, $2}' "$OUT/time"
 }
 kiln_plan() {  # config batch -> "predicted_mib measured_mib" (one real step, allocator peak in use)
-  "$KILN" plan "$1" --sweep --sweep-out "$OUT/sweep" --set "memory.sweep_batches=[$2]" "${@:3}" > /dev/null
+  local -a ds
+  mapfile -t ds < <(data_sets "$1")
+  "$KILN" plan "$1" "${ds[@]}" --sweep --sweep-out "$OUT/sweep" --set "memory.sweep_batches=[$2]" "${@:3}" > /dev/null
   awk -F, 'NR == 2 {printf "%.1f %.1f", $2 / 1048576, $3 / 1048576}' "$OUT/sweep/memory_sweep.csv"
 }
 
@@ -33,8 +41,8 @@ row() {  # name config torch_name steps batch [kiln extra args...]
   read -r pred meas <<< "$(kiln_plan "$cfg" "$batch" "$@")"
   read -r krss ksec <<< "$(kiln_rss "$cfg" "$steps" "$@")"
   local t r
-  t=$(/usr/bin/python3 "$(dirname "$0")/torch_peak.py" "$tname" "$steps")
-  r=$(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 /usr/bin/python3 "$(dirname "$0")/torch_peak.py" "$tname" "$steps")
+  t=$("$PYTHON" bench/memory/torch_peak.py "$tname" "$steps")
+  r=$(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 "$PYTHON" bench/memory/torch_peak.py "$tname" "$steps")
   field() { sed -E "s/.*$1=([0-9.]+).*/\\1/" <<< "$2"; }
   echo "| $name | $steps | $pred | $meas | $krss | $(field peak_rss_mib "$t") | $(field peak_rss_mib "$r") |" \
     "$(field train_peak_mib "$t") / $(field train_peak_mib "$r") | $(field rss_after_import_mib "$t") |"

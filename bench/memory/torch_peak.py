@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-FM = "/usr/share/datasets/fashion-mnist/"
+# Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+FM = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
 
 
 def rss_mib():

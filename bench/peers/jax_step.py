@@ -83,7 +83,8 @@ def train_step(params, opt_state, X, Y, idx):
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-D = "/usr/share/datasets/fashion-mnist/"
+# Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+D = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
 X = np.frombuffer(gzip.open(D + "train-images-idx3-ubyte.gz").read()[16:], np.uint8).reshape(-1, 28, 28, 1)
 X = jnp.asarray(X.astype(np.float32) / 255)
 Y = jnp.asarray(np.frombuffer(gzip.open(D + "train-labels-idx1-ubyte.gz").read()[8:], np.uint8).astype(np.int32))

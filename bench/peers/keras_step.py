@@ -48,7 +48,8 @@ model.compile(optimizer=keras.optimizers.Adam(1e-3, beta_1=0.9, beta_2=0.999, ep
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               jit_compile=True if "--jit" in a else "auto")
 
-D = "/usr/share/datasets/fashion-mnist/"
+# Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+D = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
 X = np.frombuffer(gzip.open(D + "train-images-idx3-ubyte.gz").read()[16:], np.uint8).reshape(-1, 28, 28, 1)
 X = X.astype(np.float32) / 255
 Y = np.frombuffer(gzip.open(D + "train-labels-idx1-ubyte.gz").read()[8:], np.uint8).astype(np.int32)

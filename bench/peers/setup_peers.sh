@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Creates /work/main/.venv-peers (Debian's /usr/bin/python3 3.11) with the peers the step benchmarks compare against:
-# PyTorch 2 (PyPI wheel; it pulls the nvidia-*/cuda-* packages, about 5 GB, unused on CPU), JAX (CPU) + optax,
-# TensorFlow (tensorflow-cpu, with Keras 3). Idempotent: does nothing but print versions when the pins are installed.
-#   /usr/local/bin/kbuild bench/peers/setup_peers.sh
+# Creates .venv-peers in the repository (from $PYTHON, default Debian's /usr/bin/python3 3.11) with the peers the step
+# benchmarks compare against: PyTorch 2 (PyPI wheel; it pulls the nvidia-*/cuda-* packages, about 5 GB, unused on
+# CPU), JAX (CPU) + optax, TensorFlow (tensorflow-cpu, with Keras 3). Idempotent: does nothing but print versions when
+# the pins are installed. The bench scripts use it as PEERS_PYTHON (default .venv-peers/bin/python).
+#   bench/lock.sh bench/peers/setup_peers.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 V=.venv-peers
 PINS=(torch==2.15.0 "jax[cpu]==0.10.2" jaxlib==0.10.2 optax==0.2.8 tensorflow-cpu==2.21.0 keras==3.15.1)
 if ! dpkg -s python3-venv >/dev/null 2>&1; then apt-get install -y python3-venv; fi
-[ -x "$V/bin/python" ] || /usr/bin/python3 -m venv "$V"
+[ -x "$V/bin/python" ] || "$PYTHON" -m venv "$V"
 if "$V/bin/python" - "${PINS[@]}" <<'PY'
 import sys
 from importlib.metadata import version, PackageNotFoundError

@@ -35,7 +35,8 @@ def build(kind):
 
 
 def load():
-    D = "/usr/share/datasets/fashion-mnist/"
+    # Fashion-MNIST's directory: $KILN_FASHION_MNIST, default Debian's dataset-fashion-mnist.
+    D = os.environ.get("KILN_FASHION_MNIST", "/usr/share/datasets/fashion-mnist").rstrip("/") + "/"
     X = torch.frombuffer(bytearray(gzip.open(D + "train-images-idx3-ubyte.gz").read()[16:]), dtype=torch.uint8)
     X = X.reshape(-1, 1, 28, 28).float().mul_(1.0 / 255)
     Y = torch.frombuffer(bytearray(gzip.open(D + "train-labels-idx1-ubyte.gz").read()[8:]), dtype=torch.uint8).long()

@@ -4,8 +4,10 @@
 # Each sample trains a few steps (train.steps_per_epoch) of one epoch in a scratch run directory; `kiln train`'s
 # last line reports when the first step began. The step time is the epoch's s/batch (a few steps: first-step
 # costs included, so an upper bound; bench/step has the steady-state figures). The fastest of `runs` is kept.
+# Environment (bench/common.sh): KILN_FASHION_MNIST. Run it under bench/lock.sh on a shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 B="$(cd "${1:-build}" && pwd)"
 RUNS="${2:-3}"
 ROOT="$PWD"
@@ -16,8 +18,9 @@ for cfg in samples/*.toml; do
   name=$(basename "$cfg" .toml)
   steps=20
   best="" sb=""
+  mapfile -t ds < <(data_sets "$cfg")
   for ((r = 0; r < RUNS; ++r)); do
-    out=$(cd "$work" && "$B/bin/kiln" train "$ROOT/$cfg" --overwrite --set train.epochs=1 \
+    out=$(cd "$work" && "$B/bin/kiln" train "$ROOT/$cfg" "${ds[@]}" --overwrite --set train.epochs=1 \
       --set train.steps_per_epoch=$steps --set "train.output_dir=\"$work/run\"" 2>&1) || {
       echo "$name: kiln train failed:"; echo "$out" | tail -3; continue 2; }
     t=$(echo "$out" | sed -nE 's/.*first step began ([0-9.]+) s after start.*/\1/p')

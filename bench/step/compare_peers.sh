@@ -11,12 +11,14 @@
 # QUICK=1 tries fewer settings: PyTorch with the raised malloc thresholds only (never slower here), torch.compile
 # at 2 threads only, JAX's CNN with lax.reduce_window pooling only.
 # ROWS="cnn64 cnn256" (kind and batch) runs only those rows.
-# Without .venv-peers only Debian's PyTorch is measured. Every command takes the build lock itself.
+# Without .venv-peers only Debian's PyTorch is measured. Every command takes the build lock itself (bench/lock.sh).
+# Environment (bench/common.sh): KILN_FASHION_MNIST, PYTHON (the "torch1.13" peer), PEERS_PYTHON, KILN_BENCH_LOCK=0.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common.sh
 B="${1:-build}"
-K=/usr/local/bin/kbuild
-P=.venv-peers/bin/python
+K="$LOCK"
+P="$PEERS_PYTHON"
 M=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864)
 QUICK=${QUICK:-0}
 ms() { sed -nE 's/.*median ([0-9.]+) ms.*/\1/p' | tail -1; }
@@ -30,13 +32,13 @@ flop() {
     cnn) echo $((2 * $2 * (2 * 784 * 32 * 9 + 3 * (196 * 64 * 288 + 3136 * 128 + 128 * 10)))) ;;
   esac
 }
-peak=$($K "$B/bin/kiln_fma_peak" | sed -nE 's/.*threads ([0-9.]+) GFLOP.*/\1/p')
+peak=$("$K" "$B/bin/kiln_fma_peak" | sed -nE 's/.*threads ([0-9.]+) GFLOP.*/\1/p')
 echo "FP32 peak (kiln_fma_peak, every core): $peak GFLOP/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A best
 try() {  # peer, then the command
   local peer=$1 t
   shift
-  t=$($K env "$@" 2>/dev/null | ms)
+  t=$("$K" env "$@" 2>/dev/null | ms)
   [ -n "$t" ] && best[$peer]=$(min "${best[$peer]:-}" "$t")
   echo "  $peer: ${t:-failed}  ($*)" >&2
 }
@@ -47,27 +49,29 @@ row() {  # kind batch steps
   # too here: the same work on both sides.
   local same=()
   [ "$kind" = mlp ] && cfg=samples/fashion_mnist_mlp.toml same=(--set optimizer.ema=0) || cfg=samples/fashion_mnist_cnn.toml
+  local -a ds
+  mapfile -t ds < <(data_sets "$cfg")
   local tts=(1 2) mms=(default raised)
   [ "$QUICK" = 1 ] && mms=(raised)
   for tt in "${tts[@]}"; do
     # Kiln at its thread settings too, as every peer, fastest kept: one try per setting, spread over the row, so a
     # slow phase of a shared host does not decide Kiln's figure alone (peers get 2-4 tries each).
-    try kiln "$B/bin/kiln_step_bench" "$cfg" "${same[@]}" --set train.batch_size=$batch --set device.threads=$tt --steps "$steps"
+    try kiln "$B/bin/kiln_step_bench" "$cfg" "${ds[@]}" "${same[@]}" --set train.batch_size=$batch --set device.threads=$tt --steps "$steps"
     for mm in "${mms[@]}"; do
       local env=()
       [ "$mm" = raised ] && env=("${M[@]}")
       for ob in 1 2; do
-        try torch1.13 "${env[@]}" OPENBLAS_NUM_THREADS=$ob TORCH_THREADS=$tt /usr/bin/python3 bench/step/torch_step.py $kind $batch $steps
+        try torch1.13 "${env[@]}" OPENBLAS_NUM_THREADS=$ob TORCH_THREADS=$tt "$PYTHON" bench/step/torch_step.py $kind $batch $steps
       done
-      if [ -x $P ]; then
-        try torch2 "${env[@]}" TORCH_THREADS=$tt $P bench/peers/torch2_step.py $kind $batch $steps
-        [ "$mm" = raised ] && { [ "$QUICK" != 1 ] || [ "$tt" = 2 ]; } && try torch2-compile "${env[@]}" TORCH_THREADS=$tt $P bench/peers/torch2_step.py $kind $batch $steps --compile
+      if [ -x "$P" ]; then
+        try torch2 "${env[@]}" TORCH_THREADS=$tt "$P" bench/peers/torch2_step.py $kind $batch $steps
+        [ "$mm" = raised ] && { [ "$QUICK" != 1 ] || [ "$tt" = 2 ]; } && try torch2-compile "${env[@]}" TORCH_THREADS=$tt "$P" bench/peers/torch2_step.py $kind $batch $steps --compile
       fi
     done
-    if [ -x $P ]; then
-      try jax JAX_THREADS=$tt $P bench/peers/jax_step.py $kind $batch $steps
-      [ "$kind" = cnn ] && [ "$QUICK" != 1 ] && try jax JAX_THREADS=$tt $P bench/peers/jax_step.py $kind $batch $steps --reshape-pool
-      try keras TF_INTRA_THREADS=$tt TF_INTER_THREADS=2 $P bench/peers/keras_step.py $kind $batch $steps
+    if [ -x "$P" ]; then
+      try jax JAX_THREADS=$tt "$P" bench/peers/jax_step.py $kind $batch $steps
+      [ "$kind" = cnn ] && [ "$QUICK" != 1 ] && try jax JAX_THREADS=$tt "$P" bench/peers/jax_step.py $kind $batch $steps --reshape-pool
+      try keras TF_INTRA_THREADS=$tt TF_INTER_THREADS=2 "$P" bench/peers/keras_step.py $kind $batch $steps
     fi
   done
   local f fastest="" fp=""

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Kiln's Vulkan GEMM and convolutions against ggml-vulkan's MUL_MAT (FP32), in one run, on the same device.
 #
-#   kbuild bench/vulkan/compare_ggml.sh GGML_BUILD_DIR [KILN_BUILD_DIR (default build-vk)] [RUNS (default 3)]
+#   bench/lock.sh bench/vulkan/compare_ggml.sh GGML_BUILD_DIR [KILN_BUILD_DIR (default build-vk)] [RUNS (default 3)]
 #
-# Run it under the build lock (kbuild) on a shared machine: it is a benchmark. Each run prints the load average,
+# Run it under the build lock (bench/lock.sh) on a shared machine: it is a benchmark. Each run prints the load average,
 # then ggml's `test-backend-ops perf -o MUL_MAT -b Vulkan0` on square FP32 products (256, 512, 1024, 2048), then
 # `kiln_vulkan_bench --backends vulkan --only gemm` and `--only conv2d`, back to back.
 #
@@ -14,10 +14,10 @@
 #   apt-get install spirv-headers glslc                      # ggml-vulkan's CMake needs SPIRV-Headers' config
 #   cd /work/peers/llama_cpp_python-0.3.36/vendor/llama.cpp
 #   patch -p1 < KILN/bench/vulkan/ggml_peer.patch
-#   kbuild cmake -S . -B /work/peers/ggml-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON \
+#   KILN/bench/lock.sh cmake -S . -B /work/peers/ggml-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON \
 #     -DLLAMA_BUILD_TESTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF \
 #     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF
-#   kbuild cmake --build /work/peers/ggml-build -j2 --target test-backend-ops      # ~15 min on 2 cores (shaders)
+#   KILN/bench/lock.sh cmake --build /work/peers/ggml-build -j2 --target test-backend-ops # ~15 min on 2 cores (shaders)
 # ggml_peer.patch changes no kernel: (1) test-backend-ops's perf list gets square FP32 x FP32 MUL_MAT cases
 # (256..2048; its own list has none); (2) GGML_PERF_TARGET_GFLOP lowers the 100 GFLOP each GPU perf case runs
 # (minutes per case on lavapipe; the figure stays total flops / total time over >= 1 s); (3) ggml-vulkan.cpp
