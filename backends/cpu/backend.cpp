@@ -9,7 +9,7 @@
 #include <system_error>
 #include <thread>
 
-#include "kernels.hpp"
+#include "gemm.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::cpu {

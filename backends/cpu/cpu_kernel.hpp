@@ -27,10 +27,6 @@ const A& attrs(const OpCall& c) {
   return std::get<A>(c.attrs);
 }
 
-// Dimension checks of the kernels that call BLAS with 32-bit sizes (gemm.cpp): gemm and batched_gemm, convolutions.
-Support gemm_supports(OpKind kind, const OpAttrs& attrs);
-Support conv_supports(OpKind kind, const OpAttrs& attrs);
-
 struct CpuKernelEntry {
   const char* op;  // the op's name (op_table.hpp find_op)
   CpuKernel kernel;

@@ -24,7 +24,11 @@
 #include <initializer_list>
 
 #include "backend.hpp"
-#include "kernels.hpp"
+#include "batch_norm.hpp"
+#include "bias.hpp"
+#include "conv.hpp"
+#include "conv_dnnl.hpp"
+#include "pool.hpp"
 
 namespace kiln::cpu {
 namespace {

@@ -1,13 +1,14 @@
 // The ops attention is built from: batched GEMM (one OpenBLAS call per matrix, the batch spread over the pool's
-// threads) and axis permutation (contiguous runs copied whole). Causal softmax lives with softmax
-// (activation.cpp).
+// threads) and axis permutation (contiguous runs copied whole). Causal softmax lives with softmax (softmax.cpp).
 #include <algorithm>
 #include <cstring>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "gemm.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
+namespace {
 
 void batched_gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPool& pool) {
   const int64_t batch = a.batch, m = a.m, n = a.n, k = a.k;
@@ -66,6 +67,8 @@ void permute(const PermuteAttrs& a, const float* x, float* y, ThreadPool& pool) 
     }
   });
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

@@ -7,8 +7,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "batch_norm.hpp"
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
 
@@ -245,12 +246,12 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
   });
 }
 
-}  // namespace
-
 void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
                          const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
   backward_impl(a, x, gamma, mean, rstd, dy, nullptr, nullptr, dx, dgamma, dbeta, pool);
 }
+
+}  // namespace
 
 void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
                               const float* rstd, const ReluInFront& r, float* dy, float* dx, float* dgamma,

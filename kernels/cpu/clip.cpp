@@ -4,9 +4,10 @@
 #include <cmath>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
+namespace {
 
 void sum_squares(const ElementwiseAttrs& a, const float* x, float* y, double* partials, ThreadPool& pool) {
   const int64_t n = a.count;
@@ -41,6 +42,8 @@ void clip_by_global_norm(const ElementwiseAttrs& a, const float* s, float* x, Th
     for (int64_t i = b; i < e; ++i) x[i] *= coef;
   });
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

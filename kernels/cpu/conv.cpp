@@ -6,8 +6,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "conv.hpp"
+#include "conv_dnnl.hpp"
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "gemm.hpp"
+#include "pool.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
 namespace {
@@ -156,8 +160,8 @@ int64_t filter_groups(const ConvAttrs& a, int threads) {
   return std::max<int64_t>(1, std::min<int64_t>(a.n, 2 * static_cast<int64_t>(threads)));
 }
 
-}  // namespace
-
+// Workspace in floats for `threads` threads: oneDNN's where it takes the call, else a column buffer per thread and
+// backward filter's partial sums. Asked with the same `winograd` as the kernels.
 size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads, bool winograd) {
   size_t dnnl_floats = 0;
   if (dnnl_conv_workspace(k, a, threads, winograd, dnnl_floats)) return dnnl_floats;
@@ -167,6 +171,8 @@ size_t conv_workspace_floats(OpKind k, const ConvAttrs& a, int threads, bool win
     return t * col + static_cast<size_t>(filter_groups(a, threads) - 1) * static_cast<size_t>(a.k * crs(a));
   return t * col;
 }
+
+}  // namespace
 
 // With an epilogue, the bias is written into y(n) first and the GEMM accumulates onto it (beta = 1, which also
 // spares OpenBLAS its pass zeroing C), then the ReLU and the max pool read y(n) while it is still in cache.

@@ -20,7 +20,7 @@
 // cpu_ops.md). Their scratchpad is 6-9 MiB per thread at these shapes, in the workspace like the rest.
 //
 // KILN_CPU_DNNL=0 turns it off (the im2col + OpenBLAS path, to measure it or rule it out).
-#include "kernels.hpp"
+#include "conv_dnnl.hpp"
 
 #ifdef KILN_WITH_DNNL
 

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
 namespace {
@@ -14,8 +14,6 @@ int64_t row_of(float id, int64_t vocab) {
   if (!(id >= 0.f) || id != std::floor(id) || id >= static_cast<float>(vocab)) return -1;
   return static_cast<int64_t>(id);
 }
-
-}  // namespace
 
 void embedding_forward(const EmbeddingAttrs& a, const float* ids, const float* table, float* y, ThreadPool& pool) {
   const int64_t D = a.dim;
@@ -45,6 +43,8 @@ void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* 
     }
   });
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "gemm.hpp"
 
 namespace kiln::cpu {
 

@@ -1,12 +1,13 @@
 // Layer normalization over the last dimension, forward and backward. Rows are independent (split over threads);
 // the parameter gradients are split over columns, so each thread sums its columns over every row in order:
-// deterministic for any thread count, no atomics.
+// deterministic for any thread count, no atomics. beta and dbeta are null without a bias.
 #include <cmath>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
+namespace {
 
 void layer_norm_forward(const LayerNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
                         float* mean, float* rstd, ThreadPool& pool) {
@@ -77,6 +78,8 @@ void layer_norm_backward(const LayerNormAttrs& a, const float* x, const float* g
     }
   });
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@
 #include <limits>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "loss.hpp"
+#include "thread_pool.hpp"
 #include "vec_math.hpp"
 
 namespace kiln::cpu {
@@ -22,8 +23,6 @@ double ordered_sum(ThreadPool& pool, int64_t n, int64_t parts, double* partials,
   for (int64_t c = 0; c < parts; ++c) total += partials[c * 8];
   return total;
 }
-
-}  // namespace
 
 void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labels, float* loss, float* dx,
                            double* partials, ThreadPool& pool) {
@@ -113,6 +112,8 @@ void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, fl
   });
   loss[0] = static_cast<float>(double(per) * total);
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

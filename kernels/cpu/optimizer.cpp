@@ -2,9 +2,10 @@
 #include <cmath>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
+namespace {
 
 void sgd_update(const SgdAttrs& a, const float* g, float* w, float* v, ThreadPool& pool) {
   const float lr = a.lr, mu = a.momentum, wd = a.weight_decay;
@@ -83,6 +84,8 @@ void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& po
     for (int64_t i = b; i < e; ++i) shadow[i] = d * shadow[i] + e1 * w[i];
   });
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

@@ -3,8 +3,10 @@
 #include <bit>
 #include <cstdint>
 
+#include "bias.hpp"
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "pool.hpp"
+#include "thread_pool.hpp"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -139,10 +141,14 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
   }
 }
 
+namespace {
+
 void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
   parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool),
                   [&](int64_t pb, int64_t pe) { max_pool_planes(a, x, y, pb, pe); });
 }
+
+}  // namespace
 
 // With relu_grad a window whose maximum yv is not > 0 passes no gradient: its argmax is where x == yv, so
 // x > 0 there exactly when yv > 0, and every other position gets 0 from both ops.
@@ -229,6 +235,8 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
   });
 }
 
+namespace {
+
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
   const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
@@ -265,6 +273,8 @@ void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPoo
     }
   });
 }
+
+}  // namespace
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

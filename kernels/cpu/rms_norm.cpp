@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "cpu_kernel.hpp"
-#include "kernels.hpp"
+#include "thread_pool.hpp"
 
 namespace kiln::cpu {
 namespace {

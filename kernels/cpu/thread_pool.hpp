@@ -2,7 +2,8 @@
 // thread claims too and returns as soon as every chunk is done. A worker that wakes late (its core busy with
 // another process) finds nothing left and delays nobody, unlike an OpenMP region, whose closing barrier
 // waits for every thread of the team: on a shared 2-core host that cost a scheduler slice (4-24 ms) per op
-// (bench/results/cpu_ops.md).
+// (bench/results/cpu_ops.md). Below the pool: how every kernel cuts its work into chunks (parts_for,
+// parallel_ranges).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -59,6 +60,15 @@ class ThreadPool {
   uint32_t generation_ = 0;
   std::vector<std::thread> workers_;
 };
+
+// Below this many elements a kernel runs on the calling thread alone: waking a worker costs more.
+inline constexpr int64_t kParallelMin = 32768;
+
+// How many chunks to cut `work` elements into: a few per thread, so a thread that starts late or loses its
+// core hands its share to the others; 1 (no pool traffic at all) for small work or a single thread.
+inline int64_t parts_for(int64_t work, const ThreadPool& pool) {
+  return pool.size() > 1 && work >= kParallelMin ? 4 * static_cast<int64_t>(pool.size()) : 1;
+}
 
 // Runs body(begin, end) over [0, n) cut into `parts` contiguous ranges (the same cut whoever runs them, so
 // results never depend on timing). parts <= 1 calls body(0, n) on the calling thread, with no pool traffic.

@@ -1,4 +1,4 @@
-#include "kernels.hpp"
+#include "pipeline_cache.hpp"
 
 #include <algorithm>
 #include <cstring>

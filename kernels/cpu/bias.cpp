@@ -1,0 +1,124 @@
+// Bias add and its gradient, a per-channel sum, in a fixed order (the fused max-pool backward computes the same sums:
+// bias.hpp). y may alias x element for element (ops.hpp), which `omp simd` loops allow.
+#include "bias.hpp"
+
+#include <algorithm>
+
+#include "cpu_kernel.hpp"
+#include "thread_pool.hpp"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, ThreadPool& pool) {
+  const int64_t C = a.channels, I = a.inner;
+  const int64_t t = parts_for(a.outer * C * I, pool);
+  if (I == 1) {  // dense: (outer, channels)
+    parallel_ranges(pool, a.outer, t, [&](int64_t ob, int64_t oe) {
+      for (int64_t o = ob; o < oe; ++o) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) y[o * C + c] = x[o * C + c] + b[c];
+      }
+    });
+    return;
+  }
+  parallel_ranges(pool, a.outer * C, t, [&](int64_t pb, int64_t pe) {
+    for (int64_t oc = pb; oc < pe; ++oc) {  // one (o, c) plane of `inner` elements
+      const float bc = b[oc % C];
+      const float* xp = x + oc * I;
+      float* yp = y + oc * I;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) yp[i] = xp[i] + bc;
+    }
+  });
+}
+
+void bias_grad(const BiasAttrs& a, const float* dy, float* db, ThreadPool& pool) {
+  const int64_t C = a.channels, I = a.inner, O = a.outer;
+  const int64_t t = parts_for(O * C * I, pool);
+  if (I == 1) {  // column sums of an (outer, channels) matrix, in column blocks
+    constexpr int64_t kBlock = 64;
+    parallel_ranges(pool, (C + kBlock - 1) / kBlock, t, [&](int64_t bb, int64_t be) {
+      for (int64_t bl = bb; bl < be; ++bl) {
+        const int64_t c0 = bl * kBlock, c1 = std::min(C, c0 + kBlock);
+        float acc[kBlock] = {};
+        for (int64_t o = 0; o < O; ++o) {
+          const float* row = dy + o * C;
+#pragma omp simd
+          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+        }
+        std::copy(acc, acc + (c1 - c0), db + c0);
+      }
+    });
+    return;
+  }
+  parallel_ranges(pool, C, t, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      double total = 0;
+      for (int64_t o = 0; o < O; ++o) total += bias_plane_sum(dy + (o * C + c) * I, I);
+      db[c] = static_cast<float>(total);
+    }
+  });
+}
+
+}  // namespace
+
+// 32 running sums (four vectors' worth: one vector's adds wait on each other, four overlap), then the rest, then
+// the 32 in a fixed order: the result depends on count only, not on threads or alignment. Planes are short (196
+// floats for a 14x14 image), so the sums live in registers, not in an array zeroed per call.
+float bias_plane_sum(const float* p, int64_t count) {
+#ifdef __AVX2__
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  if (i + 8 <= count) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i)), i += 8;
+  if (i + 8 <= count) a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i)), i += 8;
+  if (i + 8 <= count) a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i)), i += 8;
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float s = _mm_cvtss_f32(h);
+  for (; i < count; ++i) s += p[i];
+  return s;
+#else
+  float acc[32] = {};
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32)
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) acc[j] += p[i + j];
+  for (int j = 0; i < count; ++i, ++j) acc[j] += p[i];
+  for (int w = 16; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+#endif
+}
+
+void bias_grad_from_plane_sums(const BiasAttrs& a, const float* sums, float* db) {
+  const int64_t C = a.channels, O = a.outer;
+  for (int64_t c = 0; c < C; ++c) {
+    double total = 0;
+    for (int64_t o = 0; o < O; ++o) total += sums[o * C + c];
+    db[c] = static_cast<float>(total);
+  }
+}
+
+// ---- registration ---------------------------------------------------------------------------------------------
+
+KILN_CPU_KERNEL("bias_add", {[](CpuDevice& d, const OpCall& c) {
+                  cpu::bias_add(attrs<BiasAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                }});
+KILN_CPU_KERNEL("bias_grad", {[](CpuDevice& d, const OpCall& c) {
+                  cpu::bias_grad(attrs<BiasAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
+
+}  // namespace kiln::cpu

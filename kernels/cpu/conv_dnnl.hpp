@@ -1,0 +1,25 @@
+// conv_dnnl.cpp: the convolution through oneDNN where the plugin was built with it and oneDNN takes this geometry
+// (false: the caller runs conv.cpp's im2col path; always false without oneDNN).
+#pragma once
+#include <cstddef>
+
+#include "conv.hpp"
+#include "kiln/ops.hpp"
+#include "thread_pool.hpp"
+
+namespace kiln::cpu {
+
+// Workspace in floats, for `threads` threads.
+bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool winograd, size_t& floats);
+// With `ep` (Conv2dForward only), the epilogue too, each slice's images while they are in cache. With `pro`
+// (backward data and filter), the prologue produces each slice's dy images right before the slice reads them.
+bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* in1, float* out, float* ws,
+               ThreadPool& pool, bool winograd, const ConvEpilogue* ep = nullptr, const ConvPrologue* pro = nullptr);
+// Backward data and backward filter of one convolution in one pass over the slices, each slice's dy reordered once for
+// both (with `pro`, produced first), in backward filter's workspace (conv.cpp's conv_workspace_floats sizes it to hold
+// the pair). dx and dw are bit for bit the two ops'. False (nothing run) where oneDNN does not take both or `ws_floats`
+// is smaller.
+bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
+                             float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro);
+
+}  // namespace kiln::cpu

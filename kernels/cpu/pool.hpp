@@ -1,0 +1,21 @@
+// pool.cpp: what the fused kernels run of max pooling (conv.cpp's epilogue, fusion.cpp's backward runs).
+#pragma once
+#include <cstdint>
+
+#include "kiln/ops.hpp"
+#include "thread_pool.hpp"
+
+namespace kiln::cpu {
+
+// max_pool_forward's planes [pb, pe) of the (n, c) planes, on the calling thread.
+void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe);
+// relu_grad: also the ReLU backward that follows when x is a ReLU's output, dx = x > 0 ? dx : 0.
+// plane_sums (n * c floats, or null): also bias_plane_sum of each plane of dx, written as it is finished, for a
+// BiasGrad of dx fused after it (bias_grad_from_plane_sums).
+void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, ThreadPool& pool,
+                       bool relu_grad = false, float* plane_sums = nullptr);
+// max_pool_backward's planes [pb, pe) of the (n, c) planes, on the calling thread.
+void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
+                              bool relu_grad, float* plane_sums, int64_t pb, int64_t pe);
+
+}  // namespace kiln::cpu
