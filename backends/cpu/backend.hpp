@@ -37,17 +37,9 @@ class CpuDevice final : public Device, public FusedRunner {
   size_t query_free_memory() override;
   Block* allocate_block(size_t bytes) override;
   void free_block(Block* b) noexcept override;
-  void copy_from_host(const void* src, const BufferView& dst) override;
-  void copy_to_host(const BufferView& src, void* dst) override;
-  void copy_on_device(const BufferView& src, const BufferView& dst) override;
-  Support supports(OpKind kind, const OpAttrs& attrs) const override;
   size_t workspace_bytes(const OpCall& call) const override;
-  void run(const OpCall& call) override;
   // Waits for uploads still in flight on the transfer thread (ops run synchronously on the caller).
   void synchronize() override;
-  // The copy runs on this device's transfer thread (started on first use), overlapping the ops of the step
-  // the caller runs meanwhile: the final copy of a prefetched batch never sits on the step's path.
-  uint64_t upload_async(const void* src, const BufferView& dst) override;
   void wait_upload(uint64_t ticket) override;
   void* extension(std::string_view name) override;      // kRunFused: this device
   size_t run_fused(std::span<const OpCall> calls) override;  // fusion.cpp
@@ -62,6 +54,18 @@ class CpuDevice final : public Device, public FusedRunner {
     if (part_ptrs_.size() < n) part_ptrs_.resize(n);
     return part_ptrs_;
   }
+
+ protected:
+  // Copies, upload_async, supports and run arrive checked (Device, device.hpp).
+  void do_copy_from_host(const void* src, const BufferView& dst) override;
+  void do_copy_to_host(const BufferView& src, void* dst) override;
+  void do_copy_on_device(const BufferView& src, const BufferView& dst) override;
+  // The copy runs on this device's transfer thread (started on first use), overlapping the ops of the step
+  // the caller runs meanwhile: the final copy of a prefetched batch never sits on the step's path.
+  uint64_t do_upload_async(const void* src, const BufferView& dst) override;
+  bool runs_kernel(const Kernel& k) const override;  // CpuKernel, a plugin's HostKernel
+  Support do_supports(OpKind kind, const OpAttrs& attrs, const OpArity& arity, const Kernel& k) const override;
+  bool do_run(const OpCall& call) override;
 
  private:
   // The kernel of a built-in op (or a core op registered without a built-in kind) looked up once per device; null

@@ -23,11 +23,12 @@ const CpuKernel* CpuDevice::kernel(OpKind kind) const {
   return find_kernel<CpuKernel>("cpu", kind);
 }
 
-Support CpuDevice::supports(OpKind kind, const OpAttrs& attrs) const {
-  if (!op_known(kind)) return {false, "unknown op kind " + std::to_string(static_cast<int>(kind))};
-  if (const CpuKernel* k = kernel(kind)) return k->supports ? k->supports(kind, attrs) : Support{};
-  if (find_kernel<HostKernel>("cpu", kind)) return {};
-  return {false, missing_kernel_reason("cpu", kind)};
+bool CpuDevice::runs_kernel(const Kernel& k) const { return k.get<CpuKernel>() || k.get<HostKernel>(); }
+
+// Device::supports found the op's kernel; a plugin's HostKernel refuses nothing.
+Support CpuDevice::do_supports(OpKind kind, const OpAttrs& attrs, const OpArity&, const Kernel& k) const {
+  const CpuKernel* ck = k.get<CpuKernel>();
+  return ck && ck->supports ? ck->supports(kind, attrs) : Support{};
 }
 
 size_t CpuDevice::workspace_bytes(const OpCall& call) const {
@@ -35,11 +36,15 @@ size_t CpuDevice::workspace_bytes(const OpCall& call) const {
   return k && k->workspace_bytes ? k->workspace_bytes(*this, call) : 0;
 }
 
-void CpuDevice::run(const OpCall& call) {
-  if (const CpuKernel* k = kernel(call.kind)) return k->run(*this, call);
+bool CpuDevice::do_run(const OpCall& call) {
+  if (const CpuKernel* k = kernel(call.kind)) {
+    k->run(*this, call);
+    return true;
+  }
   const HostKernel* host = find_kernel<HostKernel>("cpu", call.kind);
-  if (!host) throw DeviceError(info_.label() + ": " + missing_kernel_reason("cpu", call.kind));
+  if (!host) return false;
   host->run(call);
+  return true;
 }
 
 }  // namespace kiln::cpu

@@ -146,40 +146,21 @@ void CudaDevice::free_block(Block* b) noexcept {
   delete b;
 }
 
-void CudaDevice::check_view(const BufferView& v, const char* what) const {
-  if (v.bytes == 0) return;
-  if (!v.block || v.offset + v.bytes > v.block->bytes)
-    throw DeviceError(info_.label() + ": " + what + " buffer of " + std::to_string(v.bytes) + " bytes at offset " +
-                      std::to_string(v.offset) + (v.block ? " overruns its block of " + std::to_string(v.block->bytes) +
-                                                                " bytes"
-                                                          : " has no block"));
-}
-
-void CudaDevice::copy_from_host(const void* src, const BufferView& dst) {
-  check_view(dst, "copy_from_host destination");
-  if (dst.bytes == 0) return;
+void CudaDevice::do_copy_from_host(const void* src, const BufferView& dst) {
   std::lock_guard lock(mu_);
   activate();
   graphs_->boundary();
   staging_->to_device(src, address(dst), dst.bytes);
 }
 
-void CudaDevice::copy_to_host(const BufferView& src, void* dst) {
-  check_view(src, "copy_to_host source");
-  if (src.bytes == 0) return;
+void CudaDevice::do_copy_to_host(const BufferView& src, void* dst) {
   std::lock_guard lock(mu_);
   activate();
   graphs_->boundary();
   staging_->to_host(address(src), dst, src.bytes);
 }
 
-void CudaDevice::copy_on_device(const BufferView& src, const BufferView& dst) {
-  if (src.bytes != dst.bytes)
-    throw DeviceError(info_.label() + ": copy_on_device of " + std::to_string(src.bytes) + " bytes into a buffer of " +
-                      std::to_string(dst.bytes) + " bytes (sizes must match)");
-  check_view(src, "copy_on_device source");
-  check_view(dst, "copy_on_device destination");
-  if (src.bytes == 0) return;
+void CudaDevice::do_copy_on_device(const BufferView& src, const BufferView& dst) {
   std::lock_guard lock(mu_);
   activate();
   graphs_->boundary();
@@ -195,8 +176,7 @@ void CudaDevice::synchronize() {
   if (upload_stream_) KILN_CUDA_CHECK(cudaStreamSynchronize(upload_stream_.get()));
 }
 
-uint64_t CudaDevice::upload_async(const void* src, const BufferView& dst) {
-  check_view(dst, "upload_async destination");
+uint64_t CudaDevice::do_upload_async(const void* src, const BufferView& dst) {
   std::lock_guard lock(mu_);
   activate();
   graphs_->boundary();  // every op enqueued so far is on the op stream, so the mark below follows them
@@ -241,13 +221,6 @@ void CudaDevice::wait_upload(uint64_t ticket) {
       return;
     }
   throw DeviceError(info_.label() + ": wait_upload: ticket " + std::to_string(ticket) + " is not pending (never issued, or already waited on)");
-}
-
-void CudaDevice::run(const OpCall& call) {
-  validate(call);
-  std::lock_guard lock(mu_);
-  activate();
-  graphs_->run(call);
 }
 
 void CudaDevice::begin_sequence(uint64_t step_id) {

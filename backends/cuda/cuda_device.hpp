@@ -42,17 +42,8 @@ class CudaDevice final : public Device {
   size_t query_free_memory() override;
   Block* allocate_block(size_t bytes) override;
   void free_block(Block* b) noexcept override;
-  void copy_from_host(const void* src, const BufferView& dst) override;
-  void copy_to_host(const BufferView& src, void* dst) override;
-  void copy_on_device(const BufferView& src, const BufferView& dst) override;
-  Support supports(OpKind kind, const OpAttrs& attrs) const override;
   size_t workspace_bytes(const OpCall& call) const override;
-  void run(const OpCall& call) override;
   void synchronize() override;  // the op stream and the upload stream
-  // Input prefetch: src -> pinned buffer on the calling thread, then cudaMemcpyAsync on a second (copy) stream that
-  // first waits for the ops enqueued so far; wait_upload() makes the op stream wait for the copy's event (the host
-  // does not wait).
-  uint64_t upload_async(const void* src, const BufferView& dst) override;
   void wait_upload(uint64_t ticket) override;
   void begin_sequence(uint64_t step_id) override;
   void end_sequence() override;
@@ -76,10 +67,22 @@ class CudaDevice final : public Device {
     return static_cast<T&>(*states_.at(index).second);
   }
 
+ protected:
+  // Copies, upload_async, supports and run arrive checked (Device, device.hpp).
+  void do_copy_from_host(const void* src, const BufferView& dst) override;
+  void do_copy_to_host(const BufferView& src, void* dst) override;
+  void do_copy_on_device(const BufferView& src, const BufferView& dst) override;
+  // Input prefetch: src -> pinned buffer on the calling thread, then cudaMemcpyAsync on a second (copy) stream that
+  // first waits for the ops enqueued so far; wait_upload() makes the op stream wait for the copy's event (the host
+  // does not wait).
+  uint64_t do_upload_async(const void* src, const BufferView& dst) override;
+  bool runs_kernel(const Kernel& k) const override;  // CudaKernel, a plugin's StreamKernel
+  Support do_supports(OpKind kind, const OpAttrs& attrs, const OpArity& arity, const Kernel& k) const override;
+  bool do_run(const OpCall& call) override;
+
  private:
   void execute(const OpCall& call, const void* scalars);  // dispatch.cpp: enqueues the op's kernel
-  void validate(const OpCall& call) const;
-  void check_view(const BufferView& v, const char* what) const;
+  void validate(const OpCall& call, const CudaKernel* k) const;
 
   int ordinal_;
   DeviceInfo info_;

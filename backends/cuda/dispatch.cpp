@@ -1,6 +1,7 @@
-// The op dispatch of CudaDevice: which registered kernel answers supports(), workspace_bytes() and run() for a
-// call, and the registrars the op families in kernels/cuda use (cuda_kernel.hpp). No op is named here: a
-// built-in op's CUDA kernel is a CudaKernel its family registered, a plugin's op a StreamKernel.
+// The op dispatch of CudaDevice: which registered kernel answers do_supports(), workspace_bytes() and do_run() for
+// a call (Device::supports checks the op and finds its kernel first), and the registrars the op families in
+// kernels/cuda use (cuda_kernel.hpp). No op is named here: a built-in op's CUDA kernel is a CudaKernel its family
+// registered, a plugin's op a StreamKernel.
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -87,24 +88,12 @@ bool pack_step_scalars(const OpCall& call, void* slot) {
   return true;
 }
 
-Support CudaDevice::supports(OpKind kind, const OpAttrs& attrs) const {
-  if (!op_known(kind)) return {false, "unknown op kind " + std::to_string(static_cast<int>(kind))};
-  if (static_cast<size_t>(kind) < kBuiltinOpCount) {
-    OpArity ar;
-    try {
-      ar = op_arity(kind, attrs);  // checks the attribute type
-    } catch (const Error& e) {
-      return {false, e.what()};
-    }
-    for (const auto* list : {&ar.in, &ar.out})
-      for (int64_t n : *list)
-        if (n < 0) return {false, std::string(op_name(kind)) + ": negative buffer size " + std::to_string(n)};
-  }
-  const Kernel* k = find_kernel(backend_name(), kind);
-  if (const CudaKernel* ck = k ? k->get<CudaKernel>() : nullptr)
-    return ck->support ? ck->support(kind, attrs) : Support{};
-  if (k && k->get<StreamKernel>()) return {};
-  return {false, missing_kernel_reason(backend_name(), kind)};
+bool CudaDevice::runs_kernel(const Kernel& k) const { return k.get<CudaKernel>() || k.get<StreamKernel>(); }
+
+// Device::supports checked the op, its attributes and found its kernel; a plugin's StreamKernel refuses nothing.
+Support CudaDevice::do_supports(OpKind kind, const OpAttrs& attrs, const OpArity&, const Kernel& k) const {
+  const CudaKernel* ck = k.get<CudaKernel>();
+  return ck && ck->support ? ck->support(kind, attrs) : Support{};
 }
 
 size_t CudaDevice::workspace_bytes(const OpCall& call) const {
@@ -112,15 +101,25 @@ size_t CudaDevice::workspace_bytes(const OpCall& call) const {
   return k && k->workspace ? k->workspace(*this, call) : 0;
 }
 
+bool CudaDevice::do_run(const OpCall& call) {
+  // Looked up here, before the call may be recorded into a graph: a call without a kernel enqueues nothing.
+  const Kernel* k = find_kernel(backend_name(), call.kind);
+  if (!k || !runs_kernel(*k)) return false;
+  validate(call, k->get<CudaKernel>());
+  std::lock_guard lock(mu_);
+  activate();
+  graphs_->run(call);
+  return true;
+}
+
 // Buffer counts and sizes were checked when the call was bound (check_call); what remains is CUDA's own.
-void CudaDevice::validate(const OpCall& call) const {
+void CudaDevice::validate(const OpCall& call, const CudaKernel* k) const {
   const std::string op = info_.label() + " op " + std::string(op_name(call.kind));
   // cuBLAS refuses a workspace below 256-byte alignment; the core allocator aligns every allocation to 256.
   if (call.workspace.block && call.workspace.bytes > 0 &&
       reinterpret_cast<uintptr_t>(static_cast<char*>(call.workspace.block->ptr) + call.workspace.offset) % 256 != 0)
     throw DeviceError(op + ": the workspace must start at a 256-byte aligned address, found offset " +
                       std::to_string(call.workspace.offset) + " in its block");
-  const CudaKernel* k = find_cuda_kernel(call.kind);
   if (k && k->workspace_required) {
     const size_t need = k->workspace(*this, call);
     if (!call.workspace.block || call.workspace.bytes < need)
@@ -134,7 +133,9 @@ void CudaDevice::execute(const OpCall& c, const void* scalars) {
   if (const CudaKernel* ck = k ? k->get<CudaKernel>() : nullptr)
     return ck->run(CudaOp{*this, c, stream_.get(), scalars});
   if (const StreamKernel* sk = k ? k->get<StreamKernel>() : nullptr) return sk->run(c, stream_.get());
-  throw DeviceError(info_.label() + ": " + missing_kernel_reason(backend_name(), c.kind));
+  // do_run found the kernel before enqueuing; only a plugin re-registering it as another kind gets here.
+  throw DeviceError(info_.label() + ": the kernel of op " + std::string(op_name(c.kind)) +
+                    " was replaced by one of a kind this backend does not run after the call was enqueued");
 }
 
 }  // namespace kiln::cuda

@@ -1,5 +1,6 @@
-// From a call's op kind to its kernel, and the checks every op shares: the op's arity, maxStorageBufferRange, and
-// for a plugin's ShaderKernel its binding limit. What a kernel refuses beyond that is its own supports().
+// From a call's op kind to its kernel, and the checks every op on this backend shares: maxStorageBufferRange, and
+// for a plugin's ShaderKernel its binding limit (Device::supports checked the op, its arity and that it has a
+// kernel). What a kernel refuses beyond that is its own supports().
 #include "dispatch.hpp"
 
 #include <array>
@@ -17,7 +18,10 @@ Support no(std::string why) { return {false, std::move(why)}; }
 // A plugin's op: its shader binds the inputs, then the outputs.
 void run_shader(Encoder& e, const OpCall& c) {
   const ShaderKernel* k = find_kernel<ShaderKernel>("vulkan", c.kind);
-  if (!k) throw DeviceError("vulkan: " + missing_kernel_reason("vulkan", c.kind));
+  // has_kernel found it before the call was recorded; only a plugin re-registering it as another kind gets here.
+  if (!k)
+    throw DeviceError("vulkan: the kernel of op " + std::string(op_name(c.kind)) +
+                      " was replaced by one of a kind this backend does not run");
   std::vector<Bind> binds;
   for (const auto& v : c.in) binds.push_back(rd(v));
   for (const auto& v : c.out) binds.push_back(wr(v));
@@ -33,19 +37,11 @@ OpKernels::OpKernels() {
     if (const VulkanKernel* k = find_kernel<VulkanKernel>("vulkan", static_cast<OpKind>(i))) by_kind_[i] = *k;
 }
 
-Support OpKernels::supports(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits) const {
-  const VulkanKernel* kernel = find(kind);
-  // A plugin's ShaderKernel is looked up afresh: a plugin may register it after this device opened.
-  if (!kernel) {
-    if (!op_known(kind)) return no("unknown op kind " + std::to_string(static_cast<int>(kind)));
-    if (!find_kernel<ShaderKernel>("vulkan", kind)) return no(missing_kernel_reason("vulkan", kind));
-  }
-  OpArity ar;
-  try {
-    ar = op_arity(kind, attrs);
-  } catch (const Error& e) {
-    return no(e.what());
-  }
+bool OpKernels::has_kernel(OpKind kind) const { return find(kind) || find_kernel<ShaderKernel>("vulkan", kind); }
+
+Support OpKernels::supports(OpKind kind, const OpAttrs& attrs, const OpArity& ar, const Kernel& k,
+                            const DeviceLimits& limits) const {
+  const VulkanKernel* kernel = k.get<VulkanKernel>();
   auto check = [&](const std::vector<int64_t>& sizes, const char* what) -> Support {
     for (size_t i = 0; i < sizes.size(); ++i)
       if (static_cast<uint64_t>(sizes[i]) * sizeof(float) > limits.max_range)
@@ -57,7 +53,7 @@ Support OpKernels::supports(OpKind kind, const OpAttrs& attrs, const DeviceLimit
     if (Support s = check(ar.in, "input"); !s.yes) return s;
     if (Support s = check(ar.out, "output"); !s.yes) return s;
   }
-  if (!kernel) {
+  if (!kernel) {  // a plugin's ShaderKernel
     if (ar.in.size() + ar.out.size() > 8) return no("a plugin's kernel binds at most 8 buffers");
     return {};
   }

@@ -1,11 +1,13 @@
 // From a call's op kind to the kernel this backend runs for it, and what it supports on a given device: the
-// registry's VulkanKernel for the kind (kernels/vulkan), else a plugin's ShaderKernel, else the reason why not.
+// registry's VulkanKernel for the kind (kernels/vulkan), else a plugin's ShaderKernel. Without either, Device says
+// why not (device.hpp).
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "encoder.hpp"
 #include "kiln/device.hpp"
+#include "kiln/kernel_registry.hpp"
 #include "vulkan_kernel.hpp"
 
 namespace kiln::vulkan {
@@ -15,11 +17,16 @@ class OpKernels {
   // Looks up the VulkanKernel of every op registered now (the plugin registered them when it loaded, before any
   // device opens): run() is called for every op of every step, and a registry lookup takes a lock and a map search.
   OpKernels();
-  // Whether the op runs with these attributes on a device with these limits, and why not.
-  Support supports(OpKind kind, const OpAttrs& attrs, const DeviceLimits& limits) const;
+  // Whether the op runs with these attributes on a device with these limits, and why not. Device::supports has
+  // checked the op and its attributes and found `k`, its registered kernel (a VulkanKernel or a ShaderKernel).
+  Support supports(OpKind kind, const OpAttrs& attrs, const OpArity& arity, const Kernel& k,
+                   const DeviceLimits& limits) const;
+  // Whether run() has a kernel for `kind`: a VulkanKernel looked up when the device opened, or a plugin's
+  // ShaderKernel registered since.
+  bool has_kernel(OpKind kind) const;
   // Scratch the call would like (the convolutions' split-K partial sums and patch matrices); calls run without it.
   size_t workspace_bytes(const OpCall& call, const DeviceLimits& limits) const;
-  // Records `call` (already checked against op_arity and supports()); throws DeviceError when no kernel runs it.
+  // Records `call` (already checked against op_arity and supports(), and has_kernel(call.kind)).
   void run(Encoder& e, const OpCall& call) const;
 
  private:

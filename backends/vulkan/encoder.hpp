@@ -9,9 +9,9 @@
 #include <string>
 
 #include "command_stream.hpp"
-#include "kernels.hpp"
 #include "kiln/device.hpp"
 #include "kiln/kernel_registry.hpp"
+#include "pipeline_cache.hpp"
 
 namespace kiln::vulkan {
 

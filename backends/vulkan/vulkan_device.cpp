@@ -5,7 +5,6 @@
 #include <cstring>
 #include <iostream>
 
-#include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
 #include "vk_check.hpp"
 
@@ -156,19 +155,14 @@ size_t VulkanDevice::query_free_memory() {
   return info_.free_memory;
 }
 
-void VulkanDevice::check_view(const BufferView& v, const char* what) const {
-  if (v.bytes == 0) return;
-  if (!v.block || !blocks_.count(v.block))
-    throw DeviceError(std::string("vulkan: ") + what + " is not memory of " + info_.label() + " (" + info_.name +
-                      "); allocate it with an Allocator on this device");
-  if (v.offset + v.bytes > v.block->bytes)
-    throw DeviceError(std::string("vulkan: ") + what + " [" + std::to_string(v.offset) + ", " +
-                      std::to_string(v.offset + v.bytes) + ") runs past its block of " + std::to_string(v.block->bytes) +
-                      " bytes");
+void VulkanDevice::check_owned(const BufferView& v, const char* what) const {
+  if (v.bytes == 0 || blocks_.count(v.block)) return;
+  throw DeviceError(std::string("vulkan: ") + what + " is not memory of " + info_.label() + " (" + info_.name +
+                    "); allocate it with an Allocator on this device");
 }
 
-void VulkanDevice::copy_from_host(const void* src, const BufferView& dst) {
-  check_view(dst, "copy_from_host destination");
+void VulkanDevice::do_copy_from_host(const void* src, const BufferView& dst) {
+  check_owned(dst, "copy_from_host destination");
   for (size_t done = 0; done < dst.bytes; done += kCopyPiece) {
     const size_t n = std::min(kCopyPiece, dst.bytes - done);
     const StagingSlice s = stream_->staging(n);
@@ -181,8 +175,8 @@ void VulkanDevice::copy_from_host(const void* src, const BufferView& dst) {
   }
 }
 
-void VulkanDevice::copy_to_host(const BufferView& src, void* dst) {
-  check_view(src, "copy_to_host source");
+void VulkanDevice::do_copy_to_host(const BufferView& src, void* dst) {
+  check_owned(src, "copy_to_host source");
   for (size_t done = 0; done < src.bytes; done += kCopyPiece) {
     const size_t n = std::min(kCopyPiece, src.bytes - done);
     const StagingSlice s = stream_->staging(n);
@@ -195,31 +189,35 @@ void VulkanDevice::copy_to_host(const BufferView& src, void* dst) {
   }
 }
 
-void VulkanDevice::copy_on_device(const BufferView& src, const BufferView& dst) {
-  check_view(src, "copy_on_device source");
-  check_view(dst, "copy_on_device destination");
-  if (dst.bytes < src.bytes)
-    throw DeviceError("vulkan: copy_on_device of " + std::to_string(src.bytes) + " bytes into a " +
-                      std::to_string(dst.bytes) + "-byte destination");
-  if (src.bytes == 0 || (src.block == dst.block && src.offset == dst.offset)) return;
-  if (src.overlaps(dst)) throw DeviceError("vulkan: copy_on_device source and destination overlap");
+// Device::copy_on_device refused unequal sizes and overlapping views (vkCmdCopyBuffer forbids overlapping regions).
+void VulkanDevice::do_copy_on_device(const BufferView& src, const BufferView& dst) {
+  check_owned(src, "copy_on_device source");
+  check_owned(dst, "copy_on_device destination");
   encoder().copy(src, dst);
   stream_->end_op();
 }
 
-Support VulkanDevice::supports(OpKind kind, const OpAttrs& attrs) const { return ops_.supports(kind, attrs, limits_); }
+bool VulkanDevice::runs_kernel(const Kernel& k) const { return k.get<VulkanKernel>() || k.get<ShaderKernel>(); }
+
+Support VulkanDevice::do_supports(OpKind kind, const OpAttrs& attrs, const OpArity& arity, const Kernel& k) const {
+  return ops_.supports(kind, attrs, arity, k, limits_);
+}
 
 size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return ops_.workspace_bytes(call, limits_); }
 
 // Calls arrive checked against the op's contract and this device's supports() (the executor, when it binds).
 // What only this device can tell stays here: every buffer is memory of this device (a foreign VkBuffer would
 // crash the driver, not raise an error).
-void VulkanDevice::run(const OpCall& call) {
+bool VulkanDevice::do_run(const OpCall& call) {
+  if (!ops_.has_kernel(call.kind)) return false;
   const OpArity ar = op_arity(call.kind, call.attrs);
   // The label is built only for a buffer that fails: this runs for every op of every step.
   auto owned = [&](const BufferView& v, const char* kind, size_t i) {
     if (v.bytes == 0 || (v.block && blocks_.count(v.block) && v.offset + v.bytes <= v.block->bytes)) return;
-    check_view(v, ("op " + std::string(op_name(call.kind)) + " " + kind + "[" + std::to_string(i) + "]").c_str());
+    if (!v.block || v.offset > v.block->bytes || v.bytes > v.block->bytes - v.offset)
+      throw DeviceError("vulkan: op " + std::string(op_name(call.kind)) + " " + kind + "[" + std::to_string(i) +
+                        "] is not inside a block (bind calls through check_call)");
+    check_owned(v, ("op " + std::string(op_name(call.kind)) + " " + kind + "[" + std::to_string(i) + "]").c_str());
   };
   for (size_t i = 0; i < call.in.size(); ++i) owned(call.in[i], "input", i);
   for (size_t i = 0; i < call.out.size(); ++i) owned(call.out[i], "output", i);
@@ -231,6 +229,7 @@ void VulkanDevice::run(const OpCall& call) {
   Encoder enc = encoder();
   ops_.run(enc, trimmed);
   stream_->end_op();
+  return true;
 }
 
 void VulkanDevice::synchronize() { stream_->finish(); }

@@ -8,8 +8,8 @@
 #include "command_stream.hpp"
 #include "dispatch.hpp"
 #include "encoder.hpp"
-#include "kernels.hpp"
 #include "kiln/device.hpp"
+#include "pipeline_cache.hpp"
 #include "vk_handles.hpp"
 #include "vk_instance.hpp"
 
@@ -24,12 +24,7 @@ class VulkanDevice final : public Device {
   size_t query_free_memory() override;
   Block* allocate_block(size_t bytes) override;
   void free_block(Block* b) noexcept override;
-  void copy_from_host(const void* src, const BufferView& dst) override;
-  void copy_to_host(const BufferView& src, void* dst) override;
-  void copy_on_device(const BufferView& src, const BufferView& dst) override;
-  Support supports(OpKind kind, const OpAttrs& attrs) const override;
   size_t workspace_bytes(const OpCall& call) const override;
-  void run(const OpCall& call) override;
   void synchronize() override;
   // Ops between begin and end go into one command buffer (no batch-limit submits), submitted at the end.
   void begin_sequence(uint64_t step_id) override;
@@ -42,13 +37,24 @@ class VulkanDevice final : public Device {
   // counting) and returns the counter, or nullptr when validation is off.
   void* extension(std::string_view name) override;
 
+ protected:
+  // Copies, supports and run arrive checked (Device, device.hpp); what remains is whether each block is this
+  // device's memory (a foreign VkBuffer would crash the driver, not raise an error).
+  void do_copy_from_host(const void* src, const BufferView& dst) override;
+  void do_copy_to_host(const BufferView& src, void* dst) override;
+  void do_copy_on_device(const BufferView& src, const BufferView& dst) override;
+  bool runs_kernel(const Kernel& k) const override;  // VulkanKernel, a plugin's ShaderKernel
+  Support do_supports(OpKind kind, const OpAttrs& attrs, const OpArity& arity, const Kernel& k) const override;
+  bool do_run(const OpCall& call) override;
+
  private:
   struct DeviceBlock {
     Block block;
     Buffer buffer;
     Memory memory;
   };
-  void check_view(const BufferView& v, const char* what) const;
+  // Throws DeviceError when v (of n > 0 bytes, inside its block: Device checked that) is not memory of this device.
+  void check_owned(const BufferView& v, const char* what) const;
   uint32_t find_memory_type(uint32_t allowed, VkMemoryPropertyFlags need, VkMemoryPropertyFlags prefer) const;
   std::unique_ptr<DeviceBlock> make_block(size_t bytes);  // nullptr when the device is out of memory
   Encoder encoder() { return Encoder(*stream_, *kernels_, limits_, static_cast<VkBuffer>(dummy_->block.native)); }

@@ -24,6 +24,11 @@ class BrokenDevice final : public kiln::Device {
     info_.name = "host device with a defect";
     info_.hardware_id = "test";
     info_.total_memory = info_.free_memory = size_t(1) << 30;
+    // Device::supports asks the registry for the op's kernel on this backend: every op has one, so it says yes
+    // (run() below is this device's own, with its defect; the registered kernels are never run).
+    for (size_t k = 0; k < kiln::op_count(); ++k)
+      if (!kiln::find_kernel("broken", static_cast<kiln::OpKind>(k)))
+        kiln::register_kernel("broken", static_cast<kiln::OpKind>(k), kiln::HostKernel{});
   }
   const kiln::DeviceInfo& info() const override { return info_; }
   kiln::Block* allocate_block(size_t bytes) override {
@@ -38,13 +43,22 @@ class BrokenDevice final : public kiln::Device {
     delete[] static_cast<char*>(b->ptr);
     delete b;
   }
-  void copy_from_host(const void* src, const kiln::BufferView& dst) override { std::memcpy(dst.host(), src, dst.bytes); }
-  void copy_to_host(const kiln::BufferView& src, void* dst) override { std::memcpy(dst, src.host(), src.bytes); }
-  void copy_on_device(const kiln::BufferView& src, const kiln::BufferView& dst) override {
-    std::memmove(dst.host(), src.host(), src.bytes);
+  void synchronize() override {}
+
+ protected:
+  void do_copy_from_host(const void* src, const kiln::BufferView& dst) override {
+    std::memcpy(dst.host(), src, dst.bytes);
   }
-  kiln::Support supports(kiln::OpKind, const kiln::OpAttrs&) const override { return {}; }
-  void run(const kiln::OpCall& c) override {
+  void do_copy_to_host(const kiln::BufferView& src, void* dst) override { std::memcpy(dst, src.host(), src.bytes); }
+  void do_copy_on_device(const kiln::BufferView& src, const kiln::BufferView& dst) override {
+    std::memcpy(dst.host(), src.host(), src.bytes);
+  }
+  bool runs_kernel(const kiln::Kernel& k) const override { return k.get<kiln::HostKernel>() != nullptr; }
+  kiln::Support do_supports(kiln::OpKind, const kiln::OpAttrs&, const kiln::OpArity&,
+                            const kiln::Kernel&) const override {
+    return {};
+  }
+  bool do_run(const kiln::OpCall& c) override {
     if (defect_ == Defect::throws) throw kiln::DeviceError("broken: this kernel is missing");
     const kiln::OpArity ar = kiln::op_arity(c.kind, c.attrs);
     const float last = ar.out[0] > 0 ? c.out[0].host()[ar.out[0] - 1] : 0.f;
@@ -53,7 +67,7 @@ class BrokenDevice final : public kiln::Device {
     for (const auto& v : c.in) in.push_back(v.host());
     for (const auto& v : c.out) out.push_back(v.host());
     kiln::reference_op(c.kind, c.attrs, in, out);
-    if (ar.out[0] == 0) return;
+    if (ar.out[0] == 0) return true;
     switch (defect_) {
       case Defect::past_the_end: c.out[0].host()[ar.out[0]] = 1.f; break;
       case Defect::unwritten: c.out[0].host()[ar.out[0] - 1] = last; break;
@@ -62,8 +76,8 @@ class BrokenDevice final : public kiln::Device {
       case Defect::wrong_value: c.out[0].host()[ar.out[0] / 2] += 0.5f; break;
       default: break;
     }
+    return true;
   }
-  void synchronize() override {}
 
  private:
   Defect defect_;

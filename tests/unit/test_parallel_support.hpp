@@ -109,16 +109,23 @@ class FailingDevice final : public Device {
   const DeviceInfo& info() const override { return inner_->info(); }
   Block* allocate_block(size_t bytes) override { return inner_->allocate_block(bytes); }
   void free_block(Block* b) noexcept override { inner_->free_block(b); }
-  void copy_from_host(const void* src, const BufferView& dst) override { inner_->copy_from_host(src, dst); }
-  void copy_to_host(const BufferView& src, void* dst) override { inner_->copy_to_host(src, dst); }
-  void copy_on_device(const BufferView& src, const BufferView& dst) override { inner_->copy_on_device(src, dst); }
-  Support supports(OpKind kind, const OpAttrs& attrs) const override { return inner_->supports(kind, attrs); }
   size_t workspace_bytes(const OpCall& c) const override { return inner_->workspace_bytes(c); }
-  void run(const OpCall& c) override {
+  void synchronize() override { inner_->synchronize(); }
+
+ protected:
+  void do_copy_from_host(const void* src, const BufferView& dst) override { inner_->copy_from_host(src, dst); }
+  void do_copy_to_host(const BufferView& src, void* dst) override { inner_->copy_to_host(src, dst); }
+  void do_copy_on_device(const BufferView& src, const BufferView& dst) override { inner_->copy_on_device(src, dst); }
+  // The inner device's supports() decides (its backend is this one's: info() is the inner device's).
+  bool runs_kernel(const Kernel&) const override { return true; }
+  Support do_supports(OpKind kind, const OpAttrs& attrs, const OpArity&, const Kernel&) const override {
+    return inner_->supports(kind, attrs);
+  }
+  bool do_run(const OpCall& c) override {
     if (++runs_ == fail_at_) throw DeviceError(info().label() + " op " + std::string(op_name(c.kind)) + ": injected launch failure");
     inner_->run(c);
+    return true;
   }
-  void synchronize() override { inner_->synchronize(); }
 
  private:
   std::unique_ptr<Device> inner_;

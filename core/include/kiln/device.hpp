@@ -70,9 +70,17 @@ struct DeviceInfo {
   std::string label() const { return backend + ":" + std::to_string(index); }
 };
 
+class Kernel;  // kernel_registry.hpp
+
 // A device: raw memory, copies, a stream of ops. Ops and copies are enqueued in order on the device's one
 // stream; synchronize() waits for all of them. Memory is managed by the core Allocator on top of
 // allocate_block/free_block; devices never pool memory themselves.
+//
+// Checked once, for every backend: the copies, upload_async, supports and run are not virtual. Each checks its
+// arguments against the contract written next to it (core/src/sdk/device_checks.cpp), throws DeviceError starting
+// with the device's label and the function's name when they break it, and only then calls the backend's protected
+// do_* function, which may take the contract as given. What only one device can tell stays in its do_* (the Vulkan
+// backend: is this block my memory).
 class Device {
  public:
   virtual ~Device() = default;
@@ -88,14 +96,33 @@ class Device {
   virtual Block* allocate_block(size_t bytes) = 0;
   virtual void free_block(Block* b) noexcept = 0;
 
-  virtual void copy_from_host(const void* src, const BufferView& dst) = 0;
-  virtual void copy_to_host(const BufferView& src, void* dst) = 0;  // waits until the bytes are on the host
-  virtual void copy_on_device(const BufferView& src, const BufferView& dst) = 0;
+  // The copies' contract, the same on every backend:
+  // - a view of n > 0 bytes has a block and lies inside it (offset + n <= block->bytes); a host pointer for n > 0
+  //   bytes is not null. A copy of 0 bytes does nothing (its views need no block, its pointer may be null).
+  // - copy_on_device copies exactly src.bytes into a destination of exactly as many bytes: sizes must be equal, a
+  //   larger destination is refused as a smaller one is (like torch's copy_, nothing is truncated or padded, so a
+  //   size mismatch is always a caller's bug, never a silent partial write).
+  // - copy_on_device of a view onto itself (same block, offset and size) does nothing. Views that overlap
+  //   otherwise are refused: as in torch ("some elements of the input tensor and the written-to tensor refer to a
+  //   single memory location"), and because the GPU copy commands leave it undefined (vkCmdCopyBuffer forbids
+  //   overlapping regions, cudaMemcpyAsync does not promise memmove), so allowing it would cost those backends a
+  //   staging copy to support a call that Kiln never makes.
+  void copy_from_host(const void* src, const BufferView& dst);
+  void copy_to_host(const BufferView& src, void* dst);  // waits until the bytes are on the host
+  void copy_on_device(const BufferView& src, const BufferView& dst);
 
-  virtual Support supports(OpKind kind, const OpAttrs& attrs) const = 0;
+  // Whether this device runs `kind` with `attrs`, and why not. Checked here for every backend, in this order: the
+  // op is known (op_known), the attributes fit the op (op_arity does not throw and gives no negative size), and the
+  // kernel registry holds a kernel for the op on this device's backend (info().backend) of a kind the device runs
+  // (runs_kernel); the reason is then missing_kernel_reason's. Only then does do_supports say what the kernel
+  // refuses for these attributes on this device.
+  Support supports(OpKind kind, const OpAttrs& attrs) const;
   // Scratch bytes the op needs; the executor hands a workspace at least this big.
   virtual size_t workspace_bytes(const OpCall&) const { return 0; }
-  virtual void run(const OpCall& call) = 0;
+  // Runs a call that check_call accepted (the executor checks each call once, when it binds it; this runs for every
+  // op of every step and checks nothing again). A device without a kernel for the call's op throws the DeviceError
+  // that supports() gives as the reason.
+  void run(const OpCall& call);
   virtual void synchronize() = 0;
 
   // Input prefetch: the trainer copies the next batch into a second input buffer while the current step runs.
@@ -105,11 +132,9 @@ class Device {
   // copy before every op and copy enqueued after it; it may block the host (CPU) or only the device's stream (CUDA).
   // A copy may overwrite `dst` while ops enqueued before upload_async() still run only if the backend orders it
   // after them (CUDA waits on an event of the op stream); the caller never uploads into a buffer that ops enqueued
-  // later than that still read. Every ticket is waited on exactly once. Default: a synchronous copy_from_host.
-  virtual uint64_t upload_async(const void* src, const BufferView& dst) {
-    copy_from_host(src, dst);
-    return 0;
-  }
+  // later than that still read. Every ticket is waited on exactly once. `dst` and `src` are checked as for
+  // copy_from_host; a copy of 0 bytes still returns a ticket to wait on.
+  uint64_t upload_async(const void* src, const BufferView& dst);
   virtual void wait_upload(uint64_t /*ticket*/) {}
 
   // Optional hooks around a training step, so a backend can record and replay it (Vulkan command buffers,
@@ -119,6 +144,26 @@ class Device {
 
   // Optional, backend-specific features looked up by name (e.g. "cuda.stream"); nullptr when absent.
   virtual void* extension(std::string_view /*name*/) { return nullptr; }
+
+ protected:
+  // What a backend implements, called only after the public function's checks passed (and never for a copy of 0
+  // bytes, nor for copy_on_device of a view onto itself).
+  virtual void do_copy_from_host(const void* src, const BufferView& dst) = 0;
+  virtual void do_copy_to_host(const BufferView& src, void* dst) = 0;
+  virtual void do_copy_on_device(const BufferView& src, const BufferView& dst) = 0;
+  // Default: a synchronous copy, ticket 0 (wait_upload's default accepts it). Called for 0 bytes too.
+  virtual uint64_t do_upload_async(const void* src, const BufferView& dst) {
+    if (dst.bytes) do_copy_from_host(src, dst);
+    return 0;
+  }
+  // Whether this device runs kernels of `k`'s kind (the CPU backend: CpuKernel and a plugin's HostKernel).
+  virtual bool runs_kernel(const Kernel& k) const = 0;
+  // What the op's kernel `k` (registered for this backend, of a kind runs_kernel accepts) refuses for these
+  // attributes on this device; `arity` is op_arity(kind, attrs).
+  virtual Support do_supports(OpKind kind, const OpAttrs& attrs, const OpArity& arity, const Kernel& k) const = 0;
+  // Enqueues the call and returns true, or returns false having done nothing when this device has no kernel for
+  // call.kind (run() then throws the missing-kernel DeviceError).
+  virtual bool do_run(const OpCall& call) = 0;
 };
 
 // The optional extension kRunFused: a device that fuses runs of consecutive calls into one kernel. The executor
@@ -131,6 +176,11 @@ class FusedRunner {
   virtual ~FusedRunner() = default;
   virtual size_t run_fused(std::span<const OpCall> calls) = 0;
 };
+
+// A device may answer extension(kValidationMessagesExtension) with a std::atomic<uint64_t>* counting driver
+// validation warnings and errors (the Vulkan backend when its validation layer is on; nullptr otherwise); the
+// conformance suite fails a backend whose count is not zero at the end of its run.
+inline constexpr const char* kValidationMessagesExtension = "validation.message_count";
 
 // What a backend is made with: the run's [device] table. Each backend reads its own keys from it (the CPU
 // backend's virtual_devices and threads, Vulkan's validation) with ConfigNode's getters, and fails through
