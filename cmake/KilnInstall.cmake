@@ -1,7 +1,8 @@
 # Installs the SDK so third-party plugins build with find_package(kiln): kiln::core, kiln::warnings and
-# kiln_add_plugin().
+# kiln_add_plugin(). kiln::train (runs, checkpoints, the conformance suite) is installed because the kiln app links it;
+# a program that drives runs itself links it too, a plugin never needs it.
 include(CMakePackageConfigHelpers)
-install(TARGETS kiln_core kiln_warnings EXPORT kilnTargets
+install(TARGETS kiln_core kiln_train kiln_warnings EXPORT kilnTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/core/include/kiln DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -74,6 +74,7 @@ class KilnConan(ConanFile):
         # Consumers use Kiln's own kilnConfig.cmake (kiln::core, kiln::warnings, kiln_add_plugin), not a generated one.
         self.cpp_info.set_property("cmake_find_mode", "none")
         self.cpp_info.builddirs = ["lib/cmake/kiln"]
-        self.cpp_info.libs = ["kiln_core"]
+        # kiln_core is what plugins link; kiln_train (runs, checkpoints, conformance) is what the kiln app adds.
+        self.cpp_info.libs = ["kiln_train", "kiln_core"]
         # bin/kiln: the run environment (VirtualRunEnv, test_package's run()) puts it on PATH.
         self.cpp_info.bindirs = ["bin"]

@@ -6,7 +6,7 @@
 
 #include "kiln/plugin.hpp"
 #include "kiln/plugin_loader.hpp"
-#include "kiln/sample.hpp"
+#include "kiln/text_generation.hpp"
 
 namespace kiln::app {
 

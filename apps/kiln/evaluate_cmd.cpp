@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/evaluation.hpp"
 #include "model_io.hpp"
 
 namespace kiln::app {

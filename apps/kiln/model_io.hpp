@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "kiln/checkpoint.hpp"
 #include "kiln/session.hpp"
-#include "kiln/trainer.hpp"
 
 namespace kiln::app {
 

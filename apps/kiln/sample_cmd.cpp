@@ -3,7 +3,7 @@
 
 #include "commands.hpp"
 #include "kiln/config.hpp"
-#include "kiln/sample.hpp"
+#include "kiln/text_generation.hpp"
 #include "kiln/session.hpp"
 
 namespace kiln::app {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks `kiln export` against `kiln predict` with other tools (issue 13).
+"""Checks `kiln export` against `kiln predict` with other tools .
 
   check_export.py --kiln build/bin/kiln --config samples/fashion_mnist_mlp.toml --workdir /tmp/x [--checkpoint F]
   check_export.py ... --config samples/shakespeare_char.toml --inputs ids   (models whose input is token ids)

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/trainer.hpp"
+#include "kiln/checkpoint.hpp"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>

@@ -1,7 +1,7 @@
 // Dropout, forward and backward: the same mask from kiln's counter-based RNG (dropout_uniform, reference.hpp), which
 // every backend computes bit for bit, so backward needs no saved mask. Semantics: ops.hpp.
 #include "kiln/reference.hpp"
-#include "kiln/strategy.hpp"
+#include "kiln/step.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {

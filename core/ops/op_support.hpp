@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "../src/sdk/op_attr_names.hpp"
 #include "kiln/error.hpp"
 #include "kiln/op_case.hpp"
 #include "kiln/op_table.hpp"
@@ -22,13 +23,6 @@
 namespace kiln::op_impl {
 
 // ---- attributes ---------------------------------------------------------------------------------------------
-
-inline constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAttrs",      "PoolAttrs",
-                                             "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",      "ElementwiseAttrs",
-                                             "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs",   "SgdAttrs",
-                                             "AdamAttrs",       "RmspropAttrs", "EmaAttrs",       "EmbeddingAttrs",
-                                             "LayerNormAttrs",  "PermuteAttrs", "BatchNormAttrs", "CustomAttrs"};
-static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 template <class T, size_t... I>
 constexpr size_t index_of(std::index_sequence<I...>) {

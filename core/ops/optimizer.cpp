@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kiln/strategy.hpp"
+#include "kiln/step.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {

@@ -12,6 +12,7 @@
 
 #include "data_parallel.hpp"
 #include "kiln/error.hpp"
+#include "kiln/model.hpp"
 #include "lanes.hpp"
 #include "replica.hpp"
 #include "sharded_optimizer.hpp"

@@ -8,6 +8,7 @@
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
+#include "kiln/model.hpp"
 #include "replica.hpp"
 #include "sharded_optimizer.hpp"
 

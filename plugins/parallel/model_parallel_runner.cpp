@@ -9,6 +9,7 @@
 #include "host_communicator.hpp"
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
+#include "kiln/model.hpp"
 #include "lanes.hpp"
 #include "model_parallel.hpp"
 

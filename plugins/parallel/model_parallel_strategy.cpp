@@ -1,6 +1,7 @@
 // The "model_parallel" strategy: [strategy] keys, and the checks that refuse a placement before any step.
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/model.hpp"
 #include "device_list.hpp"
 #include "model_parallel.hpp"
 

@@ -7,6 +7,7 @@
 
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
+#include "kiln/model.hpp"
 #include "model_parallel.hpp"
 
 namespace kiln::parallel {

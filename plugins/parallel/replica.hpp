@@ -9,6 +9,7 @@
 
 #include "kiln/executor.hpp"
 #include "kiln/input_slots.hpp"
+#include "kiln/model.hpp"
 #include "kiln/strategy.hpp"
 
 namespace kiln::parallel {

@@ -1,5 +1,5 @@
-// libFuzzer harness: the checkpoint reader (core/src/checkpoint.cpp, load_checkpoint), which a resumed run feeds
-// whatever file sits at <output_dir>/checkpoint.kiln.
+// libFuzzer harness: the checkpoint reader (core/src/train/checkpoint.cpp, load_checkpoint), which a resumed run
+// feeds whatever file sits at <output_dir>/checkpoint.kiln.
 // Input: byte 0 = options (bit 0: rewrite the trailing 8-byte checksum to match, so mutations reach the parser
 // instead of failing the checksum), then the file's bytes.
 #include <cstring>
@@ -9,8 +9,8 @@
 #include <xxhash.h>
 
 #include "fuzz_support.hpp"
+#include "kiln/checkpoint.hpp"
 #include "kiln/error.hpp"
-#include "kiln/trainer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kiln::fuzz::Bytes in(data, size);

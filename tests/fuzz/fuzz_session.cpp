@@ -1,6 +1,6 @@
-// libFuzzer harness: a run's configuration from TOML text to a validated Session (core/src/config.cpp,
-// core/src/session.cpp, model/optimizer/strategy parsing, the backends' [device] keys, every data stage's keys and
-// files), as `kiln train` and `kiln plan` build it before opening a device.
+// libFuzzer harness: a run's configuration from TOML text to a validated Session (core/src/sdk/config.cpp,
+// core/src/train/session.cpp, model/optimizer/strategy parsing, the backends' [device] keys, every data stage's keys
+// and files), as `kiln train` and `kiln plan` build it before opening a device.
 // The registry holds the built-in layers, the cpu backend and parallel strategies (loaded from this build's plugin
 // directory) and the data stages (compiled into this harness, so they are instrumented). The input is the TOML text;
 // the config file sits in a scratch directory that also holds small IDX, CSV and CIFAR-10 files named images,

@@ -95,7 +95,7 @@ put("cache", "seed-scalar.bin", bytes([3 | 4]) + cache_file(3, [5]))
 put("cache", "seed-wrong-shape.bin", bytes([1]) + cache_file(0, [0]))
 
 
-# --- checkpoint: opts (repair checksum), file. Format of core/src/checkpoint.cpp.
+# --- checkpoint: opts (repair checksum), file. Format of core/src/train/checkpoint.cpp.
 def fnv(b):
     h = 1469598103934665603
     for c in b:

@@ -1,5 +1,5 @@
 // Checkpoints that survive damage and kills, and a run that belongs to one process: the real `kiln` app on a
-// Fashion-MNIST subset (issue 13: keep_checkpoints and the fallback, a kill -9 inside a checkpoint write, two
+// Fashion-MNIST subset (keep_checkpoints and the fallback, a kill -9 inside a checkpoint write, two
 // concurrent runs of one name).
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "kiln/trainer.hpp"
+#include "kiln/checkpoint.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <regex>
 
-#include "kiln/trainer.hpp"
+#include "kiln/checkpoint.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// Using a trained model (issue 13): kiln evaluate, predict and export on a tiny MLP trained on Fashion-MNIST.
+// Using a trained model: kiln evaluate, predict and export on a tiny MLP trained on Fashion-MNIST.
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
@@ -11,7 +11,7 @@
 #include <tuple>
 #include <sstream>
 
-#include "kiln/trainer.hpp"
+#include "kiln/checkpoint.hpp"
 #include "test_support.hpp"
 
 namespace {

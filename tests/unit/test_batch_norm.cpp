@@ -1,4 +1,4 @@
-// Batch normalization (issue 12): the op against PyTorch's numbers, the running statistics as buffers (updated in
+// Batch normalization: the op against PyTorch's numbers, the running statistics as buffers (updated in
 // training, read in evaluation, checkpointed, never trained), the layer's keys, and a conv + batch-norm model that
 // learns on every backend present.
 //
@@ -15,14 +15,15 @@
 #include <map>
 #include <vector>
 
+#include "kiln/checkpoint.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/evaluation.hpp"
 #include "kiln/executor.hpp"
 #include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/reference.hpp"
 #include "kiln/strategy.hpp"
-#include "kiln/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace kiln;

@@ -6,10 +6,10 @@
 #include <fstream>
 #include <iterator>
 
+#include "kiln/checkpoint.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
 #include "kiln/session.hpp"
-#include "kiln/trainer.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;

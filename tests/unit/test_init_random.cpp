@@ -1,4 +1,4 @@
-// Parameter initialization's random numbers (core/src/init_random.hpp) are the standard library's, bit for bit:
+// Parameter initialization's random numbers (core/src/engine/init_random.hpp) are the standard library's, bit for bit:
 // a checkpoint or a result recorded before the faster initialization still describes the same initial weights.
 #include <catch2/catch.hpp>
 
@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "../../core/src/init_random.hpp"
+#include "../../core/src/engine/init_random.hpp"
 #include "kiln/config.hpp"
 #include "kiln/session.hpp"
 #include "test_support.hpp"

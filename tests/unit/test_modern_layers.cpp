@@ -1,4 +1,4 @@
-// Issue 12, first part: gelu / silu activations, layer norm, global average pooling, AdamW with its decay rule,
+// The layers a Transformer-style MLP needs: gelu / silu activations, layer norm, global average pooling, AdamW with its decay rule,
 // and nanoGPT's schedule (linear warmup, cosine to a floor).
 #include <catch2/catch.hpp>
 #include <cmath>

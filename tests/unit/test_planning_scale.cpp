@@ -1,4 +1,4 @@
-// Issue 15 item 6: planning a model with very many layers is near-linear. No timings (house rule): the planner
+// Planning a model with very many layers is near-linear. No timings (house rule): the planner
 // counts the work its arena placement does, and the tests check how that count grows with depth, and that the
 // placement stays correct (no two tensors live at once share bytes) and tight.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// Issue 12, language models: the text and tokens sources (nanoGPT's shakespeare_char preparation and get_batch),
+// Language models: the text and tokens sources (nanoGPT's shakespeare_char preparation and get_batch),
 // cross-entropy over every position of a sequence, gradient clipping by global norm against PyTorch, and the
 // vocabulary `kiln sample` decodes with.
 #include <catch2/catch.hpp>
@@ -11,7 +11,7 @@
 #include "kiln/executor.hpp"
 #include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
-#include "kiln/sample.hpp"
+#include "kiln/text_generation.hpp"
 #include "kiln/session.hpp"
 #include "kiln/single_runner.hpp"
 #include "test_data_support.hpp"

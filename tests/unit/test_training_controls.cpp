@@ -10,10 +10,10 @@
 
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/evaluation.hpp"
 #include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/strategy.hpp"
-#include "kiln/trainer.hpp"
 #include "test_support.hpp"
 
 using namespace kiln;

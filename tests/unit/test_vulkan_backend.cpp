@@ -243,7 +243,7 @@ TEST_CASE("vulkan validation messages are counted, from the option or KILN_VULKA
   CHECK(env.validation_messages() == 1);
 }
 
-// Issue 15: a dense layer of 32000 units followed by a dense layer gave a step-0 loss off in the fourth digit:
+// Found in use: a dense layer of 32000 units followed by a dense layer gave a step-0 loss off in the fourth digit:
 // the second layer's GEMM walks K = 32000 in one invocation, past llvmpipe's 65535 loop iterations.
 TEST_CASE("vulkan gives the CPU's step-0 loss for a 32000-unit dense layer followed by a dense layer", "[vulkan]") {
   {

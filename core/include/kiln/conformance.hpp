@@ -13,11 +13,6 @@
 
 namespace kiln {
 
-// A device may answer extension(kValidationMessagesExtension) with a std::atomic<uint64_t>* counting driver
-// validation warnings and errors (the Vulkan backend when its validation layer is on; nullptr otherwise); the
-// suite fails a backend whose count is not zero at the end of its run.
-inline constexpr const char* kValidationMessagesExtension = "validation.message_count";
-
 struct ConformanceOptions {
   std::string backend = "all";  // a registered backend, or "all": every registered backend (those without a
                                 // device are reported as skipped)
@@ -83,6 +78,13 @@ void write_support_matrix(const ConformanceReport& report, const std::string& pa
 // run passed, 1 on any failure (including an op a device claims but cannot run, validation messages, or a
 // named backend with no device), 2 on bad options (printed to `out`).
 int run_conformance(Registry& registry, const ConformanceOptions& opts, std::ostream& out);
+
+// A gradient rule's finite-difference check on the reference implementation: the op's inputs get random
+// values from the case's generators, L = sum_j w_j * out_j for fixed random weights w, and the gradient the
+// rule's backward ops compute (run on the reference) must match central differences of L for every input
+// the rule differentiates. Returns "" when it matches, else what differs (input, element, both values). The
+// suite runs it on every case marked gradcheck (ConformanceOptions::gradients).
+std::string check_gradient(const OpCase& c, double eps = 1e-3, double rtol = 2e-2, double atol = 2e-3);
 
 // Every case of the table, plugins' ops included (OpDesc::cases).
 std::vector<OpCase> conformance_cases();

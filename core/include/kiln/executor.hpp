@@ -9,8 +9,9 @@
 #include <vector>
 
 #include "kiln/allocator.hpp"
+#include "kiln/data.hpp"
 #include "kiln/graph.hpp"
-#include "kiln/strategy.hpp"
+#include "kiln/step.hpp"
 
 namespace kiln {
 

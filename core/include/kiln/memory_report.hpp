@@ -1,10 +1,12 @@
-// Reports of planned memory: the per-layer table, a device's step breakdown, the largest batch that fits, advice
-// when it does not, the up-front check `kiln train` runs, and `kiln plan --sweep`.
+// Reports of planned memory: the per-layer table, a device's step breakdown, the up-front check `kiln train` runs,
+// and `kiln plan --sweep`. The largest batch that fits and the advice when it does not need no Session and are in
+// memory_fit.hpp (the Session gives that advice to its allocators), included here.
 #pragma once
 #include <iosfwd>
 #include <string>
 #include <vector>
 
+#include "kiln/memory_fit.hpp"
 #include "kiln/model.hpp"
 #include "kiln/strategy.hpp"
 
@@ -25,10 +27,6 @@ std::string format_layer_table(const std::vector<LayerRow>& rows);
 // `blocked` (non-empty): why the run cannot start even though the step fits the limit (the limit does not fit
 // beside other Kiln jobs' reservations); the verdict then says DOES NOT FIT and gives it.
 std::string format_device_plan(const DevicePlan& p, size_t limit, const std::string& blocked = "");
-// The largest global batch whose plan fits every device's limit (0 if not even 1 fits). Starts probing at `hint`.
-int64_t largest_fitting_batch(Strategy& s, RunnerContext ctx, const std::vector<size_t>& limits, int64_t hint);
-// "3.12 GiB (3.35 GB)": binary and decimal, since drivers and people use both.
-std::string format_bytes_both(size_t bytes);
 
 // The whole plan of a session whose devices are open: what `kiln plan` prints and `kiln train` refuses with.
 struct PlanCheck {
@@ -40,10 +38,6 @@ struct PlanCheck {
   std::string report;          // layer table, per-device breakdown and verdict, largest batch, advice
 };
 PlanCheck check_plan(Session& s);
-
-// "What would fit" on opened device `device`: the largest batch, optimizers with less state, recomputation.
-// Used in OutOfMemory reports (Session installs it as every allocator's hint provider).
-std::string oom_advice(Session& s, size_t device);
 
 // The up-front check of `kiln train` (call after open_devices, before the strategy creates its runner):
 // memory_policy "strict" throws OutOfMemory carrying check_plan's full report when the plan does not fit;
@@ -64,9 +58,6 @@ struct SweepPoint {
 };
 // Powers of two times `unit` up to the largest batch that fits, that batch, and one point past it.
 std::vector<int64_t> default_sweep_batches(int64_t largest_fit, int64_t unit = 1);
-// The smallest batch (<= hi, at most 4096) the strategy accepts: 1, or the replicas / micro-batches it splits a
-// batch into (every accepted batch is a multiple of it); 0 when none is.
-int64_t batch_unit(Strategy& s, RunnerContext ctx, int64_t hi);
 std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure, std::ostream* progress);
 std::string sweep_csv(const std::vector<SweepPoint>& points);
 std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& title);

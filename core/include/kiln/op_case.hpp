@@ -46,9 +46,6 @@ struct OpCase {
   bool gradcheck = false;  // also check the op's gradient rule on this case by finite differences
 };
 
-// Fills `v` as `g` says (sentinel: the "never written" NaN pattern; max_pool_y: left to the caller). `rows` is
-// the number of label rows (labels_bad). Deterministic for a given rng state.
-void generate_case_data(const Gen& g, std::vector<float>& v, std::mt19937& rng, int64_t rows);
 // The "never written" NaN pattern sentinel outputs are filled with.
 inline constexpr uint32_t kUnwrittenBits = 0x7fc0deadu;
 

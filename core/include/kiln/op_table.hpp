@@ -111,10 +111,4 @@ void check_call(const OpCall& call, const std::string& where);
 // The attributes of a call as a record/replay cache key (op kind included).
 void append_op_key(OpKind k, const OpAttrs& a, std::string& key);
 
-// A gradient rule's finite-difference check on the reference implementation: the op's inputs get random
-// values from the case's generators, L = sum_j w_j * out_j for fixed random weights w, and the gradient the
-// rule's backward ops compute (run on the reference) must match central differences of L for every input
-// the rule differentiates. Returns "" when it matches, else what differs (input, element, both values).
-std::string check_gradient(const OpCase& c, double eps = 1e-3, double rtol = 2e-2, double atol = 2e-3);
-
 }  // namespace kiln

@@ -10,22 +10,15 @@
 
 #include "kiln/allocator.hpp"
 #include "kiln/data.hpp"
-#include "kiln/model.hpp"
+#include "kiln/step.hpp"
 
 namespace kiln {
 
 class ConfigNode;
-
-// A device opened for a run, with its allocator.
-struct DeviceContext {
-  Device* device = nullptr;
-  Allocator* allocator = nullptr;
-};
-
-struct StepScalars {
-  int64_t step = 0;  // 0-based global step
-  float lr = 0.f;
-};
+// A strategy reads the model through RunnerContext; its implementation includes kiln/model.hpp. The interface needs
+// only the names, so the SDK's interfaces do not depend on how models are built.
+struct ModelSpec;
+struct OptimizerSpec;
 
 struct StepResult {
   std::vector<float> losses;  // per output, weighted
@@ -36,14 +29,6 @@ struct StepResult {
 struct EvalResult {
   std::vector<float> losses;                  // per output, summed over the batch's examples (not averaged)
   std::vector<HostTensor> outputs;            // per output: predictions/logits (N, ...)
-};
-
-// Memory needs of one device's step, as planned before anything is allocated.
-struct DevicePlan {
-  std::string device;  // label
-  size_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, workspace = 0, input_data = 0;
-  size_t total() const { return parameters + gradients + optimizer_state + activations + workspace + input_data; }
-  std::vector<std::string> notes;  // placement, copies, ...
 };
 
 // Executes steps. Parameters are identical on every replica after each step.

@@ -2,7 +2,6 @@
 #pragma once
 #include <chrono>
 #include <iosfwd>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,43 +33,6 @@ struct TrainReport {
   // the time from its start to this point, the wait a user sees before training begins.
   std::optional<std::chrono::steady_clock::time_point> first_step_start;
 };
-
-// Evaluation over a whole pipeline: mean loss per output and, for classification heads, accuracy.
-// Sequence heads (logits (N, T, classes), labels (N, T)) count every position: accuracy is per token.
-struct Evaluation {
-  double loss = 0;
-  double accuracy = -1;  // the first classification head's
-  int64_t examples = 0;
-  std::vector<double> losses;      // per output
-  std::vector<double> accuracies;  // per output; -1 for an mse head
-};
-Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema);
-
-// Checkpoint file: parameters, optimizer state, EMA and the training position. Written atomically.
-struct Checkpoint {
-  int64_t epoch = 0;       // epochs completed
-  int64_t step = 0;        // global steps completed
-  // Empty at an epoch's end. Mid-epoch: the position inside epoch `epoch` (0-based) that a resumed run continues
-  // from: the train pipeline's saved state, the batch it had already delivered, and the epoch's running sums.
-  std::vector<uint8_t> data_state;
-  std::map<std::string, HostTensor> tensors;
-};
-// keep > 1: the checkpoint that `path` held is kept as <stem>-step<N>.kiln beside it; keep >= 1: of those kept
-// files, only the newest keep - 1 stay (keep = 0: they are left alone).
-void save_checkpoint(const std::string& path, const Checkpoint& c, int64_t keep = 0);
-Checkpoint load_checkpoint(const std::string& path);  // throws DataError naming the file and what is wrong
-
-// `path` (if it exists), then its kept earlier checkpoints, newest first.
-std::vector<std::string> checkpoint_files(const std::string& path);
-// The newest of checkpoint_files(path) that loads. When newer ones are damaged they are renamed <name>.damaged and
-// `warning` names them and the file used; throws DataError listing every file's fault when none loads.
-struct LoadedCheckpoint {
-  Checkpoint checkpoint;
-  std::string path;
-  std::string warning;
-};
-LoadedCheckpoint load_newest_checkpoint(const std::string& path);
-void remove_checkpoints(const std::string& path);  // checkpoint_files(path), all of them
 
 // Thrown by Trainer::run when SIGINT or SIGTERM stopped the run after a step and a checkpoint: the message says where
 // and how to resume; exit_code() is 128 + the signal (130, 143).

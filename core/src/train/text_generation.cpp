@@ -1,5 +1,5 @@
 // kiln sample: autoregressive generation from a trained text model (nanoGPT's sample.py and model.generate).
-#include "kiln/sample.hpp"
+#include "kiln/text_generation.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -16,7 +16,7 @@
 #include "kiln/error.hpp"
 #include "kiln/session.hpp"
 #include "kiln/single_runner.hpp"
-#include "kiln/trainer.hpp"
+#include "kiln/checkpoint.hpp"
 
 namespace kiln {
 

@@ -10,8 +10,9 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/evaluation.hpp"
 #include "kiln/graph.hpp"
-#include "kiln/trainer.hpp"
+#include "kiln/session.hpp"
 
 namespace kiln {
 

@@ -1,14 +1,8 @@
-// Op names and buffer sizes: lookups into the op table (op_table.cpp; the built-in ops' descriptors: core/ops/).
+// Activation names. The op names and buffer sizes that ops.hpp declares (op_name, op_arity) are lookups into the op
+// table and are defined there (op_table.cpp), so the op set's vocabulary depends on nothing above it.
 #include "kiln/ops.hpp"
 
-#include "kiln/op_table.hpp"
-
 namespace kiln {
-
-std::string_view op_name(OpKind k) {
-  if (!op_known(k)) return "unknown_op";
-  return op_desc(k).name;
-}
 
 std::string_view activation_name(Activation a) {
   switch (a) {
@@ -27,7 +21,5 @@ std::string_view activation_name(Activation a) {
   }
   return "unknown_activation";
 }
-
-OpArity op_arity(OpKind k, const OpAttrs& a) { return op_desc(k).arity(a); }
 
 }  // namespace kiln

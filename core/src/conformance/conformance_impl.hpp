@@ -10,6 +10,15 @@
 #include "kiln/op_case.hpp"
 #include "kiln/ops.hpp"
 
+namespace kiln {
+
+// Fills `v` as `g` says (sentinel: the "never written" NaN pattern; max_pool_y: left to the caller). `rows` is
+// the number of label rows (labels_bad). Deterministic for a given rng state. Shared by the case runner and the
+// gradient check (op_gradcheck.cpp).
+void generate_case_data(const Gen& g, std::vector<float>& v, std::mt19937& rng, int64_t rows);
+
+}  // namespace kiln
+
 namespace kiln::conformance {
 
 using kiln::Check;

@@ -6,6 +6,7 @@
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
 #include "kiln/executor.hpp"
+#include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "kiln/single_runner.hpp"
 

@@ -1,6 +1,6 @@
 // The op table: looking up each op's descriptor (the built-in ones are registered by their families' files,
 // core/ops/<family>.cpp), the registry of plugins' ops, cache keys, the checks of a call against its op's
-// descriptor, and reference_op. Semantics: ops.hpp.
+// descriptor, op_name, op_arity and reference_op. Semantics: ops.hpp.
 #include "kiln/op_table.hpp"
 
 #include <algorithm>
@@ -10,10 +10,10 @@
 #include <shared_mutex>
 #include <type_traits>
 
-#include "../ops/op_support.hpp"
 #include "kiln/device.hpp"
 #include "kiln/error.hpp"
 #include "kiln/reference.hpp"
+#include "op_attr_names.hpp"
 
 namespace kiln {
 
@@ -254,6 +254,14 @@ void check_call(const OpCall& c, const std::string& where) {
         fail("outputs " + std::to_string(o) + " and " + std::to_string(p) + " overlap");
   }
 }
+
+// Declared in ops.hpp: an op's name and buffer sizes come from its descriptor.
+std::string_view op_name(OpKind k) {
+  if (!op_known(k)) return "unknown_op";
+  return op_desc(k).name;
+}
+
+OpArity op_arity(OpKind k, const OpAttrs& a) { return op_desc(k).arity(a); }
 
 void reference_op(OpKind kind, const OpAttrs& attrs, std::span<const float* const> in, std::span<float* const> out) {
   const OpDesc& d = op_desc(kind);

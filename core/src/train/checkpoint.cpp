@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-// XXH3-64 from Debian's libxxhash-dev, header-only (inlined): no library to link or ship with kiln_core.
+// XXH3-64 from Debian's libxxhash-dev, header-only (inlined): no library to link or ship with kiln_train.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include "kiln/error.hpp"
-#include "kiln/trainer.hpp"
+#include "kiln/checkpoint.hpp"
 
 namespace kiln {
 

@@ -22,8 +22,9 @@
 #include <thread>
 #include <toml++/toml.h>
 
+#include "kiln/checkpoint.hpp"
 #include "kiln/error.hpp"
-#include "kiln/trainer.hpp"
+#include "kiln/session.hpp"
 
 namespace kiln {
 

@@ -1,5 +1,5 @@
 // What the model's losses accept as labels, and the stage that checks every batch against it before it reaches a
-// device (trainer.cpp wraps the train and test pipelines in it). evaluate() itself is declared in kiln/trainer.hpp.
+// device (trainer.cpp wraps the train and test pipelines in it). evaluate() itself is declared in kiln/evaluation.hpp.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "conformance_impl.hpp"
+#include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/reference.hpp"

@@ -384,20 +384,21 @@ TensorId named_target(Graph& g, const ModelSpec& m, const OutputSpec& out, const
   return ys == g.tensor(col).shape ? col : g.add_alias(col, ys, out.layer);
 }
 
-}  // namespace
-
-Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
-  Graph g;
-  g.batch = o.batch;
+// The input tensor: a batch of [model] input_shape examples.
+void add_input(Graph& g, const ModelSpec& m, int64_t batch) {
   TensorInfo in;
-  in.shape = m.input_shape.with_batch(o.batch);
+  in.shape = m.input_shape.with_batch(batch);
   if (!in.shape.fits())
-    throw ConfigError("the input batch " + in.shape.str() + " ([train] batch_size = " + std::to_string(o.batch) +
+    throw ConfigError("the input batch " + in.shape.str() + " ([train] batch_size = " + std::to_string(batch) +
                       " examples of [model] input_shape " + m.input_shape.str() +
                       ") is more than the largest tensor Kiln plans (2^48 bytes = 256 TiB); lower [train] batch_size");
   in.role = TensorRole::input;
   in.name = "input";
   g.input = g.add_tensor(in);
+}
+
+// Every layer in order, each reading its inputs' outputs. Returns each layer's output by name ("input": the input).
+std::map<std::string, TensorId> add_layers(Graph& g, const ModelSpec& m, const GraphOptions& o) {
   GraphBuilder b(g, o.batch, o.training, m.seed);
   std::map<std::string, TensorId> outs{{"input", g.input}};
   for (const auto& l : m.layers) {
@@ -408,115 +409,156 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
     outs[l.name] = y;
     g.layer_outputs.push_back({l.name, l.type, y});
   }
-  if (o.use_ema)  // evaluation reads the moving averages in place of the weights
-    for (size_t t = 0; t < g.tensors().size(); ++t)
-      if (g.tensors()[t].role == TensorRole::parameter) {
-        auto& ti = g.tensor(static_cast<TensorId>(t));
-        ti.role = TensorRole::ema;
-        ti.name += "/ema";
-      }
-  // Labels: class indices when any head is a classifier, else targets shaped like the first head's output. A
-  // classifier's logits are (N, classes), or (N, T, classes) for a sequence (a class per position, nanoGPT's
-  // per-token targets): the labels are then (N) or (N, T) class indices, or one value per class (one-hot, from the
-  // one_hot map op, or class probabilities) when the data's labels are that wide.
-  const bool named = !m.outputs.empty() && !m.outputs[0].label.empty();
-  bool any_ce = false;
-  for (const auto& out : m.outputs) any_ce = any_ce || out.loss == LossKind::softmax_cross_entropy;
-  const int64_t nb = std::max<int64_t>(o.batch, 1);
-  bool soft = false;
-  Shape ce_logits;  // the first classifier's logits, which decide the labels' layout
+  return outs;
+}
+
+// Evaluation reads the moving averages in place of the weights.
+void read_ema_weights(Graph& g) {
+  for (size_t t = 0; t < g.tensors().size(); ++t)
+    if (g.tensors()[t].role == TensorRole::parameter) {
+      auto& ti = g.tensor(static_cast<TensorId>(t));
+      ti.role = TensorRole::ema;
+      ti.name += "/ema";
+    }
+}
+
+// The layout of the one label tensor every head reads.
+struct LabelLayout {
+  bool named = false;   // the outputs name their labels: one value per name
+  bool any_ce = false;  // some head is a classifier (softmax_cross_entropy)
+  bool soft = false;    // one value per class (one-hot or class probabilities), not class indices
+  Shape ce_logits;      // the first classifier's logits, which decide the labels' layout
+};
+
+// Labels: class indices when any head is a classifier, else targets shaped like the first head's output. A
+// classifier's logits are (N, classes), or (N, T, classes) for a sequence (a class per position, nanoGPT's per-token
+// targets): the labels are then (N) or (N, T) class indices, or one value per class (one-hot, from the one_hot map
+// op, or class probabilities) when the data's labels are that wide. Every classifier must agree with the first.
+LabelLayout label_layout(const Graph& g, const ModelSpec& m, const std::map<std::string, TensorId>& outs, int64_t nb) {
+  LabelLayout ll;
+  ll.named = !m.outputs.empty() && !m.outputs[0].label.empty();
+  for (const auto& out : m.outputs) ll.any_ce = ll.any_ce || out.loss == LossKind::softmax_cross_entropy;
   for (const auto& out : m.outputs) {
-    if (named || out.loss != LossKind::softmax_cross_entropy) continue;
+    if (ll.named || out.loss != LossKind::softmax_cross_entropy) continue;
     const Shape& ys = g.tensor(outs.at(out.layer)).shape;
     if (ys.rank() < 2)
-      throw ConfigError("output '" + out.layer + "': softmax_cross_entropy needs (batch, classes) or (batch, positions, "
-                        "classes) logits, got " + ys.str());
+      throw ConfigError("output '" + out.layer +
+                        "': softmax_cross_entropy needs (batch, classes) or (batch, positions, "
+                        "classes) logits, got " +
+                        ys.str());
     const int64_t classes = ys[ys.rank() - 1], positions = ys.numel() / nb / std::max<int64_t>(classes, 1);
     const int64_t labels = m.label_shape.numel();
     const bool given = !m.label_shape.dims().empty() || positions > 1;
     std::vector<int64_t> pos_dims(ys.dims().begin() + 1, ys.dims().end() - 1);
     const Shape idx_shape(pos_dims);  // () for one class per example, (T) for a sequence
-    if (ce_logits.dims().empty()) {
-      ce_logits = ys;
-      soft = given && labels == positions * classes && labels != positions;
-      if (given && !m.label_shape.dims().empty() && labels != positions && !soft)
-        throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" + out.layer +
-                          "' (softmax_cross_entropy) has " + std::to_string(classes) + " classes" +
+    if (ll.ce_logits.dims().empty()) {
+      ll.ce_logits = ys;
+      ll.soft = given && labels == positions * classes && labels != positions;
+      if (given && !m.label_shape.dims().empty() && labels != positions && !ll.soft)
+        throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" +
+                          out.layer + "' (softmax_cross_entropy) has " + std::to_string(classes) + " classes" +
                           (positions > 1 ? " at each of " + std::to_string(positions) + " positions" : "") +
                           ": expected class indices (shape " + idx_shape.str() + ") or " + std::to_string(classes) +
-                          " class probabilities per position (shape " + ys.tail().str() + ", e.g. from the one_hot map op)");
-    } else if (ce_logits.numel() / ce_logits[ce_logits.rank() - 1] != positions * nb ||
-               (soft && ce_logits[ce_logits.rank() - 1] != classes)) {
+                          " class probabilities per position (shape " + ys.tail().str() +
+                          ", e.g. from the one_hot map op)");
+    } else if (ll.ce_logits.numel() / ll.ce_logits[ll.ce_logits.rank() - 1] != positions * nb ||
+               (ll.soft && ll.ce_logits[ll.ce_logits.rank() - 1] != classes)) {
       throw ConfigError("output '" + out.layer + "' (softmax_cross_entropy, logits " + ys.str() +
                         ") cannot share the data's one label tensor with the first classifier (logits " +
-                        ce_logits.str() + "): every classifier must have as many positions" +
-                        std::string(soft ? " and classes" : ""));
+                        ll.ce_logits.str() + "): every classifier must have as many positions" +
+                        std::string(ll.soft ? " and classes" : ""));
     }
   }
+  return ll;
+}
+
+// The label tensor as the layout has it, checked against the data's labels.
+TensorInfo label_tensor(const Graph& g, const ModelSpec& m, const std::map<std::string, TensorId>& outs,
+                        const LabelLayout& ll, int64_t nb) {
   TensorInfo lab;
   lab.name = "label";
   lab.role = TensorRole::label;
-  if (named) {
+  if (ll.named) {
     lab.shape = Shape{nb, static_cast<int64_t>(m.label_names.size())};
-  } else if (any_ce) {
-    std::vector<int64_t> d = ce_logits.dims();
-    if (!soft) d.pop_back();  // class indices: one per position
+  } else if (ll.any_ce) {
+    std::vector<int64_t> d = ll.ce_logits.dims();
+    if (!ll.soft) d.pop_back();  // class indices: one per position
     lab.shape = Shape(d);
   } else {
     lab.shape = g.tensor(outs.at(m.outputs[0].layer)).shape;
   }
-  if (!named && (!m.label_shape.dims().empty() || !any_ce)) {
+  if (!ll.named && (!m.label_shape.dims().empty() || !ll.any_ce)) {
     if (!m.label_shape.dims().empty() && m.label_shape.numel() != lab.shape.numel() / nb)
       throw ConfigError("the data's labels have shape " + m.label_shape.str() + " per example, but output '" +
                         m.outputs[0].layer + "' with its loss needs " + lab.shape.tail().str());
   }
-  g.soft_labels = soft;
-  g.label = g.add_tensor(lab);
-  const std::vector<TensorId> columns = named ? split_named_labels(g, m, nb) : std::vector<TensorId>{};
-  for (const auto& out : m.outputs) {
-    TensorId y = outs.at(out.layer);
-    const Shape& ys = g.tensor(y).shape;
-    int64_t rows = o.batch, cols = ys.numel() / nb;
-    OpKind k = out.loss == LossKind::softmax_cross_entropy ? OpKind::SoftmaxCrossEntropy
-               : out.loss == LossKind::mse ? OpKind::MeanSquaredError : OpKind::BinaryCrossEntropy;
-    // A sequence classifier averages over every position of every example (PyTorch's F.cross_entropy on
-    // logits.view(-1, V)): rows = batch * positions, scale = weight / rows.
-    if (k == OpKind::SoftmaxCrossEntropy) {
-      cols = ys[ys.rank() - 1];
-      rows = ys.numel() / std::max<int64_t>(cols, 1);
-    }
-    LossAttrs a{rows, cols, out.weight / static_cast<float>(rows), out.from_logits, soft};
-    TensorId target = g.label;
-    if (named) {
-      target = named_target(g, m, out, columns, ys, nb);
-    } else if (k != OpKind::SoftmaxCrossEntropy) {
-      if (g.tensor(g.label).shape.numel() != ys.numel())
-        throw ConfigError("output '" + out.layer + "': " + std::string(op_name(k)) + " needs targets shaped like the output " +
-                          ys.tail().str() + ", but the labels are " + g.tensor(g.label).shape.tail().str());
-      if (g.tensor(g.label).shape != ys) target = g.add_alias(g.label, ys, out.layer);
-    }
-    Node n;
-    n.kind = k;
-    n.attrs = a;
-    n.in = {y, target};
-    n.layer = out.layer;
-    n.device = g.tensor(y).device;
-    TensorInfo lt;
-    lt.shape = Shape{1};
-    lt.role = TensorRole::loss;
-    lt.layer = out.layer;
-    lt.name = "loss/" + out.layer;
-    lt.device = n.device;
-    TensorInfo gt;
-    gt.shape = ys;
-    gt.layer = out.layer;
-    gt.device = n.device;
-    n.out = {g.add_tensor(lt), g.add_tensor(gt)};
-    g.losses.push_back(n.out[0]);
-    g.outputs.push_back(y);
-    g.output_names.push_back(out.layer);
-    g.add_node(std::move(n));
+  return lab;
+}
+
+// The loss node of output `out`, whose prediction is `y`: it reads the label (or the output's named label column,
+// `columns`) and writes the loss and the gradient of the prediction.
+void add_loss(Graph& g, const ModelSpec& m, const OutputSpec& out, TensorId y, const LabelLayout& ll,
+              const std::vector<TensorId>& columns, int64_t batch, int64_t nb) {
+  const Shape& ys = g.tensor(y).shape;
+  int64_t rows = batch, cols = ys.numel() / nb;
+  OpKind k = out.loss == LossKind::softmax_cross_entropy ? OpKind::SoftmaxCrossEntropy
+             : out.loss == LossKind::mse                 ? OpKind::MeanSquaredError
+                                                         : OpKind::BinaryCrossEntropy;
+  // A sequence classifier averages over every position of every example (PyTorch's F.cross_entropy on
+  // logits.view(-1, V)): rows = batch * positions, scale = weight / rows.
+  if (k == OpKind::SoftmaxCrossEntropy) {
+    cols = ys[ys.rank() - 1];
+    rows = ys.numel() / std::max<int64_t>(cols, 1);
   }
+  LossAttrs a{rows, cols, out.weight / static_cast<float>(rows), out.from_logits, ll.soft};
+  TensorId target = g.label;
+  if (ll.named) {
+    target = named_target(g, m, out, columns, ys, nb);
+  } else if (k != OpKind::SoftmaxCrossEntropy) {
+    if (g.tensor(g.label).shape.numel() != ys.numel())
+      throw ConfigError("output '" + out.layer + "': " + std::string(op_name(k)) +
+                        " needs targets shaped like the output " + ys.tail().str() + ", but the labels are " +
+                        g.tensor(g.label).shape.tail().str());
+    if (g.tensor(g.label).shape != ys) target = g.add_alias(g.label, ys, out.layer);
+  }
+  Node n;
+  n.kind = k;
+  n.attrs = a;
+  n.in = {y, target};
+  n.layer = out.layer;
+  n.device = g.tensor(y).device;
+  TensorInfo lt;
+  lt.shape = Shape{1};
+  lt.role = TensorRole::loss;
+  lt.layer = out.layer;
+  lt.name = "loss/" + out.layer;
+  lt.device = n.device;
+  TensorInfo gt;
+  gt.shape = ys;
+  gt.layer = out.layer;
+  gt.device = n.device;
+  n.out = {g.add_tensor(lt), g.add_tensor(gt)};
+  g.losses.push_back(n.out[0]);
+  g.outputs.push_back(y);
+  g.output_names.push_back(out.layer);
+  g.add_node(std::move(n));
+}
+
+}  // namespace
+
+Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
+  Graph g;
+  g.batch = o.batch;
+  add_input(g, m, o.batch);
+  const std::map<std::string, TensorId> outs = add_layers(g, m, o);
+  if (o.use_ema) read_ema_weights(g);
+  const int64_t nb = std::max<int64_t>(o.batch, 1);
+  const LabelLayout ll = label_layout(g, m, outs, nb);
+  const TensorInfo lab = label_tensor(g, m, outs, ll, nb);
+  g.soft_labels = ll.soft;
+  g.label = g.add_tensor(lab);
+  const std::vector<TensorId> columns = ll.named ? split_named_labels(g, m, nb) : std::vector<TensorId>{};
+  for (const auto& out : m.outputs) add_loss(g, m, out, outs.at(out.layer), ll, columns, o.batch, nb);
   if (o.training) {
     append_backward(g);
     if (!o.optimizer) throw Error("build_graph: a training graph needs an optimizer");

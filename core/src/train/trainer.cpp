@@ -1,0 +1,807 @@
+// The training loop.
+#include "kiln/trainer.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include "kiln/checkpoint.hpp"
+#include "kiln/error.hpp"
+#include "kiln/evaluation.hpp"
+#include "kiln/memory_report.hpp"
+#include "kiln/model.hpp"
+#include "kiln/plugin.hpp"
+#include "evaluation.hpp"
+#include "run_dir.hpp"
+#include "run_ranks.hpp"
+#include "tensorboard.hpp"
+#include "train_position.hpp"
+
+namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::string json_num(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream os;
+  os << std::setprecision(8) << v;
+  return os.str();
+}
+
+// ---- SIGINT / SIGTERM: finish the step, checkpoint, exit ----
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void kiln_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) {  // the second signal stops at once
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  static const char msg[] = "\nkiln: stopping after the current step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
+  ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)n;
+}
+
+// Installs the handlers for the duration of a run and puts the previous ones back. The handler runs on an alternate
+// signal stack of the installing thread (the main thread, which is also a CPU device's first pool thread). With
+// GEMMs through oneDNN's sgemm, a stop signal delivered on the threads' own stacks corrupted the heap in 4 of 30
+// runs of the SIGTERM test (presumably its JIT kernels use stack below their stack pointer, where the signal frame
+// goes); with the handler on this stack and the CPU backend's workers blocking these signals, 0 of 40.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    stack_t ss {};
+    ss.ss_sp = alt_stack_;
+    ss.ss_size = sizeof alt_stack_;
+    on_alt_stack_ = ::sigaltstack(&ss, &old_stack_) == 0;
+    struct sigaction sa {};
+    sa.sa_handler = kiln_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | (on_alt_stack_ ? SA_ONSTACK : 0);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    if (on_alt_stack_) ::sigaltstack(&old_stack_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+  stack_t old_stack_ {};
+  bool on_alt_stack_ = false;
+  alignas(16) char alt_stack_[65536];
+};
+
+class Progress {
+ public:
+  Progress(std::ostream& out, const std::string& mode, int64_t epoch, int64_t epochs, int64_t total)
+      : out_(out), epoch_(epoch), epochs_(epochs), total_(total) {
+    bar_ = mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO) && &out == &std::cout);
+    none_ = mode == "none";
+    every_ = std::max<int64_t>(1, total > 0 ? total / 10 : 100);
+  }
+  // `extra`: per-head losses and the gradient norm, when there are any.
+  void update(int64_t done, double loss, double ex_per_s, double s_per_batch, bool force = false,
+              const std::string& extra = {}) {
+    if (none_) return;
+    if (!bar_ && done == last_printed_) return;  // the forced line at the epoch's end may repeat the last one
+    char stats[200];
+    // Slow models run below one example per second: show what is there instead of "0 examples/s".
+    std::snprintf(stats, sizeof stats, ex_per_s >= 10 ? "loss %.4f  %.0f examples/s  %.4f s/batch" : "loss %.4f  %.3g examples/s  %.4f s/batch",
+                  loss, ex_per_s, s_per_batch);
+    std::string eta = extra;
+    if (total_ > 0 && done < total_ && s_per_batch > 0) {
+      const double left = static_cast<double>(total_ - done) * s_per_batch;
+      char e[64];
+      if (left >= 3600) std::snprintf(e, sizeof e, "  eta %dh%02dm", static_cast<int>(left / 3600), static_cast<int>(left / 60) % 60);
+      else if (left >= 60) std::snprintf(e, sizeof e, "  eta %dm%02ds", static_cast<int>(left / 60), static_cast<int>(left) % 60);
+      else std::snprintf(e, sizeof e, "  eta %.0fs", left);
+      eta += e;
+    }
+    if (bar_) {
+      const int width = 30;
+      int filled = total_ > 0 ? static_cast<int>(width * done / total_) : 0;
+      std::string b(static_cast<size_t>(filled), '=');
+      if (filled < width) b += '>', b += std::string(static_cast<size_t>(width - filled - 1), ' ');
+      out_ << "\repoch " << epoch_ << "/" << epochs_ << " [" << b << "] " << done << "/" << (total_ > 0 ? std::to_string(total_) : "?")
+           << "  " << stats << eta << "   " << std::flush;
+    } else if (force || done % every_ == 0) {
+      out_ << "epoch " << epoch_ << "/" << epochs_ << " batch " << done << "/" << (total_ > 0 ? std::to_string(total_) : "?")
+           << "  " << stats << eta << "\n" << std::flush;
+      last_printed_ = done;
+    }
+  }
+  void finish() {
+    if (bar_) out_ << "\n";
+  }
+
+ private:
+  std::ostream& out_;
+  int64_t epoch_, epochs_, total_;
+  bool bar_ = false, none_ = false;
+  int64_t every_;
+  int64_t last_printed_ = -1;
+};
+
+// {"digit": 0.31, "parity": 0.05}: one value per head; skip_negative writes a negative value (no accuracy) as null.
+std::string per_head_json(const std::vector<OutputSpec>& heads, const std::vector<double>& v, bool skip_negative) {
+  std::string j = "{";
+  for (size_t i = 0; i < v.size() && i < heads.size(); ++i) {
+    if (j.size() > 1) j += ",";
+    j += "\"" + heads[i].layer + "\":" + (skip_negative && v[i] < 0 ? std::string("null") : json_num(v[i]));
+  }
+  return j + "}";
+}
+
+// [train] early_stopping: the best value of its metric so far and the epochs since.
+class EarlyStopper {
+ public:
+  explicit EarlyStopper(const EarlyStopping& es) : es_(es), maximize_(es.metric == "test_accuracy") {}
+  // Returns true when the run should stop.
+  bool observe(double v, int64_t epoch_1) {
+    if (best_epoch_ == 0 || (maximize_ ? v > best_ + es_.min_delta : v < best_ - es_.min_delta)) {
+      best_ = v;
+      best_epoch_ = epoch_1;
+      wait_ = 0;
+      return false;
+    }
+    return ++wait_ >= es_.patience;
+  }
+  double best() const { return best_; }
+  int64_t best_epoch() const { return best_epoch_; }
+
+ private:
+  const EarlyStopping& es_;
+  bool maximize_;
+  double best_ = 0;
+  int64_t best_epoch_ = 0, wait_ = 0;
+};
+
+// What every rank decides after a step or an epoch: stop (a signal, or max_steps reached) and checkpoint (due by
+// steps or minutes).
+struct AfterStep {
+  int stop_signal = 0;
+  bool at_max = false;
+  bool due = false;
+};
+
+// One epoch's progress line and running sums (what a mid-epoch checkpoint's Position holds, and the input wait).
+struct EpochRun {
+  EpochRun(std::ostream& out, const TrainSettings& ts, int64_t epoch_0, int64_t per_epoch, size_t heads)
+      : epoch(epoch_0), prog(out, ts.progress, epoch_0 + 1, ts.epochs, per_epoch), head_sum(heads, 0.0) {}
+  int64_t epoch;  // 0-based
+  Progress prog;
+  double loss_sum = 0, wait = 0, norm_sum = 0;
+  int64_t batches = 0, examples = 0, norms = 0;
+  std::vector<double> head_sum;
+  Clock::time_point t0;
+};
+
+// One call of Trainer::run: what it sets up before the first step and carries through the epochs. The members are
+// declared in the order the run sets them up, so they are destroyed in reverse (the runner before the run
+// directory's lock and the data pipelines, the signal handlers first).
+class TrainingRun {
+ public:
+  TrainingRun(Session& s, std::ostream& out, const RunInfo& info);
+  TrainReport run();
+
+ private:
+  // Before the first step.
+  void open_data();
+  void claim_run_dir();
+  void start_runner();
+  void resume_or_start_over();
+  void check_resume_config() const;
+  void resume_from_checkpoint();
+  void write_run_json() const;
+  void write_vocabulary() const;
+  void open_logs();
+  void start_early_stopping();
+  // The epochs; each returns true when the run ends there.
+  bool train_epoch(int64_t epoch);
+  std::optional<Element> first_batch(EpochRun& e);
+  std::optional<Element> pull(EpochRun& e);
+  bool more_batches(int64_t k) const { return ts_.steps_per_epoch == 0 || k < ts_.steps_per_epoch; }
+  void train_step(EpochRun& e, const Element& b);
+  [[noreturn]] void stop_on_nonfinite(EpochRun& e, const Element& b, float loss);
+  void write_step_record(const EpochRun& e, const StepResult& r, const StepScalars& sc, double el);
+  std::string progress_extra(const EpochRun& e) const;
+  bool stop_mid_epoch(EpochRun& e, const std::optional<Element>& next);
+  EpochMetrics finish_epoch(EpochRun& e);
+  void print_epoch_line(const EpochMetrics& em);
+  void write_epoch_record(const EpochMetrics& em);
+  bool early_stop_after(const EpochMetrics& em, int64_t epoch);
+  bool end_epoch(int64_t epoch, bool es_stop);
+  // Stops, checkpoints.
+  AfterStep after_step();
+  bool checkpoint_due() const;
+  void write_checkpoint(Checkpoint& c);
+  void write_epoch_checkpoint(int64_t epochs_done);
+  std::string resume_command() const { return "kiln train " + s_.config().file() + " --resume"; }
+
+  Session& s_;
+  std::ostream& out_;
+  const RunInfo& info_;
+  const TrainSettings& ts_;
+  // Across processes (e.g. MPI ranks) every rank trains; rank 0 alone writes the run directory (the host prints only
+  // rank 0's output).
+  ProcessGroup* pg_;
+  bool lead_;
+  std::string dir_key_;
+  const std::string ckpt_path_, metrics_path_, best_path_;
+  std::unique_ptr<Stage> train_data_, test_data_;
+  int64_t per_epoch_ = -1;
+  std::optional<RunLock> lock_;
+  PriorRun prior_;
+  RunnerContext rctx_;
+  std::unique_ptr<Runner> runner_;
+  int64_t start_epoch_ = 0, step_ = 0;
+  bool resumed_ = false;
+  std::optional<Position> resume_at_;  // a mid-epoch checkpoint's position inside epoch start_epoch_
+  std::ofstream metrics_;              // rank 0's alone; the other ranks' writes go nowhere
+  std::unique_ptr<TensorBoardWriter> tb_;
+  TrainReport report_;
+  Clock::time_point t_run_, last_checkpoint_;
+  std::optional<StopSignals> signals_;
+  EarlyStopper es_;
+};
+
+TrainingRun::TrainingRun(Session& s, std::ostream& out, const RunInfo& info)
+    : s_(s),
+      out_(out),
+      info_(info),
+      ts_(s.train()),
+      pg_(s.strategy().process_group()),
+      lead_(!pg_ || pg_->rank() == 0),
+      ckpt_path_(ts_.output_dir + "/checkpoint.kiln"),
+      metrics_path_(ts_.output_dir + "/metrics.jsonl"),
+      best_path_(ts_.output_dir + "/checkpoint-best.kiln"),
+      es_(ts_.early_stopping) {}
+
+TrainReport TrainingRun::run() {
+  // Ranks started with different configs are refused before anything else.
+  if (pg_ && pg_->size() > 1) check_same_config(*pg_, s_.config().resolved_text(), s_.config().file());
+  dir_key_ = check_output_dir(s_);
+  open_data();
+  claim_run_dir();
+  start_runner();
+  resume_or_start_over();
+  if (lead_) write_run_json();
+  // A text source's vocabulary goes with the run, so `kiln sample` decodes what the model writes.
+  if (lead_ && !s_.vocabulary().empty()) write_vocabulary();
+  open_logs();
+
+  t_run_ = Clock::now();
+  signals_.emplace();
+  last_checkpoint_ = Clock::now();
+  start_early_stopping();
+  if (ts_.max_steps > 0 && step_ >= ts_.max_steps) {
+    out_ << "nothing to train: the run is at step " << step_ << " and [train] max_steps is " << ts_.max_steps
+         << " (raise it, or set it to 0, to continue)\n";
+    report_.steps = step_;
+    return std::move(report_);
+  }
+  for (int64_t epoch = start_epoch_; epoch < ts_.epochs; ++epoch)
+    if (train_epoch(epoch)) break;
+  report_.seconds = secs(t_run_, Clock::now());
+  report_.steps = step_;
+  return std::move(report_);
+}
+
+void TrainingRun::open_data() {
+  train_data_ = s_.make_pipeline("train");
+  if (!train_data_) throw ConfigError(s_.config().file() + ": missing [data.train] (stages = [...]) to train on");
+  test_data_ = ts_.evaluate ? s_.make_pipeline("test") : nullptr;
+  // Labels as the data shapes them tell the model what its heads are trained against.
+  s_.model().label_shape = train_data_->label_shape();
+  // Every batch, train and test, is checked against what the losses accept before it reaches a device.
+  const LabelRules rules = label_rules(s_.model());
+  train_data_ = checked_stage(std::move(train_data_), rules, describe_source(s_.config(), "train"));
+  if (test_data_) test_data_ = checked_stage(std::move(test_data_), rules, describe_source(s_.config(), "test"));
+  const int64_t hint = train_data_->size_hint();
+  per_epoch_ = hint > 0 ? (hint + ts_.batch_size - 1) / ts_.batch_size : -1;
+  if (ts_.steps_per_epoch > 0)
+    per_epoch_ = per_epoch_ > 0 ? std::min(per_epoch_, ts_.steps_per_epoch) : ts_.steps_per_epoch;
+  auto& sched = s_.optimizer().schedule;
+  if (sched.kind == ScheduleKind::cosine && sched.total_steps == 0 && per_epoch_ > 0)
+    sched.total_steps = std::max<int64_t>(per_epoch_ * ts_.epochs - sched.warmup_steps, 1);  // the rest of the run
+}
+
+// The run directory belongs to this process until it ends (a second `kiln train` of the same run is refused, naming
+// this one), and an earlier run in it is refused before any device memory is taken.
+void TrainingRun::claim_run_dir() {
+  if (lead_) {
+    create_output_dir(ts_.output_dir, dir_key_);
+    lock_.emplace(ts_.output_dir, dir_key_, info_.command.empty() ? "kiln train " + s_.config().file() : info_.command);
+  }
+  prior_ = inspect_run_dir(ts_.output_dir);
+  if (lead_ && !ts_.resume && !ts_.overwrite && prior_.exists())
+    throw ConfigError(
+        ts_.output_dir + " already holds a run (" +
+        (prior_.checkpoint ? std::string("checkpoint.kiln, ") : std::string()) + "metrics.jsonl with " +
+        std::to_string(prior_.metric_lines) +
+        " records); it is not overwritten silently: pass --resume (or [train] "
+        "resume = true) to continue it, --overwrite (or [train] overwrite = true) to start it over, or give "
+        "this run another [run] name or output directory (" +
+        dir_key_ + ")");
+}
+
+void TrainingRun::start_runner() {
+  s_.open_devices();
+  // Say what the run uses before it uses it: backend, device and memory limit of every device.
+  for (const DeviceContext& d : s_.devices()) {
+    const DeviceInfo& info = d.device->info();
+    out_ << "device " << info.label() << ": " << info.name << ", memory limit "
+         << (d.allocator ? format_bytes(d.allocator->limit()) : std::string("none"))
+         << (d.allocator && d.allocator->options().growth ? " (growth on demand)" : " (reserved at start)")
+         << (s_.explicit_limit() ? " from [device] memory_limit" : "") << "\n";
+  }
+  rctx_ = s_.runner_context();
+  // Refuse up front, with the full plan report, when the plan cannot fit (memory_policy "fit" turns on savers first).
+  if (ts_.memory_policy != "none") {
+    enforce_memory_plan(s_, out_);
+    rctx_ = s_.runner_context();
+  }
+  runner_ = s_.strategy().create(rctx_);
+  if (!runner_->report().empty()) out_ << runner_->report();
+}
+
+void TrainingRun::resume_or_start_over() {
+  if (ts_.resume && prior_.checkpoint) {
+    check_resume_config();
+    resume_from_checkpoint();
+  } else if (ts_.resume) {
+    out_ << "nothing to resume: " << ts_.output_dir << " holds no checkpoint.kiln"
+         << (prior_.metric_lines > 0 ? " (its metrics.jsonl is started over)" : "") << "; starting a new run\n";
+  } else if (lead_ && prior_.exists()) {
+    remove_checkpoints(ckpt_path_);  // --overwrite: nothing of the old run may be resumed into the new one
+    out_ << "overwriting the earlier run in " << ts_.output_dir << "\n";
+  }
+}
+
+// The run continues only with the model, data and optimizer it was started with (config.toml of the run).
+void TrainingRun::check_resume_config() const {
+  std::ifstream saved_cfg(ts_.output_dir + "/config.toml");
+  if (!saved_cfg) return;
+  const std::string saved((std::istreambuf_iterator<char>(saved_cfg)), std::istreambuf_iterator<char>());
+  const auto changed = resume_incompatible_keys(saved, s_.config().resolved_text());
+  if (changed.empty()) return;
+  std::string list;
+  for (const auto& c : changed) list += "\n  " + c;
+  throw ConfigError(s_.config().file() + ": cannot resume the run in " + ts_.output_dir + ": these keys differ from " +
+                    ts_.output_dir + "/config.toml, the configuration it was started with:" + list +
+                    "\nResume with the same values, or start over with --overwrite (keys that may change on a resume "
+                    "are listed in docs/user_guide.md, \"Stopping and resuming\")");
+}
+
+void TrainingRun::resume_from_checkpoint() {
+  // The newest checkpoint that loads: a damaged one falls back to the one before ([train] keep_checkpoints).
+  LoadedCheckpoint lc = load_newest_checkpoint(ckpt_path_);
+  if (!lc.warning.empty()) out_ << lc.warning << "\n";
+  Checkpoint& c = lc.checkpoint;
+  runner_->load_state(c.tensors);
+  start_epoch_ = c.epoch;
+  step_ = c.step;
+  resumed_ = true;
+  if (!c.data_state.empty()) resume_at_ = decode_position(c.data_state, lc.path);
+  out_ << "resumed from " << lc.path << " at epoch " << start_epoch_ + (resume_at_ ? 1 : 0) << ", step " << step_;
+  if (resume_at_)
+    out_ << " (mid-epoch: " << resume_at_->batches << " batches of epoch " << start_epoch_ + 1 << " done)";
+  out_ << "\n";
+  // Records written after that checkpoint (the run was stopped before its next one) are written again below.
+  if (int64_t dropped = lead_ ? trim_metrics(metrics_path_, step_) : 0; dropped > 0)
+    out_ << "metrics.jsonl: dropped " << dropped << " record(s) written after the checkpoint's step " << step_
+         << "; this run writes them again\n";
+}
+
+void TrainingRun::write_run_json() const {
+  std::ostringstream rj;
+  rj << "{\"kiln_version\":" << json_string(KILN_VERSION_STRING) << ",\"plugin_api\":" << kApiVersion
+     << ",\"config_file\":" << json_string(s_.config().file()) << ",\"command\":" << json_string(info_.command)
+     << ",\"run\":" << json_string(s_.run_name()) << ",\"seed\":" << s_.seed()
+     << ",\"resumed_at_step\":" << (resumed_ ? std::to_string(step_) : std::string("null")) << ",\"plugins\":[";
+  for (size_t i = 0; i < info_.plugins.size(); ++i) rj << (i ? "," : "") << json_string(info_.plugins[i]);
+  rj << "],\"devices\":[";
+  for (size_t i = 0; i < s_.devices().size(); ++i) {
+    const DeviceInfo& d = s_.devices()[i].device->info();
+    rj << (i ? "," : "") << "{\"device\":" << json_string(d.label()) << ",\"name\":" << json_string(d.name)
+       << ",\"memory_limit\":"
+       << (s_.devices()[i].allocator ? std::to_string(s_.devices()[i].allocator->limit()) : "null") << "}";
+  }
+  rj << "],\"strategy\":" << json_string(s_.strategy().name()) << "}";
+  write_run_record(ts_.output_dir, s_.config().resolved_text(), rj.str());
+}
+
+void TrainingRun::write_vocabulary() const {
+  const std::string vpath = ts_.output_dir + "/vocab.json", tmp = vpath + ".tmp";
+  {
+    std::ofstream v(tmp, std::ios::trunc);
+    v << s_.vocabulary() << "\n";
+    if (!v) throw Error(tmp + ": cannot write the vocabulary (the output directory comes from " + dir_key_ + ")");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, vpath, ec);
+  if (ec) throw Error(vpath + ": cannot write the vocabulary: " + ec.message());
+}
+
+void TrainingRun::open_logs() {
+  if (lead_) metrics_.open(metrics_path_, resumed_ ? std::ios::app : std::ios::trunc);
+  if (lead_ && !metrics_)
+    throw Error(metrics_path_ + ": cannot open the metrics file for writing (the output directory comes from " +
+                dir_key_ + ")");
+  // [log] tensorboard: the same scalars as metrics.jsonl, in a new event file per process (TensorBoard reads them all).
+  if (ts_.tensorboard && lead_) tb_ = std::make_unique<TensorBoardWriter>(ts_.output_dir);
+}
+
+// A resumed run rebuilds the best value and the epochs since from metrics.jsonl's epoch records, so it stops where an
+// uninterrupted one would.
+void TrainingRun::start_early_stopping() {
+  const EarlyStopping& es = ts_.early_stopping;
+  if (!es.on) return;
+  if (es.metric != "train_loss" && !test_data_)
+    throw ConfigError(
+        s_.config().file() + ": [train] early_stopping watches " + es.metric +
+        ", which needs an evaluation: add [data.test] and keep [train] evaluate = true, or watch train_loss");
+  if (!resumed_) return;
+  std::ifstream old(metrics_path_);
+  const std::regex re("\"epoch\":([0-9]+).*\"" + es.metric + "\":([-0-9.eE+]+)");
+  for (std::string l; std::getline(old, l);) {
+    std::smatch m;
+    if (l.find("\"event\":\"epoch\"") != std::string::npos && std::regex_search(l, m, re))
+      es_.observe(std::stod(m[2]), std::stoll(m[1]));
+  }
+}
+
+bool TrainingRun::train_epoch(int64_t epoch) {
+  train_data_->reset(static_cast<uint64_t>(epoch));
+  EpochRun e(out_, ts_, epoch, per_epoch_, s_.model().outputs.size());
+  // One batch of lookahead: batch k+1 is handed to runner->prefetch() before step k runs, so its copy into the
+  // device's second input buffer overlaps step k ([train] device_prefetch).
+  std::optional<Element> b = first_batch(e);
+  while (b) {
+    std::optional<Element> nb;
+    if (more_batches(e.batches + 1)) {
+      nb = pull(e);
+      if (nb && ts_.device_prefetch) runner_->prefetch(*nb);
+    }
+    train_step(e, *b);
+    b = std::move(nb);
+    if (stop_mid_epoch(e, b)) return true;
+  }
+  const EpochMetrics em = finish_epoch(e);
+  print_epoch_line(em);
+  write_epoch_record(em);
+  report_.epochs.push_back(em);
+  const bool es_stop = early_stop_after(em, epoch);
+  return end_epoch(epoch, es_stop);
+}
+
+// The epoch's first batch and its start time. A resumed position restores the epoch's sums and starts with the batch
+// its pipeline had already delivered (copied in its step, like an epoch's first batch).
+std::optional<Element> TrainingRun::first_batch(EpochRun& e) {
+  std::optional<Element> pending;
+  if (resume_at_) {
+    train_data_->restore(resume_at_->pipeline);
+    e.batches = resume_at_->batches;
+    e.examples = resume_at_->examples;
+    e.loss_sum = resume_at_->loss_sum;
+    e.norm_sum = resume_at_->norm_sum;
+    e.norms = resume_at_->norms;
+    if (resume_at_->head_sum.size() == e.head_sum.size()) e.head_sum = resume_at_->head_sum;
+    pending = std::move(resume_at_->pending);
+    resume_at_.reset();
+  }
+  e.t0 = Clock::now();
+  return pending ? std::move(pending) : more_batches(e.batches) ? pull(e) : std::nullopt;
+}
+
+std::optional<Element> TrainingRun::pull(EpochRun& e) {
+  auto tw = Clock::now();
+  auto el = train_data_->next();
+  e.wait += secs(tw, Clock::now());
+  return el;
+}
+
+void TrainingRun::train_step(EpochRun& e, const Element& b) {
+  StepScalars sc{step_, static_cast<float>(s_.optimizer().learning_rate_at(step_))};
+  if (!report_.first_step_start) report_.first_step_start = Clock::now();
+  StepResult r = runner_->train_step(b, sc);
+  if (!std::isfinite(r.total_loss)) stop_on_nonfinite(e, b, r.total_loss);
+  e.loss_sum += r.total_loss * static_cast<double>(b.batch);
+  for (size_t i = 0; i < r.losses.size() && i < e.head_sum.size(); ++i)
+    e.head_sum[i] += static_cast<double>(r.losses[i]) * static_cast<double>(b.batch);
+  if (r.grad_norm >= 0) e.norm_sum += r.grad_norm, ++e.norms;
+  e.examples += b.batch;
+  ++e.batches;
+  ++step_;
+  double el = secs(e.t0, Clock::now());
+  if (ts_.log_every_steps > 0 && step_ % ts_.log_every_steps == 0) write_step_record(e, r, sc, el);
+  e.prog.update(e.batches, e.loss_sum / static_cast<double>(e.examples), static_cast<double>(e.examples) / el,
+                el / static_cast<double>(e.batches), false, progress_extra(e));
+}
+
+void TrainingRun::stop_on_nonfinite(EpochRun& e, const Element& b, float loss) {
+  e.prog.finish();
+  metrics_.flush();
+  std::string layer = runner_->find_nonfinite_layer(b, step_);
+  std::ostringstream os;
+  os << "training stopped: the loss is " << loss << " at step " << step_ << " (epoch " << e.epoch + 1 << ", batch "
+     << e.batches + 1 << "); "
+     << (layer.empty() ? "every layer output is finite, so the loss itself overflowed (check labels and learning rate)"
+                       : "the first layer whose output is non-finite is '" + layer + "'")
+     << ". The weights were not updated by this step; the last checkpoint and metrics are intact.";
+  throw NumericError(os.str());
+}
+
+// One record per logged step: the loss of this step (each head's, weighted, beside the total), the learning rate it
+// used, the epoch's throughput so far and the device memory in use (the first device's allocator).
+void TrainingRun::write_step_record(const EpochRun& e, const StepResult& r, const StepScalars& sc, double el) {
+  metrics_ << "{\"event\":\"step\",\"epoch\":" << e.epoch + 1 << ",\"step\":" << step_
+           << ",\"loss\":" << json_num(r.total_loss);
+  const auto& outs = s_.model().outputs;
+  if (outs.size() > 1 && r.losses.size() == outs.size()) {
+    metrics_ << ",\"losses\":{";
+    for (size_t h = 0; h < outs.size(); ++h)
+      metrics_ << (h ? "," : "") << json_string(outs[h].layer) << ":" << json_num(r.losses[h]);
+    metrics_ << "}";
+  }
+  if (r.grad_norm >= 0) metrics_ << ",\"grad_norm\":" << json_num(r.grad_norm);
+  metrics_ << ",\"learning_rate\":" << json_num(sc.lr)
+           << ",\"examples_per_s\":" << json_num(el > 0 ? static_cast<double>(e.examples) / el : 0);
+  if (!s_.devices().empty() && s_.devices().front().allocator)
+    metrics_ << ",\"device_memory_in_use\":" << s_.devices().front().allocator->stats().in_use;
+  metrics_ << "}\n";
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> v{{"loss", r.total_loss}, {"learning_rate", sc.lr}};
+    if (r.grad_norm >= 0) v.emplace_back("grad_norm", r.grad_norm);
+    tb_->scalars(step_, v);
+  }
+}
+
+// Per-head losses (several outputs) and the gradient norm ([optimizer] clip_norm), for the progress line.
+std::string TrainingRun::progress_extra(const EpochRun& e) const {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(4);
+  if (e.head_sum.size() > 1 && e.examples > 0)
+    for (size_t i = 0; i < e.head_sum.size(); ++i)
+      os << "  " << s_.model().outputs[i].layer << " " << e.head_sum[i] / static_cast<double>(e.examples);
+  if (e.norms > 0) os << "  grad_norm " << e.norm_sum / static_cast<double>(e.norms);
+  return os.str();
+}
+
+// A mid-epoch checkpoint after this step: asked for by a signal, by max_steps, or due by steps or minutes. It holds
+// the position inside the epoch (the pipeline's state and the batch already pulled, `next`), so a resumed run
+// continues with exactly the batches this one would have trained on.
+bool TrainingRun::stop_mid_epoch(EpochRun& e, const std::optional<Element>& next) {
+  const AfterStep a = after_step();
+  if ((a.stop_signal != 0 || a.at_max || a.due) && next) {
+    Position here;
+    here.batches = e.batches;
+    here.examples = e.examples;
+    here.loss_sum = e.loss_sum;
+    here.norm_sum = e.norm_sum;
+    here.norms = e.norms;
+    here.head_sum = e.head_sum;
+    here.pipeline = train_data_->save();
+    here.pending = next;
+    Checkpoint c;
+    c.epoch = e.epoch;
+    c.step = step_;
+    c.data_state = encode_position(here);
+    metrics_.flush();
+    write_checkpoint(c);
+  }
+  if ((a.stop_signal == 0 && !a.at_max) || !next) return false;
+  e.prog.finish();
+  metrics_.flush();
+  if (a.stop_signal != 0) {
+    std::ostringstream os;
+    os << "stopped by " << (a.stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step " << step_ << " (epoch "
+       << e.epoch + 1 << ", batch " << e.batches << "); checkpoint written to " << ckpt_path_
+       << "; resume with: " << resume_command();
+    throw Interrupted(os.str(), a.stop_signal);
+  }
+  out_ << "stopped at max_steps = " << ts_.max_steps << " (epoch " << e.epoch + 1 << ", batch " << e.batches
+       << "); checkpoint written to " << ckpt_path_ << "; continue with: " << resume_command()
+       << " --set train.max_steps=0\n";
+  return true;
+}
+
+// The epoch's figures, its last progress line and the evaluation on the test data.
+EpochMetrics TrainingRun::finish_epoch(EpochRun& e) {
+  EpochMetrics em;
+  em.epoch = e.epoch + 1;
+  em.seconds = secs(e.t0, Clock::now());
+  em.train_loss = e.examples ? e.loss_sum / static_cast<double>(e.examples) : 0;
+  em.examples_per_s = em.seconds > 0 ? static_cast<double>(e.examples) / em.seconds : 0;
+  em.s_per_batch = e.batches ? em.seconds / static_cast<double>(e.batches) : 0;
+  em.input_wait_fraction = em.seconds > 0 ? e.wait / em.seconds : 0;
+  em.grad_norm = e.norms > 0 ? e.norm_sum / static_cast<double>(e.norms) : -1;
+  for (double h : e.head_sum) em.train_losses.push_back(e.examples ? h / static_cast<double>(e.examples) : 0);
+  e.prog.update(e.batches, em.train_loss, em.examples_per_s, em.s_per_batch, true, progress_extra(e));
+  e.prog.finish();
+  if (test_data_) {
+    Evaluation ev = evaluate(*runner_, *test_data_, s_.model(), s_.optimizer().ema_decay > 0);
+    em.test_loss = ev.loss;
+    em.test_accuracy = ev.accuracy;
+    em.test_losses = ev.losses;
+    em.test_accuracies = ev.accuracies;
+  }
+  return em;
+}
+
+void TrainingRun::print_epoch_line(const EpochMetrics& em) {
+  const auto& heads = s_.model().outputs;
+  std::ostringstream line;
+  line << "epoch " << em.epoch << "/" << ts_.epochs << ": train loss " << std::fixed << std::setprecision(4)
+       << em.train_loss;
+  if (em.test_loss >= 0) line << ", test loss " << em.test_loss;
+  if (em.test_accuracy >= 0) line << ", test accuracy " << em.test_accuracy;
+  if (heads.size() > 1) {
+    line << " (";
+    for (size_t i = 0; i < heads.size(); ++i) {
+      line << (i ? "; " : "") << heads[i].layer << ": train loss " << em.train_losses[i];
+      if (i < em.test_losses.size()) line << ", test loss " << em.test_losses[i];
+      if (i < em.test_accuracies.size() && em.test_accuracies[i] >= 0)
+        line << ", test accuracy " << em.test_accuracies[i];
+    }
+    line << ")";
+  }
+  if (em.grad_norm >= 0) line << ", grad_norm " << em.grad_norm;
+  line << std::setprecision(1) << ", " << em.seconds << " s, " << std::setprecision(0) << em.examples_per_s
+       << " examples/s, " << std::setprecision(4) << em.s_per_batch << " s/batch, input-bound: " << std::setprecision(0)
+       << em.input_wait_fraction * 100 << "% of step time";
+  out_ << line.str() << "\n";
+  // Per-replica / per-device throughput of multi-device strategies.
+  if (std::string rep = runner_->report(); !rep.empty()) out_ << rep;
+  out_ << std::flush;
+}
+
+void TrainingRun::write_epoch_record(const EpochMetrics& em) {
+  const auto& heads = s_.model().outputs;
+  metrics_ << "{\"event\":\"epoch\",\"epoch\":" << em.epoch << ",\"step\":" << step_
+           << ",\"train_loss\":" << json_num(em.train_loss)
+           << ",\"test_loss\":" << (em.test_loss >= 0 ? json_num(em.test_loss) : "null")
+           << ",\"test_accuracy\":" << (em.test_accuracy >= 0 ? json_num(em.test_accuracy) : "null")
+           << ",\"seconds\":" << json_num(em.seconds) << ",\"examples_per_s\":" << json_num(em.examples_per_s)
+           << ",\"s_per_batch\":" << json_num(em.s_per_batch)
+           << ",\"input_wait_fraction\":" << json_num(em.input_wait_fraction);
+  if (em.grad_norm >= 0) metrics_ << ",\"grad_norm\":" << json_num(em.grad_norm);
+  if (heads.size() > 1) {
+    metrics_ << ",\"train_losses\":" << per_head_json(heads, em.train_losses, false);
+    if (!em.test_losses.empty())
+      metrics_ << ",\"test_losses\":" << per_head_json(heads, em.test_losses, false)
+               << ",\"test_accuracies\":" << per_head_json(heads, em.test_accuracies, true);
+  }
+  metrics_ << "}\n" << std::flush;
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> v{{"train_loss", em.train_loss}};
+    if (em.test_loss >= 0) v.emplace_back("test_loss", em.test_loss);
+    if (em.test_accuracy >= 0) v.emplace_back("test_accuracy", em.test_accuracy);
+    if (em.grad_norm >= 0) v.emplace_back("epoch_grad_norm", em.grad_norm);
+    tb_->scalars(step_, v);
+    tb_->flush();
+  }
+}
+
+// [train] early_stopping after an epoch: keeps a new best epoch's weights ([train] early_stopping restore_best) and,
+// when the run stops, says so and restores them. Returns true when the run stops.
+bool TrainingRun::early_stop_after(const EpochMetrics& em, int64_t epoch) {
+  const EarlyStopping& es = ts_.early_stopping;
+  if (!es.on) return false;
+  const double v = es.metric == "train_loss"  ? em.train_loss
+                   : es.metric == "test_loss" ? em.test_loss
+                                              : em.test_accuracy;
+  const int64_t before = es_.best_epoch();
+  const bool stop = es_.observe(v, epoch + 1) && epoch + 1 < ts_.epochs;
+  if (es.restore_best && es_.best_epoch() != before) {  // a new best: keep its weights
+    Checkpoint c;
+    c.epoch = epoch + 1;
+    c.step = step_;
+    c.tensors = runner_->save_state();
+    if (lead_) save_checkpoint(best_path_, c);
+  }
+  if (stop) {
+    out_ << "early stopping after epoch " << epoch + 1 << ": " << es.metric << " has not improved by more than "
+         << es.min_delta << " for " << es.patience << " epoch(s); the best was " << es_.best() << " at epoch "
+         << es_.best_epoch();
+    if (es.restore_best && es_.best_epoch() != epoch + 1) {
+      runner_->load_state(load_checkpoint(best_path_).tensors);
+      out_ << " (its weights are restored, from " << best_path_ << ")";
+    }
+    out_ << "\n";
+  }
+  return stop;
+}
+
+// The epoch's checkpoint ([train] checkpoint_every, a stop before the last epoch, or due by steps or minutes) and the
+// stop. Returns true when the run ends here.
+bool TrainingRun::end_epoch(int64_t epoch, bool es_stop) {
+  const AfterStep a = after_step();
+  if (es_stop) {  // the final checkpoint holds the weights the run ends with
+    write_epoch_checkpoint(epoch + 1);
+    return true;
+  }
+  const bool stopping = (a.stop_signal != 0 || a.at_max) && epoch + 1 < ts_.epochs;
+  if ((ts_.checkpoint_every > 0 && ((epoch + 1) % ts_.checkpoint_every == 0 || epoch + 1 == ts_.epochs)) || stopping ||
+      a.due)
+    write_epoch_checkpoint(epoch + 1);
+  if (!stopping) return false;
+  if (a.stop_signal != 0)
+    throw Interrupted("stopped by " + std::string(a.stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after epoch " +
+                          std::to_string(epoch + 1) + " (step " + std::to_string(step_) + "); checkpoint written to " +
+                          ckpt_path_ + "; resume with: " + resume_command(),
+                      a.stop_signal);
+  out_ << "stopped at max_steps = " << ts_.max_steps << " after epoch " << epoch + 1 << "; checkpoint written to "
+       << ckpt_path_ << "; continue with: " << resume_command() << " --set train.max_steps=0\n";
+  return true;
+}
+
+// After a step or an epoch: a stop signal, max_steps reached, a checkpoint due. Across ranks, every rank stops and
+// checkpoints after the same step.
+AfterStep TrainingRun::after_step() {
+  AfterStep a;
+  a.stop_signal = g_stop_signal.load();
+  a.at_max = ts_.max_steps > 0 && step_ >= ts_.max_steps;
+  a.due = checkpoint_due();
+  if (pg_ && pg_->size() > 1) {
+    const StepAgreement ag = agree_after_step(*pg_, a.stop_signal, a.due);
+    a.stop_signal = ag.stop_signal;
+    a.due = ag.checkpoint_due;
+  }
+  return a;
+}
+
+// [train] checkpoint_every_steps / checkpoint_every_minutes: due after the step just done.
+bool TrainingRun::checkpoint_due() const {
+  return (ts_.checkpoint_every_steps > 0 && step_ % ts_.checkpoint_every_steps == 0) ||
+         (ts_.checkpoint_every_minutes > 0 &&
+          secs(last_checkpoint_, Clock::now()) >= 60 * ts_.checkpoint_every_minutes);
+}
+
+void TrainingRun::write_checkpoint(Checkpoint& c) {
+  c.tensors = runner_->save_state();  // every rank: it may gather the optimizer state's shards
+  if (!lead_) return;
+  try {
+    save_checkpoint(ckpt_path_, c, ts_.keep_checkpoints);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the output directory comes from " + dir_key_ + ")");
+  }
+  last_checkpoint_ = Clock::now();
+}
+
+void TrainingRun::write_epoch_checkpoint(int64_t epochs_done) {
+  Checkpoint c;
+  c.epoch = epochs_done;
+  c.step = step_;
+  write_checkpoint(c);
+}
+
+}  // namespace
+
+Trainer::Trainer(Session& s, std::ostream& out, RunInfo info) : s_(s), out_(out), info_(std::move(info)) {}
+
+TrainReport Trainer::run() { return TrainingRun(s_, out_, info_).run(); }
+
+}  // namespace kiln
