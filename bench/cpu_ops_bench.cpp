@@ -97,8 +97,8 @@ void bench_gemm(Device& dev, int reps) {
 // Attention's batched products at nanoGPT's shakespeare_char shapes (batch 12 x 4 heads, T = 64, D = 32): the
 // batched_gemm op against a plain loop of 48 single-threaded sgemm calls on the calling thread.
 void bench_batched_gemm(Device& dev, int reps) {
-  std::printf("\nbatched_gemm, nanoGPT attention (48 heads, T 64, D 32)\n%-34s %10s %10s %12s\n", "product",
-              "ms", "GFLOP/s", "loop ms");
+  std::printf("\nbatched_gemm, nanoGPT attention (48 heads, T 64, D 32)\n%-34s %10s %10s %12s\n", "product", "ms",
+              "GFLOP/s", "loop ms");
   struct G {
     const char* name;
     int64_t m, n, k;
@@ -110,8 +110,8 @@ void bench_batched_gemm(Device& dev, int reps) {
               G{"d q = d s k", 64, 32, 64, false, false}, G{"d k = d s^T q", 64, 32, 64, true, false}}) {
     Buffers b(dev, {batch * g.m * g.k, batch * g.k * g.n, batch * g.m * g.n});
     Block* ws = nullptr;
-    OpCall c = call_for(dev, OpKind::BatchedGemm, GemmAttrs{g.m, g.n, g.k, g.ta, g.tb, 1.f, 0.f, batch}, b, {0, 1},
-                        {2}, ws);
+    OpCall c =
+        call_for(dev, OpKind::BatchedGemm, GemmAttrs{g.m, g.n, g.k, g.ta, g.tb, 1.f, 0.f, batch}, b, {0, 1}, {2}, ws);
     const double t = best_time(reps, [&] { dev.run(c); });
     const float* A = b.views[0].host();
     const float* B = b.views[1].host();
@@ -370,8 +370,8 @@ int main(int argc, char** argv) {
       loader.load_dir(dir, reg);
     else
       for (auto& d : PluginLoader::default_dirs()) loader.load_dir(d, reg);
-    auto backend = reg.backend("cpu")(BackendOptions::parse("threads = " + std::to_string(threads) +
-                                                                  (winograd ? "" : "\nwinograd = false")));
+    auto backend = reg.backend("cpu")(
+        BackendOptions::parse("threads = " + std::to_string(threads) + (winograd ? "" : "\nwinograd = false")));
     auto dev = backend->open(0);
     std::printf("device: %s\n", dev->info().name.c_str());
     if (conv_only) {  // --conv-only: the convolution table alone

@@ -1,13 +1,14 @@
 #include "test_support.hpp"
 
-#include "kiln/config.hpp"
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <random>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "kiln/config.hpp"
 
 namespace kiln::test {
 

@@ -69,7 +69,8 @@ int cmd_train(const Options& o) {
   info.command = o.command_line;
   for (const auto& p : loader.plugins())
     if (p.error.empty() && p.descriptor.name)
-      info.plugins.push_back(std::string(p.descriptor.name) + " " + (p.descriptor.version ? p.descriptor.version : "?") + " " + p.path);
+      info.plugins.push_back(std::string(p.descriptor.name) + " " +
+                             (p.descriptor.version ? p.descriptor.version : "?") + " " + p.path);
   // Across processes rank 0 alone prints progress; every rank's errors name it.
   std::ostream* out = &std::cout;
   std::ostringstream discard;
@@ -99,7 +100,8 @@ int cmd_plugins(const Options& o) {
   PluginLoader loader;
   Registry reg = Registry::with_builtins();
   load_plugins(o, loader, reg);
-  std::cout << "kiln " << KILN_VERSION_STRING << ", plugin API " << kApiVersion << ", " << KILN_BUILD_FINGERPRINT << "\n";
+  std::cout << "kiln " << KILN_VERSION_STRING << ", plugin API " << kApiVersion << ", " << KILN_BUILD_FINGERPRINT
+            << "\n";
   std::cout << "plugin directories:";
   auto dirs = PluginLoader::default_dirs();
   for (const auto& d : o.plugin_dirs) dirs.push_back(d);
@@ -113,7 +115,8 @@ int cmd_plugins(const Options& o) {
       std::cout << "\nFAILED " << p.path << "\n    " << p.error << "\n";
       continue;
     }
-    std::cout << "\n" << p.descriptor.name << " " << p.descriptor.version << " (API " << p.descriptor.api_version << ") "
+    std::cout << "\n"
+              << p.descriptor.name << " " << p.descriptor.version << " (API " << p.descriptor.api_version << ") "
               << p.path << "\n    " << (p.descriptor.description ? p.descriptor.description : "");
     if (reg.provided().count(p.descriptor.name))
       for (const auto& w : reg.provided().at(p.descriptor.name)) std::cout << "\n    " << w;

@@ -32,7 +32,7 @@ struct Options {
 // kiln launch: how to start the ranks.
 struct LaunchOptions {
   int ranks = 1;
-  std::string hosts;                     // "h1,h2" or "h1:4,h2:4" (mpirun --host)
+  std::string hosts;  // "h1,h2" or "h1:4,h2:4" (mpirun --host)
   std::string mpirun = "mpirun";
   std::vector<std::string> mpirun_args;  // passed through, e.g. --oversubscribe, --hostfile f
   bool dry_run = false;                  // print the mpirun command instead of running it
@@ -53,8 +53,8 @@ int cmd_devices(const Options& o);
 int cmd_plugins(const Options& o);
 int cmd_conformance(const Options& o);
 int cmd_sample(const Options& o, const SampleOptions& so);  // sample_cmd.cpp
-int cmd_evaluate(const Options& o);  // evaluate_cmd.cpp
-int cmd_predict(const Options& o);   // predict_cmd.cpp
-int cmd_export(const Options& o);    // export_cmd.cpp
+int cmd_evaluate(const Options& o);                         // evaluate_cmd.cpp
+int cmd_predict(const Options& o);                          // predict_cmd.cpp
+int cmd_export(const Options& o);                           // export_cmd.cpp
 
 }  // namespace kiln::app

@@ -29,8 +29,9 @@ int cmd_devices(const Options& o) {
       auto holders = live_reservations(d.hardware_id, root);
       if (!holders.empty()) {
         size_t promised = total_bytes(holders);
-        std::cout << "      reserved by Kiln jobs: " << format_bytes(promised) << " (unreserved: "
-                  << format_bytes(d.total_memory > promised ? d.total_memory - promised : 0) << ")\n"
+        std::cout << "      reserved by Kiln jobs: " << format_bytes(promised)
+                  << " (unreserved: " << format_bytes(d.total_memory > promised ? d.total_memory - promised : 0)
+                  << ")\n"
                   << format_holders(holders);
       }
     }

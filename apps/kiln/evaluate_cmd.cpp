@@ -22,16 +22,16 @@ int cmd_evaluate(const Options& o) {
   Evaluation ev = evaluate(*runner, *data, s.model(), /*use_ema=*/false);  // the EMA values are loaded as the weights
 
   const std::string weights = m->ema ? "ema" : "raw";
-  std::cout << "evaluated " << m->checkpoint_path << " (epoch " << m->checkpoint.epoch << ", step " << m->checkpoint.step
-            << ", " << weights << " weights) on " << describe_source(s.config(), o.data) << ": " << ev.examples
-            << " examples, loss " << std::setprecision(6) << ev.loss;
+  std::cout << "evaluated " << m->checkpoint_path << " (epoch " << m->checkpoint.epoch << ", step "
+            << m->checkpoint.step << ", " << weights << " weights) on " << describe_source(s.config(), o.data) << ": "
+            << ev.examples << " examples, loss " << std::setprecision(6) << ev.loss;
   if (ev.accuracy >= 0) std::cout << ", accuracy " << std::setprecision(4) << ev.accuracy;
   std::cout << "\n";
 
   std::ostringstream js;
-  js << "{\"event\":\"evaluate\",\"checkpoint\":" << json_str(m->checkpoint_path) << ",\"epoch\":" << m->checkpoint.epoch
-     << ",\"step\":" << m->checkpoint.step << ",\"data\":" << json_str(o.data) << ",\"weights\":" << json_str(weights)
-     << ",\"examples\":" << ev.examples << ",\"loss\":" << json_double(ev.loss)
+  js << "{\"event\":\"evaluate\",\"checkpoint\":" << json_str(m->checkpoint_path)
+     << ",\"epoch\":" << m->checkpoint.epoch << ",\"step\":" << m->checkpoint.step << ",\"data\":" << json_str(o.data)
+     << ",\"weights\":" << json_str(weights) << ",\"examples\":" << ev.examples << ",\"loss\":" << json_double(ev.loss)
      << ",\"accuracy\":" << (ev.accuracy >= 0 ? json_double(ev.accuracy) : "null") << "}\n";
   const std::string dir = s.train().output_dir;
   std::error_code ec;

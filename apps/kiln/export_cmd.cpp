@@ -12,8 +12,9 @@ namespace {
 
 std::string safetensors(const TrainedModel& m) {
   std::string header = "{\"__metadata__\":{\"format\":\"kiln\",\"kiln_version\":" + json_str(KILN_VERSION_STRING) +
-                       ",\"checkpoint\":" + json_str(m.checkpoint_path) + ",\"epoch\":\"" + std::to_string(m.checkpoint.epoch) +
-                       "\",\"step\":\"" + std::to_string(m.checkpoint.step) + "\",\"weights\":\"" + (m.ema ? "ema" : "raw") +
+                       ",\"checkpoint\":" + json_str(m.checkpoint_path) + ",\"epoch\":\"" +
+                       std::to_string(m.checkpoint.epoch) + "\",\"step\":\"" + std::to_string(m.checkpoint.step) +
+                       "\",\"weights\":\"" + (m.ema ? "ema" : "raw") +
                        "\",\"layout\":\"dense kernel (in, out); conv2d kernel (out, in, kh, kw)\"}";
   size_t offset = 0;
   for (const auto& [name, shape] : m.params) {  // model order; the data follows in the same order
@@ -47,15 +48,18 @@ int cmd_export(const Options& o) {
   check_new_output(o.output, o.overwrite, "--output");
   auto m = load_trained_model(o);
   std::string bytes;
-  if (o.format == "safetensors") bytes = safetensors(*m);
-  else if (o.format == "onnx") bytes = onnx_model(*m);
-  else throw ConfigError("--format " + o.format + ": expected safetensors or onnx");
+  if (o.format == "safetensors")
+    bytes = safetensors(*m);
+  else if (o.format == "onnx")
+    bytes = onnx_model(*m);
+  else
+    throw ConfigError("--format " + o.format + ": expected safetensors or onnx");
   write_file_atomic(o.output, bytes);
   size_t values = 0;
   for (const auto& [name, t] : m->weights) values += t.data.size();
   std::cout << "exported " << m->params.size() << " tensors (" << values << " values, " << (m->ema ? "ema" : "raw")
-            << " weights) of " << m->checkpoint_path << " (epoch " << m->checkpoint.epoch << ", step " << m->checkpoint.step
-            << ") as " << o.format << " to " << o.output << "\n";
+            << " weights) of " << m->checkpoint_path << " (epoch " << m->checkpoint.epoch << ", step "
+            << m->checkpoint.step << ") as " << o.format << " to " << o.output << "\n";
   return 0;
 }
 

@@ -31,13 +31,15 @@ std::unique_ptr<TrainedModel> load_trained_model(const Options& o) {
   std::error_code ec;
   if (!fs::exists(m->checkpoint_path, ec))
     throw DataError(m->checkpoint_path + ": no checkpoint there" +
-                    (o.checkpoint.empty() ? " (the run's [train] output_dir; train it first with `kiln train " + o.config +
-                                                "`, or pass --checkpoint FILE)"
+                    (o.checkpoint.empty() ? " (the run's [train] output_dir; train it first with `kiln train " +
+                                                o.config + "`, or pass --checkpoint FILE)"
                                           : std::string(" (--checkpoint)")));
   m->checkpoint = load_checkpoint(m->checkpoint_path);  // DataError for a damaged file
 
-  if (o.weights == "ema") m->ema = true;
-  else if (o.weights == "auto") m->ema = s.optimizer().ema_decay > 0;
+  if (o.weights == "ema")
+    m->ema = true;
+  else if (o.weights == "auto")
+    m->ema = s.optimizer().ema_decay > 0;
   const auto& ck = m->checkpoint.tensors;
 
   // The model's parameters, in model order, from a forward graph of one example (nothing is allocated).
@@ -57,14 +59,15 @@ std::unique_ptr<TrainedModel> load_trained_model(const Options& o) {
     auto it = ck.find(key);
     if (it == ck.end()) {
       if (m->ema && ck.count(name))
-        throw DataError(m->checkpoint_path + ": holds no EMA weights ('" + key + "'); the run kept none ([optimizer] ema " +
-                        "was not set when it trained): use --weights raw");
+        throw DataError(m->checkpoint_path + ": holds no EMA weights ('" + key +
+                        "'); the run kept none ([optimizer] ema " + "was not set when it trained): use --weights raw");
       throw DataError(where + ": the model's parameter '" + key + "' " + shape.str() +
                       " is not in the checkpoint: it was written by another model");
     }
     if (it->second.shape != shape)
-      throw DataError(where + ": tensor '" + key + "' has shape " + it->second.shape.str() + " in the checkpoint, but the model's is " +
-                      shape.str() + ": the checkpoint was written by another model (or the config changed)");
+      throw DataError(where + ": tensor '" + key + "' has shape " + it->second.shape.str() +
+                      " in the checkpoint, but the model's is " + shape.str() +
+                      ": the checkpoint was written by another model (or the config changed)");
     m->weights.emplace(name, it->second);
   }
   // A tensor the model has no parameter for (optimizer state and EMA belong to a parameter) means another model.
@@ -97,18 +100,22 @@ void check_new_output(const std::string& path, bool overwrite, const std::string
   if (path.empty()) throw ConfigError(option + " is required");
   if (fs::is_directory(path, ec)) throw ConfigError(option + " " + path + " is a directory; give a file name");
   if (fs::exists(path, ec) && !overwrite)
-    throw ConfigError(option + " " + path + " already exists; it is not overwritten silently: pass --overwrite to replace it, or choose another name");
+    throw ConfigError(
+        option + " " + path +
+        " already exists; it is not overwritten silently: pass --overwrite to replace it, or choose another name");
 }
 
 std::string json_str(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
-    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
+    if (c == '"' || c == '\\')
+      out += '\\', out += static_cast<char>(c);
     else if (c < 0x20) {
       char b[8];
       std::snprintf(b, sizeof b, "\\u%04x", c);
       out += b;
-    } else out += static_cast<char>(c);
+    } else
+      out += static_cast<char>(c);
   }
   return out + "\"";
 }
@@ -190,10 +197,14 @@ HostTensor read_npy(const std::string& path) {
   };
   const std::string descr = value_of("descr");
   int kind = -1;  // 0 f4, 1 f8, 2 u1
-  if (descr.rfind("'<f4'", 0) == 0) kind = 0;
-  else if (descr.rfind("'<f8'", 0) == 0) kind = 1;
-  else if (descr.rfind("'|u1'", 0) == 0) kind = 2;
-  else throw bad("dtype " + descr.substr(0, descr.find(',')) + "; expected float32 '<f4', float64 '<f8' or uint8 '|u1'");
+  if (descr.rfind("'<f4'", 0) == 0)
+    kind = 0;
+  else if (descr.rfind("'<f8'", 0) == 0)
+    kind = 1;
+  else if (descr.rfind("'|u1'", 0) == 0)
+    kind = 2;
+  else
+    throw bad("dtype " + descr.substr(0, descr.find(',')) + "; expected float32 '<f4', float64 '<f8' or uint8 '|u1'");
   if (value_of("fortran_order").rfind("False", 0) != 0) throw bad("Fortran order; save a C-order array");
   std::string sh = value_of("shape");
   if (sh.empty() || sh[0] != '(' || sh.find(')') == std::string::npos) throw bad("shape");
@@ -213,16 +224,19 @@ HostTensor read_npy(const std::string& path) {
   const size_t n = static_cast<size_t>(shape.numel()), esize = kind == 0 ? 4 : kind == 1 ? 8 : 1;
   const size_t start = hstart + hlen;
   if (buf.size() - start != n * esize)
-    throw bad("shape (" + sh + ") needs " + std::to_string(n * esize) + " data bytes, the file has " + std::to_string(buf.size() - start));
+    throw bad("shape (" + sh + ") needs " + std::to_string(n * esize) + " data bytes, the file has " +
+              std::to_string(buf.size() - start));
   HostTensor t(shape);
   const char* p = buf.data() + start;
   for (size_t i = 0; i < n; ++i) {
-    if (kind == 0) std::memcpy(&t.data[i], p + 4 * i, 4);
+    if (kind == 0)
+      std::memcpy(&t.data[i], p + 4 * i, 4);
     else if (kind == 1) {
       double d;
       std::memcpy(&d, p + 8 * i, 8);
       t.data[i] = static_cast<float>(d);
-    } else t.data[i] = static_cast<unsigned char>(p[i]);
+    } else
+      t.data[i] = static_cast<unsigned char>(p[i]);
   }
   return t;
 }

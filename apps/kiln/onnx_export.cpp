@@ -1,10 +1,10 @@
 // kiln export --format onnx: the forward graph Kiln evaluates with (build_graph, training = false), node by node, as
 // an ONNX model (IR 7, opset 13) written with a small protobuf wire-format encoder (the few fields of onnx.proto
 // used here, by field number). The batch dimension is symbolic ("N"); the weights are initializers under Kiln's names.
-#include <cmath>
-#include <cstring>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -52,9 +52,9 @@ constexpr int kFloat = 1, kInt64 = 7;
 
 Pb tensor(const std::string& name, const std::vector<int64_t>& dims, int type, const void* data, size_t bytes) {
   Pb t;
-  for (auto d : dims) t.i64(1, d);  // dims
-  t.i64(2, type);                   // data_type
-  t.bytes(8, name);                 // name
+  for (auto d : dims) t.i64(1, d);                                 // dims
+  t.i64(2, type);                                                  // data_type
+  t.bytes(8, name);                                                // name
   t.bytes(9, std::string(static_cast<const char*>(data), bytes));  // raw_data (little-endian)
   return t;
 }
@@ -142,7 +142,8 @@ class OnnxWriter {
     model_proto.i64(1, 7);  // ir_version
     model_proto.bytes(2, "kiln").bytes(3, KILN_VERSION_STRING);
     model_proto.msg(7, graph);
-    model_proto.msg(8, Pb().bytes(1, "").i64(2, opset_));  // opset_import { domain "", version 13, or 17 with LayerNormalization }
+    model_proto.msg(
+        8, Pb().bytes(1, "").i64(2, opset_));  // opset_import { domain "", version 13, or 17 with LayerNormalization }
     return model_proto.b;
   }
 
@@ -153,9 +154,12 @@ class OnnxWriter {
     if (it != names_.end()) return it->second;
     const TensorInfo& ti = g.tensor(t);
     std::string n;
-    if (t == g.input) n = "input";
-    else if (ti.role == TensorRole::parameter || ti.role == TensorRole::buffer) n = ti.name;
-    else n = ti.layer + "/" + std::to_string(t);
+    if (t == g.input)
+      n = "input";
+    else if (ti.role == TensorRole::parameter || ti.role == TensorRole::buffer)
+      n = ti.name;
+    else
+      n = ti.layer + "/" + std::to_string(t);
     if (ti.alias_of != kNoTensor) {
       const std::string from = name(g, ti.alias_of);
       const Shape& s = ti.shape;
@@ -181,7 +185,8 @@ class OnnxWriter {
     return buf;
   }
   std::string int64s(const std::string& n, const std::vector<int64_t>& v) {
-    if (consts_.insert(n).second) init_.push_back(tensor(n, {static_cast<int64_t>(v.size())}, kInt64, v.data(), v.size() * 8));
+    if (consts_.insert(n).second)
+      init_.push_back(tensor(n, {static_cast<int64_t>(v.size())}, kInt64, v.data(), v.size() * 8));
     return n;
   }
   // `from` reshaped to `dims`, whose first axis is the batch's (-1: any batch size).
@@ -192,11 +197,12 @@ class OnnxWriter {
   }
 
   [[noreturn]] void refuse(const ::kiln::Node& n, const std::string& what) {
-    throw ConfigError("--format onnx: layer '" + n.layer + "': " + what +
-                      " has no ONNX opset 13 form in this exporter (supported: dense, conv2d, max/avg pooling, flatten, "
-                      "relu/sigmoid/tanh/silu/gelu/softmax activations, dropout, add, concat, embedding, positional_embedding, "
-                      "layer_norm, batch_norm (evaluation), global_avg_pool2d, attention); export the weights "
-                      "with --format safetensors instead");
+    throw ConfigError(
+        "--format onnx: layer '" + n.layer + "': " + what +
+        " has no ONNX opset 13 form in this exporter (supported: dense, conv2d, max/avg pooling, flatten, "
+        "relu/sigmoid/tanh/silu/gelu/softmax activations, dropout, add, concat, embedding, positional_embedding, "
+        "layer_norm, batch_norm (evaluation), global_avg_pool2d, attention); export the weights "
+        "with --format safetensors instead");
   }
 
   // The ONNX names of node n's i-th input and output.

@@ -53,7 +53,8 @@ int cmd_plan(const Options& o) {
   auto points = memory_sweep(s, batches, /*measure=*/true, &std::cout);
   write_file(dir / "memory_sweep.csv", sweep_csv(points));
   write_file(dir / "memory_sweep.svg", sweep_svg(points, s.run_name() + ": peak memory against batch size"));
-  std::cout << "wrote " << (dir / "memory_sweep.csv").string() << " and " << (dir / "memory_sweep.svg").string() << "\n";
+  std::cout << "wrote " << (dir / "memory_sweep.csv").string() << " and " << (dir / "memory_sweep.svg").string()
+            << "\n";
   return 0;
 }
 

@@ -70,7 +70,9 @@ int cmd_predict(const Options& o) {
     data = std::make_unique<NpyBatches>(std::move(x), model.input_shape, label, s.train().batch_size);
     from = o.input;
   } else {
-    if (!test) throw ConfigError(o.config + ": has no [data." + o.data + "] pipeline to predict on (--data), and no --input was given");
+    if (!test)
+      throw ConfigError(o.config + ": has no [data." + o.data +
+                        "] pipeline to predict on (--data), and no --input was given");
     data = std::move(test);
     from = describe_source(s.config(), o.data);
   }
@@ -94,8 +96,8 @@ int cmd_predict(const Options& o) {
       if (n == 0)
         for (int64_t j = 0; j < k; ++j)
           names.push_back((model.outputs.size() > 1 ? head.layer + "." : std::string()) +
-                          (cls < k ? "p" + std::to_string(j / cls) + "." : std::string()) + (softmax ? "class_" : "out_") +
-                          std::to_string(j % cls));
+                          (cls < k ? "p" + std::to_string(j / cls) + "." : std::string()) +
+                          (softmax ? "class_" : "out_") + std::to_string(j % cls));
       for (int64_t i = 0; i < b->batch; ++i) {
         const float* zi = out.data.data() + i * k;
         auto& row = cols[static_cast<size_t>(i)];
@@ -106,11 +108,13 @@ int cmd_predict(const Options& o) {
             for (int64_t j = 1; j < cls; ++j) mx = std::max(mx, z[j]);
             double sum = 0;
             std::vector<double> e(static_cast<size_t>(cls));
-            for (int64_t j = 0; j < cls; ++j) sum += e[static_cast<size_t>(j)] = std::exp(static_cast<double>(z[j] - mx));
+            for (int64_t j = 0; j < cls; ++j)
+              sum += e[static_cast<size_t>(j)] = std::exp(static_cast<double>(z[j] - mx));
             for (int64_t j = 0; j < cls; ++j) row.push_back(static_cast<float>(e[static_cast<size_t>(j)] / sum));
           }
         } else if (head.loss == LossKind::binary_cross_entropy && head.from_logits) {
-          for (int64_t j = 0; j < k; ++j) row.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi[j])))));
+          for (int64_t j = 0; j < k; ++j)
+            row.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi[j])))));
         } else {
           row.insert(row.end(), zi, zi + k);
         }
@@ -134,7 +138,8 @@ int cmd_predict(const Options& o) {
     char num[32];
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < width; ++j) {
-        std::snprintf(num, sizeof num, "%.9g", static_cast<double>(rows[static_cast<size_t>(i * width + j)]));  // exact float
+        std::snprintf(num, sizeof num, "%.9g",
+                      static_cast<double>(rows[static_cast<size_t>(i * width + j)]));  // exact float
         text += (j ? "," : "");
         text += num;
       }

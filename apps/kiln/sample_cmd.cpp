@@ -3,8 +3,8 @@
 
 #include "commands.hpp"
 #include "kiln/config.hpp"
-#include "kiln/text_generation.hpp"
 #include "kiln/session.hpp"
+#include "kiln/text_generation.hpp"
 
 namespace kiln::app {
 

@@ -107,8 +107,8 @@ std::unique_ptr<Device> CpuBackend::open(int index) {
   try {
     return std::make_unique<CpuDevice>(std::move(devices[static_cast<size_t>(index)]), threads_, winograd_);
   } catch (const std::system_error& e) {  // the kernels' thread pool could not start its threads
-    throw DeviceError("cpu backend: opening cpu:" + std::to_string(index) + " with [device] threads = " +
-                      std::to_string(threads_) + " failed: " + e.what() +
+    throw DeviceError("cpu backend: opening cpu:" + std::to_string(index) +
+                      " with [device] threads = " + std::to_string(threads_) + " failed: " + e.what() +
                       "; lower [device] threads or raise the process's thread/memory limits");
   }
 }

@@ -41,7 +41,7 @@ class CpuDevice final : public Device, public FusedRunner {
   // Waits for uploads still in flight on the transfer thread (ops run synchronously on the caller).
   void synchronize() override;
   void wait_upload(uint64_t ticket) override;
-  void* extension(std::string_view name) override;      // kRunFused: this device
+  void* extension(std::string_view name) override;           // kRunFused: this device
   size_t run_fused(std::span<const OpCall> calls) override;  // fusion.cpp
 
   int threads() const { return threads_; }

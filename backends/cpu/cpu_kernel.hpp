@@ -37,7 +37,7 @@ std::vector<CpuKernelEntry>& cpu_kernel_list();
 #define KILN_CPU_KERNEL_CAT2(a, b) a##b
 #define KILN_CPU_KERNEL_CAT(a, b) KILN_CPU_KERNEL_CAT2(a, b)
 // KILN_CPU_KERNEL("layer_norm_forward", {run_fn, supports_fn, workspace_fn}) at namespace scope in kernels/cpu.
-#define KILN_CPU_KERNEL(op_name, ...)                                                                   \
+#define KILN_CPU_KERNEL(op_name, ...)                                                                \
   [[maybe_unused]] static const bool KILN_CPU_KERNEL_CAT(kiln_cpu_kernel_registered_, __COUNTER__) = \
       (::kiln::cpu::cpu_kernel_list().push_back({op_name, ::kiln::cpu::CpuKernel __VA_ARGS__}), true)
 

@@ -21,7 +21,11 @@ constexpr size_t kAlignment = 64;
 }  // namespace
 
 CpuDevice::CpuDevice(DeviceInfo info, int threads, bool winograd)
-    : info_(std::move(info)), threads_(threads), winograd_(winograd), pool_(threads), partials_(loss_partials(threads)) {
+    : info_(std::move(info)),
+      threads_(threads),
+      winograd_(winograd),
+      pool_(threads),
+      partials_(loss_partials(threads)) {
   blas_warm_up(pool_);
   // Every kernel registered so far (the plugin registered its own before any device opens), indexed by kind: the
   // dispatch of a call is then one load.
@@ -62,7 +66,8 @@ uint64_t CpuDevice::do_upload_async(const void* src, const BufferView& dst) {
 
 void CpuDevice::wait_upload(uint64_t ticket) {
   std::unique_lock lk(tmu_);
-  if (ticket > issued_) throw DeviceError(info_.label() + " wait_upload: ticket " + std::to_string(ticket) + " was never issued");
+  if (ticket > issued_)
+    throw DeviceError(info_.label() + " wait_upload: ticket " + std::to_string(ticket) + " was never issued");
   tcv_.wait(lk, [&] { return completed_ >= ticket; });
 }
 

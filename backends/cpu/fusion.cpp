@@ -67,7 +67,8 @@ size_t conv_run(std::span<const OpCall> c, const BufferView*& y, const BufferVie
   if (c.size() >= 3 && is_relu(c[2], OpKind::ActivationForward, count) && same(c[2].in[0], y1)) {
     const BufferView& y2 = c[2].out[0];
     // y2 over y1 (in place) or exactly over y0 when y1 is separate (then y0 ends up holding y2); otherwise apart.
-    const bool ok = same(y2, y1) || (in_place ? disjoint(y2, {&y1, &x, &w, &ws, &bias}) : same(y2, y0) && disjoint(y2, {&bias}));
+    const bool ok =
+        same(y2, y1) || (in_place ? disjoint(y2, {&y1, &x, &w, &ws, &bias}) : same(y2, y0) && disjoint(y2, {&bias}));
     if (ok) {
       relu_out = &y2;
       // A max pool of y2 into its own buffer, apart from everything the conv, bias and ReLU read or write.
@@ -145,7 +146,8 @@ bool conv_pair_run(std::span<const OpCall> c, size_t at, std::initializer_list<c
 // The pool, ReLU and bias gradient, then such a pair reading their dx: the pair's slices each run the pool's planes
 // first.
 bool pool_relu_bias_conv_pair_run(std::span<const OpCall> c) {
-  if (!pool_relu_bias_conv_run(c) || !conv_pair_run(c, 3, {&c[0].in[0], &c[0].in[1], &c[0].in[2], &c[0].out[0], &c[2].out[0]}))
+  if (!pool_relu_bias_conv_run(c) ||
+      !conv_pair_run(c, 3, {&c[0].in[0], &c[0].in[1], &c[0].in[2], &c[0].out[0], &c[2].out[0]}))
     return false;
   return disjoint(c[4].in[0], {&c[0].out[0], &c[2].out[0]});  // backward filter's x, read while the pool writes dx
 }
@@ -286,8 +288,8 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
   }
   if (pool_relu_run(calls)) {
     const OpCall& c = calls[0];
-    max_pool_backward(std::get<PoolAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), c.in[2].host(),
-                      c.out[0].host(), pool_, true);
+    max_pool_backward(std::get<PoolAttrs>(c.attrs), c.in[0].host(), c.in[1].host(), c.in[2].host(), c.out[0].host(),
+                      pool_, true);
     return 2;
   }
   return 0;

@@ -20,7 +20,8 @@ const PluginDescriptor* descriptor() {
 void register_all(Registry& reg) {
   for (const CpuKernelEntry& e : cpu_kernel_list()) {
     const std::optional<OpKind> kind = find_op(e.op);
-    if (!kind) throw Error(std::string("cpu plugin: a kernel is registered for op '") + e.op + "', which no one registered");
+    if (!kind)
+      throw Error(std::string("cpu plugin: a kernel is registered for op '") + e.op + "', which no one registered");
     reg.add_kernel("cpu", *kind, e.kernel);
   }
   reg.add_backend("cpu",

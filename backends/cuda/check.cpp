@@ -20,10 +20,14 @@ namespace {
 
 const char* library_label(Library lib) {
   switch (lib) {
-    case Library::cuda: return "CUDA";
-    case Library::cublas: return "cuBLAS";
-    case Library::cudnn: return "cuDNN";
-    case Library::nccl: return "NCCL";
+    case Library::cuda:
+      return "CUDA";
+    case Library::cublas:
+      return "cuBLAS";
+    case Library::cudnn:
+      return "cuDNN";
+    case Library::nccl:
+      return "NCCL";
   }
   return "?";
 }
@@ -41,15 +45,24 @@ std::string_view short_path(const char* file) {
 #ifdef KILN_CUDA_HAVE_NCCL
 const char* nccl_name(int code) {
   switch (code) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    default: return "ncclResult";
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidArgument:
+      return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    case ncclInProgress:
+      return "ncclInProgress";
+    default:
+      return "ncclResult";
   }
 }
 #endif
@@ -61,9 +74,12 @@ const char* cuda_hint(int code) {
       return "install or upgrade the NVIDIA driver to one that supports this CUDA runtime";
     case cudaErrorNoDevice:
       return "check that the GPU is visible (nvidia-smi) and that CUDA_VISIBLE_DEVICES names existing devices";
-    case cudaErrorMemoryAllocation: return "lower the batch size or the [device] memory limit of other jobs";
-    case cudaErrorDevicesUnavailable: return "the device is in exclusive-process mode and used by another process";
-    default: return nullptr;
+    case cudaErrorMemoryAllocation:
+      return "lower the batch size or the [device] memory limit of other jobs";
+    case cudaErrorDevicesUnavailable:
+      return "the device is in exclusive-process mode and used by another process";
+    default:
+      return nullptr;
   }
 }
 
@@ -77,13 +93,17 @@ std::string cuda_error_text(int code) {
 std::string format_error(Library lib, int code, const char* call, const char* file, int line) {
   std::string what;
   switch (lib) {
-    case Library::cuda: what = cuda_error_text(code); break;
+    case Library::cuda:
+      what = cuda_error_text(code);
+      break;
     case Library::cublas: {
       const auto s = static_cast<cublasStatus_t>(code);
       what = std::string(cublasGetStatusName(s)) + " (" + cublasGetStatusString(s) + ")";
       break;
     }
-    case Library::cudnn: what = cudnnGetErrorString(static_cast<cudnnStatus_t>(code)); break;
+    case Library::cudnn:
+      what = cudnnGetErrorString(static_cast<cudnnStatus_t>(code));
+      break;
     case Library::nccl:
 #ifdef KILN_CUDA_HAVE_NCCL
       what = std::string(nccl_name(code)) + " (" + ncclGetErrorString(static_cast<ncclResult_t>(code)) + ")";
@@ -92,8 +112,8 @@ std::string format_error(Library lib, int code, const char* call, const char* fi
 #endif
       break;
   }
-  std::string msg = std::string(library_label(lib)) + " call " + call + " failed: " + what + " [status " +
-                    std::to_string(code) + "]";
+  std::string msg =
+      std::string(library_label(lib)) + " call " + call + " failed: " + what + " [status " + std::to_string(code) + "]";
   if (file) msg += " at " + std::string(short_path(file)) + ":" + std::to_string(line);
   if (lib == Library::cuda)
     if (const char* hint = cuda_hint(code)) msg += ". Hint: " + std::string(hint);
@@ -129,11 +149,16 @@ extern "C" __attribute__((visibility("default"))) size_t kiln_cuda_format_error(
   using kiln::cuda::Library;
   const std::string_view lib = library ? library : "";
   Library l;
-  if (lib == "cuda") l = Library::cuda;
-  else if (lib == "cublas") l = Library::cublas;
-  else if (lib == "cudnn") l = Library::cudnn;
-  else if (lib == "nccl") l = Library::nccl;
-  else return 0;
+  if (lib == "cuda")
+    l = Library::cuda;
+  else if (lib == "cublas")
+    l = Library::cublas;
+  else if (lib == "cudnn")
+    l = Library::cudnn;
+  else if (lib == "nccl")
+    l = Library::nccl;
+  else
+    return 0;
   const std::string msg = kiln::cuda::format_error(l, code, call ? call : "", nullptr, 0);
   if (out && cap > 0) {
     const size_t n = std::min(cap - 1, msg.size());

@@ -20,9 +20,9 @@ std::string cuda_error_text(int code);
 }  // namespace kiln::cuda
 
 // Every library reports success as 0 (cudaSuccess, CUBLAS_STATUS_SUCCESS, CUDNN_STATUS_SUCCESS, ncclSuccess).
-#define KILN_CUDA_LIB_CHECK_(lib, call)                                                         \
-  do {                                                                                          \
-    const int kiln_status_ = static_cast<int>(call);                                            \
+#define KILN_CUDA_LIB_CHECK_(lib, call)                                                             \
+  do {                                                                                              \
+    const int kiln_status_ = static_cast<int>(call);                                                \
     if (kiln_status_ != 0) ::kiln::cuda::throw_error(lib, kiln_status_, #call, __FILE__, __LINE__); \
   } while (0)
 

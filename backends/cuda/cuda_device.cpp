@@ -101,7 +101,7 @@ CudaDevice::CudaDevice(int ordinal, DeviceInfo info) : ordinal_(ordinal), info_(
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);  // not activate(): a destructor must not throw
-  graphs_.reset();  // ends a capture left open, destroys the graphs
+  graphs_.reset();          // ends a capture left open, destroys the graphs
   cudaStreamSynchronize(stream_.get());
   if (upload_stream_) cudaStreamSynchronize(upload_stream_.get());
   cudaGetLastError();
@@ -220,7 +220,8 @@ void CudaDevice::wait_upload(uint64_t ticket) {
       uploads_.erase(it);
       return;
     }
-  throw DeviceError(info_.label() + ": wait_upload: ticket " + std::to_string(ticket) + " is not pending (never issued, or already waited on)");
+  throw DeviceError(info_.label() + ": wait_upload: ticket " + std::to_string(ticket) +
+                    " is not pending (never issued, or already waited on)");
 }
 
 void CudaDevice::begin_sequence(uint64_t step_id) {

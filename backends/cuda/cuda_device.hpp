@@ -16,10 +16,10 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <utility>
-#include <vector>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda_kernel.hpp"
 #include "graph.hpp"
@@ -95,11 +95,11 @@ class CudaDevice final : public Device {
   // One per add_device_state, in its order, with its name (made after the handles, destroyed before them).
   std::vector<std::pair<std::string, std::unique_ptr<CudaDeviceState>>> states_;
   std::unique_ptr<PinnedStaging> staging_;
-  StreamHandle upload_stream_;                   // created on first upload_async
+  StreamHandle upload_stream_;  // created on first upload_async
   std::unique_ptr<PinnedStaging> upload_staging_;
-  EventHandle ops_mark_;                         // recorded on the op stream before each upload
+  EventHandle ops_mark_;                                  // recorded on the op stream before each upload
   std::deque<std::pair<uint64_t, EventHandle>> uploads_;  // tickets not yet waited on, with their events
-  std::vector<EventHandle> spare_events_;                  // waited-on events, reused (no create per step)
+  std::vector<EventHandle> spare_events_;                 // waited-on events, reused (no create per step)
   uint64_t next_ticket_ = 1;
   std::unique_ptr<GraphRecorder> graphs_;
   std::mutex mu_;

@@ -138,7 +138,9 @@ void GraphRecorder::run(const OpCall& call) {
   alignas(16) unsigned char scratch[kSlot];
   switch (mode_) {
     case Mode::idle:
-    case Mode::eager: execute_(call, nullptr); return;
+    case Mode::eager:
+      execute_(call, nullptr);
+      return;
     case Mode::observe:
       if (pack_step_scalars(call, scratch)) ++seq_->scalar_calls;
       execute_(call, nullptr);
@@ -297,8 +299,11 @@ void GraphRecorder::boundary() {
 
 void GraphRecorder::end() {
   switch (mode_) {
-    case Mode::idle: return;  // end without begin: nothing to close
-    case Mode::eager: stats_.eager_steps++; break;
+    case Mode::idle:
+      return;  // end without begin: nothing to close
+    case Mode::eager:
+      stats_.eager_steps++;
+      break;
     case Mode::observe:
       seq_->counted = true;
       stats_.eager_steps++;

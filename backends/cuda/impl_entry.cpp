@@ -1,6 +1,7 @@
 // The entries of cuda/libkiln_cuda_impl.so that the "cuda" plugin (plugin.cpp) looks up when it first needs the
-// backend or the NCCL communicator (in one process or across a process group). Ownership passes to the caller (a std::unique_ptr there); errors are thrown
-// as Kiln's exceptions, whose types live in libkiln_core, shared by both libraries.
+// backend or the NCCL communicator (in one process or across a process group). Ownership passes to the caller (a
+// std::unique_ptr there); errors are thrown as Kiln's exceptions, whose types live in libkiln_core, shared by both
+// libraries.
 #include "cuda_backend.hpp"
 #include "cuda_kernel.hpp"
 #include "kiln/strategy.hpp"

@@ -39,14 +39,18 @@ std::vector<CudaDevice*> take_devices(std::span<Device* const> devices) {
   return out;
 }
 
-std::span<const uint8_t> bytes_of(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+std::span<const uint8_t> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
 
 std::vector<std::string> split_lines(const std::vector<uint8_t>& b) {
   std::vector<std::string> out;
   std::string cur;
   for (uint8_t c : b) {
-    if (c == '\n') out.push_back(std::move(cur)), cur.clear();
-    else cur.push_back(static_cast<char>(c));
+    if (c == '\n')
+      out.push_back(std::move(cur)), cur.clear();
+    else
+      cur.push_back(static_cast<char>(c));
   }
   if (!cur.empty()) out.push_back(std::move(cur));
   return out;
@@ -111,7 +115,8 @@ class NcclCommunicator final : public Communicator {
         auto [it, fresh] = seen.try_emplace({l[0], id}, p, label);
         if (!fresh)
           throw DeviceError(where + ": " + who(it->second.first) + " drives " + it->second.second + " and " + who(p) +
-                            " drives " + label + ", the same GPU (" + id + "); NCCL needs one rank per GPU. Give each "
+                            " drives " + label + ", the same GPU (" + id +
+                            "); NCCL needs one rank per GPU. Give each "
                             "MPI rank on a host its own GPUs, e.g. mpirun -np 2 sh -c 'CUDA_VISIBLE_DEVICES="
                             "$OMPI_COMM_WORLD_LOCAL_RANK exec kiln train run.toml' (docs/scaling.md)");
       }
@@ -169,7 +174,8 @@ class NcclCommunicator final : public Communicator {
       const ncclResult_t e = ncclAllReduce(p, p, count, ncclFloat, ncclSum, comms_[r], devices_[r]->stream());
       if (e != ncclSuccess) {
         ncclGroupEnd();
-        throw_error(Library::nccl, e, "ncclAllReduce(p, p, count, ncclFloat, ncclSum, comm, stream)", __FILE__, __LINE__);
+        throw_error(Library::nccl, e, "ncclAllReduce(p, p, count, ncclFloat, ncclSum, comm, stream)", __FILE__,
+                    __LINE__);
       }
     }
     KILN_NCCL_CHECK(ncclGroupEnd());

@@ -51,7 +51,9 @@ Nvml::Nvml() {
   }
   auto api = new Api;
   api->lib = lib;
-  auto sym = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name)); };
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+  };
   sym(api->init, "nvmlInit_v2");
   sym(api->error_string, "nvmlErrorString");
   sym(api->by_uuid, "nvmlDeviceGetHandleByUUID");
@@ -103,7 +105,7 @@ std::vector<std::string> Nvml::processes(const std::string& uuid) {
     if (api_->process_name && api_->process_name(p.pid, name, sizeof name) == kNvmlSuccess && name[0])
       line += " (" + std::string(name) + ")";
     line += ": " + (p.usedGpuMemory == kNvmlValueNotAvailable ? std::string("memory n/a")
-                                                                : format_bytes(static_cast<size_t>(p.usedGpuMemory)));
+                                                              : format_bytes(static_cast<size_t>(p.usedGpuMemory)));
     out.push_back(std::move(line));
   }
   return out;

@@ -4,6 +4,8 @@
 // memory once loaded and relocated) lives in cuda/libkiln_cuda_impl.so beside it, which is loaded the first time a
 // "cuda" backend or "nccl" communicator is actually created. A run on the CPU or Vulkan backend never pays for it,
 // and a host whose CUDA libraries are missing still loads the plugin: its backend then lists no device and says why.
+#include "kiln/plugin.hpp"
+
 #include <dlfcn.h>
 
 #include <exception>
@@ -13,7 +15,6 @@
 #include <string>
 
 #include "kiln/error.hpp"
-#include "kiln/plugin.hpp"
 #include "visible_devices.hpp"
 
 namespace kiln::cuda {
@@ -118,7 +119,8 @@ const PluginDescriptor* descriptor() {
       "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs, NCCL communicator (in one process or "
       "across MPI ranks)";
 #else
-  static const char* what = "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs (built without NCCL)";
+  static const char* what =
+      "CUDA backend: cuBLAS GEMM, cuDNN convolutions, CUDA kernels and graphs (built without NCCL)";
 #endif
   static const PluginDescriptor d{"cuda", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT, what};
   return &d;
@@ -136,12 +138,14 @@ void register_all(Registry& reg) {
     return std::unique_ptr<Communicator>(i.make_nccl(devices.data(), devices.size()));
   });
   // Across processes: the process group (the mpi plugin) carries the NCCL unique id; this plugin never links MPI.
-  reg.add_group_communicator("nccl", [](std::span<Device* const> devices, ProcessGroup& group) -> std::unique_ptr<Communicator> {
-    const Impl& i = impl();
-    if (!i.error.empty()) throw Error("nccl communicator: " + i.error);
-    if (!i.make_nccl_group) throw Error("nccl communicator: " + i.path + " was built without NCCL across processes (another build?)");
-    return std::unique_ptr<Communicator>(i.make_nccl_group(devices.data(), devices.size(), &group));
-  });
+  reg.add_group_communicator(
+      "nccl", [](std::span<Device* const> devices, ProcessGroup& group) -> std::unique_ptr<Communicator> {
+        const Impl& i = impl();
+        if (!i.error.empty()) throw Error("nccl communicator: " + i.error);
+        if (!i.make_nccl_group)
+          throw Error("nccl communicator: " + i.path + " was built without NCCL across processes (another build?)");
+        return std::unique_ptr<Communicator>(i.make_nccl_group(devices.data(), devices.size(), &group));
+      });
 #endif
 }
 

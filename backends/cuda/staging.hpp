@@ -24,7 +24,7 @@ class PinnedStaging {
  private:
   struct Chunk {
     PinnedMemory host;
-    EventHandle done;     // recorded after the last copy that used `host`
+    EventHandle done;      // recorded after the last copy that used `host`
     bool pending = false;  // `done` was recorded and not yet waited on
   };
   Chunk& chunk(size_t i);  // allocates lazily

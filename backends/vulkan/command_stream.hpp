@@ -29,8 +29,8 @@ struct StagingSlice {
 struct StreamConfig {
   uint32_t queue_family = 0;
   uint32_t staging_memory_type = 0;
-  uint32_t ops_per_batch = 256;        // submit after this many recorded ops (outside sequences)
-  size_t staging_chunk = 16u << 20;    // staging is carved from chunks of this size (reused across batches)
+  uint32_t ops_per_batch = 256;          // submit after this many recorded ops (outside sequences)
+  size_t staging_chunk = 16u << 20;      // staging is carved from chunks of this size (reused across batches)
   size_t staging_per_batch = 64u << 20;  // a batch holding more staging than this is submitted first
 };
 

@@ -32,14 +32,15 @@ void Encoder::dispatch_shader(const ShaderKernel& k, std::span<const Bind> binds
                               uint32_t gx, uint32_t gy, uint32_t gz) {
   if (params.size() * 4 > kPushConstantBytes - 32)
     throw DeviceError("vulkan: kernel " + k.name + " passes " + std::to_string(params.size()) +
-                      " parameter words, the push-constant block holds " + std::to_string((kPushConstantBytes - 32) / 4));
+                      " parameter words, the push-constant block holds " +
+                      std::to_string((kPushConstantBytes - 32) / 4));
   if (binds.size() > 8)
     throw DeviceError("vulkan: kernel " + k.name + " binds " + std::to_string(binds.size()) + " buffers, at most 8");
   dispatch_raw(k.name.c_str(), binds, params.data(), params.size() * 4, gx, gy, gz, &k.spirv);
 }
 
-void Encoder::dispatch_raw(const char* name, std::span<const Bind> binds, const void* params, size_t bytes,
-                           uint32_t gx, uint32_t gy, uint32_t gz, const std::vector<uint32_t>* spirv) {
+void Encoder::dispatch_raw(const char* name, std::span<const Bind> binds, const void* params, size_t bytes, uint32_t gx,
+                           uint32_t gy, uint32_t gz, const std::vector<uint32_t>* spirv) {
   if (gx == 0 || gy == 0 || gz == 0) return;
   const KernelPipeline& k = kernels_.get(name, spirv);
   if (binds.size() != k.bindings)

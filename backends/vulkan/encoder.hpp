@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "command_stream.hpp"
 #include "kiln/device.hpp"
@@ -16,8 +16,8 @@
 namespace kiln::vulkan {
 
 struct DeviceLimits {
-  size_t max_range = 0;        // maxStorageBufferRange: the largest view a kernel can bind
-  size_t offset_align = 16;    // minStorageBufferOffsetAlignment
+  size_t max_range = 0;      // maxStorageBufferRange: the largest view a kernel can bind
+  size_t offset_align = 16;  // minStorageBufferOffsetAlignment
   uint32_t max_groups[3] = {65535, 65535, 65535};
   bool llvmpipe_gemm = false;  // PhysicalDevice::llvmpipe_gemm: gemm/batched_gemm may use gemm_lvp_*.comp
 };
@@ -41,8 +41,8 @@ class Encoder {
   // Records kernel `name` over groups (gx, gy, gz) with `binds` at bindings 0.. and `params` after the
   // binding offsets in the push constants. A barrier is recorded first when a binding depends on earlier work.
   template <class Params>
-  void dispatch(const char* name, std::initializer_list<Bind> binds, const Params& params, uint32_t gx,
-                uint32_t gy = 1, uint32_t gz = 1) {
+  void dispatch(const char* name, std::initializer_list<Bind> binds, const Params& params, uint32_t gx, uint32_t gy = 1,
+                uint32_t gz = 1) {
     static_assert(sizeof(Params) <= kPushConstantBytes - 32, "kernel parameters exceed the push-constant block");
     dispatch_raw(name, std::span<const Bind>(binds.begin(), binds.size()), &params, sizeof(Params), gx, gy, gz);
   }

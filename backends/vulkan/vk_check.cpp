@@ -9,7 +9,8 @@ namespace kiln::vulkan {
 std::string vk_result_text(VkResult r) {
   switch (r) {
 #define KILN_VK_CASE(name, text) \
-  case name: return std::string(#name " (") + text + ")";
+  case name:                     \
+    return std::string(#name " (") + text + ")";
     KILN_VK_CASE(VK_SUCCESS, "success")
     KILN_VK_CASE(VK_NOT_READY, "not ready")
     KILN_VK_CASE(VK_TIMEOUT, "timeout")
@@ -32,7 +33,8 @@ std::string vk_result_text(VkResult r) {
     KILN_VK_CASE(VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS, "invalid opaque capture address")
     KILN_VK_CASE(VK_ERROR_UNKNOWN, "unknown error")
 #undef KILN_VK_CASE
-    default: return "VkResult " + std::to_string(static_cast<int>(r));
+    default:
+      return "VkResult " + std::to_string(static_cast<int>(r));
   }
 }
 

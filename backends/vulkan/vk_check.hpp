@@ -23,8 +23,8 @@ T vk_init(VkStructureType type) {
 }  // namespace kiln::vulkan
 
 // Evaluates a Vulkan call returning VkResult; anything but VK_SUCCESS throws DeviceError naming the call.
-#define KILN_VK_CHECK(call)                                                           \
-  do {                                                                                \
-    const VkResult kiln_vk_r_ = (call);                                               \
+#define KILN_VK_CHECK(call)                                                                       \
+  do {                                                                                            \
+    const VkResult kiln_vk_r_ = (call);                                                           \
     if (kiln_vk_r_ != VK_SUCCESS) ::kiln::vulkan::vk_fail(#call, kiln_vk_r_, __FILE__, __LINE__); \
   } while (0)

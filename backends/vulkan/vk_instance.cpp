@@ -49,10 +49,9 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagB
                                                 VkDebugUtilsMessageTypeFlagsEXT type,
                                                 const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
   static std::mutex mu;
-  const bool counted = (severity & (VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
-                                    VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT)) &&
-                       (type & (VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
-                                VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT));
+  const bool counted =
+      (severity & (VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT)) &&
+      (type & (VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT));
   if (counted) static_cast<std::atomic<uint64_t>*>(user)->fetch_add(1);
   std::lock_guard<std::mutex> lock(mu);
   std::cerr << "[vulkan " << (counted ? "validation" : "loader") << "] " << (data->pMessage ? data->pMessage : "")
@@ -62,14 +61,22 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagB
 
 std::string vendor_name(uint32_t id) {
   switch (id) {
-    case 0x10de: return "NVIDIA";
-    case 0x1002: return "AMD";
-    case 0x8086: return "Intel";
-    case 0x13b5: return "ARM";
-    case 0x5143: return "Qualcomm";
-    case 0x1010: return "Imagination";
-    case 0x106b: return "Apple";
-    case VK_VENDOR_ID_MESA: return "Mesa (software)";
+    case 0x10de:
+      return "NVIDIA";
+    case 0x1002:
+      return "AMD";
+    case 0x8086:
+      return "Intel";
+    case 0x13b5:
+      return "ARM";
+    case 0x5143:
+      return "Qualcomm";
+    case 0x1010:
+      return "Imagination";
+    case 0x106b:
+      return "Apple";
+    case VK_VENDOR_ID_MESA:
+      return "Mesa (software)";
     default: {
       char buf[16];
       std::snprintf(buf, sizeof buf, "0x%04x", id);
@@ -167,13 +174,16 @@ void VulkanInstance::enumerate() {
     }
     auto p2 = vk_init<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
     auto ids = vk_init<VkPhysicalDeviceIDProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES);
-    auto m3 = vk_init<VkPhysicalDeviceMaintenance3Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES);
-    auto pci = vk_init<VkPhysicalDevicePCIBusInfoPropertiesEXT>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PCI_BUS_INFO_PROPERTIES_EXT);
+    auto m3 =
+        vk_init<VkPhysicalDeviceMaintenance3Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES);
+    auto pci =
+        vk_init<VkPhysicalDevicePCIBusInfoPropertiesEXT>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PCI_BUS_INFO_PROPERTIES_EXT);
     auto sub = vk_init<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
     p2.pNext = &sub;
     sub.pNext = &ids;
     ids.pNext = &m3;
-    auto m4 = vk_init<VkPhysicalDeviceMaintenance4Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES);
+    auto m4 =
+        vk_init<VkPhysicalDeviceMaintenance4Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES);
     void** tail = &m3.pNext;
     if (pd.pci_bus_info) {
       *tail = &pci;
@@ -221,7 +231,7 @@ void VulkanInstance::enumerate() {
         break;
     }
     info.host_addressable = false;  // blocks are VkBuffers; the host reaches them through staging copies
-    if (pd.pci_bus_info) {  // the Linux sysfs form, as CUDA's and nvidia-smi's bus ids normalise to
+    if (pd.pci_bus_info) {          // the Linux sysfs form, as CUDA's and nvidia-smi's bus ids normalise to
       char buf[32];
       std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", pci.pciDomain, pci.pciBus, pci.pciDevice, pci.pciFunction);
       info.hardware_id = buf;
@@ -229,7 +239,8 @@ void VulkanInstance::enumerate() {
       info.hardware_id = "uuid:" + format_uuid(ids.deviceUUID);
     }
     for (uint32_t i = 0; i < pd.memory.memoryHeapCount; ++i)
-      if (pd.memory.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) info.total_memory += pd.memory.memoryHeaps[i].size;
+      if (pd.memory.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+        info.total_memory += pd.memory.memoryHeaps[i].size;
     devices_.push_back(std::move(pd));
     devices_.back().info.free_memory = free_memory(devices_.back(), 0);
   }
@@ -243,7 +254,8 @@ bool VulkanInstance::submit_test_message() {
   auto data = vk_init<VkDebugUtilsMessengerCallbackDataEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CALLBACK_DATA_EXT);
   data.pMessageIdName = "kiln-self-test";
   data.pMessage = "kiln self-test: a message sent on purpose to check that validation messages are counted";
-  submit(instance_, VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT, VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT, &data);
+  submit(instance_, VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT, VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT,
+         &data);
   return true;
 }
 
@@ -264,15 +276,16 @@ std::string PhysicalDevice::describe() const {
        "\nmaxMemoryAllocationSize: " + std::to_string(max_allocation_bytes) +
        "\nmaxComputeSharedMemorySize: " + std::to_string(l.maxComputeSharedMemorySize) + "\n";
   s += std::string("VK_EXT_memory_budget: ") + (memory_budget ? "yes" : "no") +
-       "\nVK_EXT_pci_bus_info: " + (pci_bus_info ? "yes" : "no") +
-       "\nVK_KHR_cooperative_matrix: " + (cooperative_matrix_khr ? "present, unused (see kernels/vulkan/README.md)" : "no") +
+       "\nVK_EXT_pci_bus_info: " + (pci_bus_info ? "yes" : "no") + "\nVK_KHR_cooperative_matrix: " +
+       (cooperative_matrix_khr ? "present, unused (see kernels/vulkan/README.md)" : "no") +
        "\nllvmpipe GEMM kernel: " + (llvmpipe_gemm ? "yes (gemm_lvp, unless KILN_VULKAN_LVP_GEMM=0)" : "no") + "\n";
   return s;
 }
 
 size_t VulkanInstance::free_memory(const PhysicalDevice& pd, size_t used_by_us) const {
   if (pd.memory_budget) {
-    auto budget = vk_init<VkPhysicalDeviceMemoryBudgetPropertiesEXT>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT);
+    auto budget = vk_init<VkPhysicalDeviceMemoryBudgetPropertiesEXT>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT);
     auto mp = vk_init<VkPhysicalDeviceMemoryProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2);
     mp.pNext = &budget;
     vkGetPhysicalDeviceMemoryProperties2(pd.handle, &mp);

@@ -21,14 +21,14 @@ struct PhysicalDevice {
   size_t max_allocation_bytes = 0;  // VkPhysicalDeviceMaintenance3Properties::maxMemoryAllocationSize
   size_t max_buffer_bytes = 0;      // VkPhysicalDeviceMaintenance4Properties::maxBufferSize (1.3), else unlimited
   uint32_t compute_family = UINT32_MAX;
-  bool memory_budget = false;  // VK_EXT_memory_budget
-  bool pci_bus_info = false;   // VK_EXT_pci_bus_info
+  bool memory_budget = false;           // VK_EXT_memory_budget
+  bool pci_bus_info = false;            // VK_EXT_pci_bus_info
   bool cooperative_matrix_khr = false;  // VK_KHR_cooperative_matrix (reported; no kernel compiled for it yet)
   bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix
   // llvmpipe (lavapipe, Vulkan on the CPU) with 8-wide subgroups that support ballot (subgroupBroadcast) in
   // compute shaders: the GEMM then runs its llvmpipe kernel (kernels/vulkan/gemm_lvp.glsl).
   bool llvmpipe_gemm = false;
-  std::string vendor;  // "NVIDIA", "AMD", "Intel", "Mesa (software)", or the PCI vendor id in hex
+  std::string vendor;            // "NVIDIA", "AMD", "Intel", "Mesa (software)", or the PCI vendor id in hex
   std::string describe() const;  // vendor, type, versions, heaps, limits and extensions, one per line
 };
 

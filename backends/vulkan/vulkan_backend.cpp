@@ -67,8 +67,9 @@ class VulkanBackend final : public Backend {
       return false;
     }
     if (instance_->devices().empty()) {
-      reason_ = "vulkan: the loader found no device with Vulkan 1.1+ and a compute queue (check `vulkaninfo`; "
-                "for a CPU device install Mesa's lavapipe, Debian: mesa-vulkan-drivers)";
+      reason_ =
+          "vulkan: the loader found no device with Vulkan 1.1+ and a compute queue (check `vulkaninfo`; "
+          "for a CPU device install Mesa's lavapipe, Debian: mesa-vulkan-drivers)";
       instance_.reset();
       return false;
     }
@@ -87,9 +88,8 @@ const PluginDescriptor* descriptor() {
 }
 
 void register_all(Registry& reg) {
-  reg.add_backend("vulkan", [](const BackendOptions& o) -> std::unique_ptr<Backend> {
-    return std::make_unique<VulkanBackend>(o);
-  });
+  reg.add_backend(
+      "vulkan", [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<VulkanBackend>(o); });
   std::set<OpKind> seen;
   for (const VulkanKernelEntry& e : vulkan_kernel_list()) {
     const std::optional<OpKind> kind = find_op(e.op);

@@ -18,7 +18,7 @@ bool env_disables_lvp_gemm() {
 }
 
 constexpr uint32_t kReservedAllocations = 64;  // left for staging chunks and internal buffers
-constexpr size_t kCopyPiece = 16u << 20;         // host copies are staged in pieces of one staging chunk
+constexpr size_t kCopyPiece = 16u << 20;       // host copies are staged in pieces of one staging chunk
 
 constexpr VkBufferUsageFlags kBlockUsage =
     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;

@@ -29,12 +29,11 @@ class VulkanDevice final : public Device {
   // Ops between begin and end go into one command buffer (no batch-limit submits), submitted at the end.
   void begin_sequence(uint64_t step_id) override;
   void end_sequence() override;
-  // "validation.message_count" -> std::atomic<uint64_t>* (validation on only); "vulkan.submissions" -> const uint64_t* (batches
-  // submitted so far); "vulkan.pipelines" -> const uint64_t* (pipelines created so far);
-  // "vulkan.vendor" -> const char* ("NVIDIA", "Mesa (software)", ...); "vulkan.describe" -> const char* (vendor,
-  // type, heaps, budget, limits and extensions, one per line);
-  // "vulkan.debug.submit_test_message" sends one error through the validation messenger (a self-test of the
-  // counting) and returns the counter, or nullptr when validation is off.
+  // "validation.message_count" -> std::atomic<uint64_t>* (validation on only); "vulkan.submissions" -> const uint64_t*
+  // (batches submitted so far); "vulkan.pipelines" -> const uint64_t* (pipelines created so far); "vulkan.vendor" ->
+  // const char* ("NVIDIA", "Mesa (software)", ...); "vulkan.describe" -> const char* (vendor, type, heaps, budget,
+  // limits and extensions, one per line); "vulkan.debug.submit_test_message" sends one error through the validation
+  // messenger (a self-test of the counting) and returns the counter, or nullptr when validation is off.
   void* extension(std::string_view name) override;
 
  protected:

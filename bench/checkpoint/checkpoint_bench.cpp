@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
   const std::string dir = argc > 2 ? argv[2] : ".";
   std::vector<char> buf(256u << 20);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<char>(i * 2654435761u >> 13);
-  std::printf("checksum over 256 MiB in memory: FNV-1a 64 %.2f GB/s, XXH3-64 %.2f GB/s\n",
-              best_gbps(buf, fnv), best_gbps(buf, [](const char* p, size_t n) { return XXH3_64bits(p, n); }));
+  std::printf("checksum over 256 MiB in memory: FNV-1a 64 %.2f GB/s, XXH3-64 %.2f GB/s\n", best_gbps(buf, fnv),
+              best_gbps(buf, [](const char* p, size_t n) { return XXH3_64bits(p, n); }));
 
   kiln::Checkpoint c;
   c.epoch = 1;

@@ -60,9 +60,11 @@ void bench_launch(Device& d, int ops, int steps, bool graphs) {
   Buf x(d, 4096), y(d, 4096);
   std::vector<OpCall> calls;
   for (int i = 0; i < ops; ++i)
-    calls.push_back({i % 2 ? OpKind::Scale : OpKind::Add, ElementwiseAttrs{1024, 1.f, 0.5f},
+    calls.push_back({i % 2 ? OpKind::Scale : OpKind::Add,
+                     ElementwiseAttrs{1024, 1.f, 0.5f},
                      i % 2 ? std::vector<BufferView>{x.view()} : std::vector<BufferView>{x.view(), y.view()},
-                     {y.view()}, {}});
+                     {y.view()},
+                     {}});
   auto step = [&] {
     if (graphs) d.begin_sequence(1);
     for (const auto& c : calls) d.run(c);
@@ -92,10 +94,14 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {1024, 2048, 4096, 8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--device" && i + 1 < argc) device = std::atoi(argv[++i]);
-    else if (a == "--iters" && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (a == "--tf32") tf32 = true;
-    else if (a == "--sizes" && i + 1 < argc) sizes = parse_sizes(argv[++i]);
+    if (a == "--device" && i + 1 < argc)
+      device = std::atoi(argv[++i]);
+    else if (a == "--iters" && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (a == "--tf32")
+      tf32 = true;
+    else if (a == "--sizes" && i + 1 < argc)
+      sizes = parse_sizes(argv[++i]);
     else {
       std::cerr << "usage: kiln_cuda_gemm_bench [--device N] [--iters N] [--tf32] [--sizes 1024,2048,...]\n";
       return 2;

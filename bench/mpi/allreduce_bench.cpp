@@ -15,14 +15,18 @@ int main(int argc, char** argv) {
   kiln::ProcessGroupOptions o;
   size_t max_bytes = size_t{64} << 20;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--fixed-order") == 0) o.fixed_order = true;
-    else if (std::strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc) max_bytes = std::stoull(argv[++i]);
+    if (std::strcmp(argv[i], "--fixed-order") == 0)
+      o.fixed_order = true;
+    else if (std::strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
+      max_bytes = std::stoull(argv[++i]);
   }
   kiln::mpi::MpiGroup g(o);
   const int n = g.size();
   if (g.rank() == 0)
-    std::printf("# %d ranks, %s reduction\n| bytes | us per all-reduce | algbw GB/s | busbw GB/s |\n| ---: | ---: | ---: | ---: |\n", n,
-                o.fixed_order ? "fixed_order" : "fast");
+    std::printf(
+        "# %d ranks, %s reduction\n| bytes | us per all-reduce | algbw GB/s | busbw GB/s |\n| ---: | ---: | ---: | "
+        "---: |\n",
+        n, o.fixed_order ? "fixed_order" : "fast");
   for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     std::vector<float> v(bytes / sizeof(float), 1.f);
     const int reps = bytes <= (size_t{1} << 20) ? 50 : 10;

@@ -21,9 +21,9 @@ namespace {
 
 struct Result {
   double median_s = 0;
-  double comm_s = 0;      // all-reduce seconds per step (from the runner's report)
-  double hidden = -1;     // fraction of it hidden behind backward
-  double bubble = -1;     // model_parallel: measured share of device time idle during the step
+  double comm_s = 0;   // all-reduce seconds per step (from the runner's report)
+  double hidden = -1;  // fraction of it hidden behind backward
+  double bubble = -1;  // model_parallel: measured share of device time idle during the step
   std::vector<size_t> optimizer_state_planned, optimizer_state_allocated;
   int64_t batch = 0;
 };
@@ -34,7 +34,8 @@ struct Bench {
   int steps = 60, warmup = 10;
   bool verbose = false;
   std::vector<std::string> only;  // --only k=v: time just this setup (repeatable), print its report
-  std::string mp_config;          // --mp CONFIG: also time a model_parallel config over micro-batch counts  // print each runner's report (per-replica compute and wait) to stderr
+  std::string mp_config;  // --mp CONFIG: also time a model_parallel config over micro-batch counts  // print each
+                          // runner's report (per-replica compute and wait) to stderr
   kiln::PluginLoader loader;
   kiln::Registry reg = kiln::Registry::with_builtins();
 
@@ -86,9 +87,11 @@ struct Bench {
       r.hidden = std::stod(m[2]) / 100.0;
     }
     if (verbose) std::cerr << "--- " << (extra.empty() ? std::string("base") : extra.back()) << "\n" << rep;
-    if (std::regex_search(rep, m, std::regex("measured bubble \\(device idle share of the step\\) ([0-9.]+)"))) r.bubble = std::stod(m[1]);
+    if (std::regex_search(rep, m, std::regex("measured bubble \\(device idle share of the step\\) ([0-9.]+)")))
+      r.bubble = std::stod(m[1]);
     for (const auto& d : s.devices())
-      r.optimizer_state_allocated.push_back(d.allocator->stats().in_use_by_tag[static_cast<size_t>(kiln::MemoryTag::optimizer_state)]);
+      r.optimizer_state_allocated.push_back(
+          d.allocator->stats().in_use_by_tag[static_cast<size_t>(kiln::MemoryTag::optimizer_state)]);
     return r;
   }
 };
@@ -103,20 +106,28 @@ std::string kib(size_t b) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: kiln_parallel_bench CONFIG [--steps N] [--warmup N] [--repeat K] [--mp MP_CONFIG] [--verbose] [--set key=value]...\n";
+    std::cerr << "usage: kiln_parallel_bench CONFIG [--steps N] [--warmup N] [--repeat K] [--mp MP_CONFIG] [--verbose] "
+                 "[--set key=value]...\n";
     return 2;
   }
   Bench b;
   b.config = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--set" && i + 1 < argc) b.sets.push_back(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) b.steps = std::stoi(argv[++i]);
-    else if (a == "--warmup" && i + 1 < argc) b.warmup = std::stoi(argv[++i]);
-    else if (a == "--verbose") b.verbose = true;
-    else if (a == "--only" && i + 1 < argc) b.only.push_back(argv[++i]);
-    else if (a == "--mp" && i + 1 < argc) b.mp_config = argv[++i];
-    else if (a == "--repeat" && i + 1 < argc) b.repeat = std::max(1, std::stoi(argv[++i]));
+    if (a == "--set" && i + 1 < argc)
+      b.sets.push_back(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc)
+      b.steps = std::stoi(argv[++i]);
+    else if (a == "--warmup" && i + 1 < argc)
+      b.warmup = std::stoi(argv[++i]);
+    else if (a == "--verbose")
+      b.verbose = true;
+    else if (a == "--only" && i + 1 < argc)
+      b.only.push_back(argv[++i]);
+    else if (a == "--mp" && i + 1 < argc)
+      b.mp_config = argv[++i];
+    else if (a == "--repeat" && i + 1 < argc)
+      b.repeat = std::max(1, std::stoi(argv[++i]));
   }
   try {
     for (auto& d : kiln::PluginLoader::default_dirs()) b.loader.load_dir(d, b.reg);
@@ -132,9 +143,10 @@ int main(int argc, char** argv) {
       if (std::fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
       std::fclose(f);
     }
-    std::printf("host: %u hardware threads, load average %.2f at start; config %s; median of %d timed steps after %d warm-up "
-                "steps, best of %d run(s) per setup\n\n",
-                cores, load[0], b.config.c_str(), b.steps, b.warmup, b.repeat);
+    std::printf(
+        "host: %u hardware threads, load average %.2f at start; config %s; median of %d timed steps after %d warm-up "
+        "steps, best of %d run(s) per setup\n\n",
+        cores, load[0], b.config.c_str(), b.steps, b.warmup, b.repeat);
     auto dp = [](int n, int threads, std::vector<std::string> more = {}) {
       std::vector<std::string> v = {"strategy.type=\"data_parallel\"", "device.virtual_devices=" + std::to_string(n),
                                     "device.threads=" + std::to_string(threads)};
@@ -143,11 +155,13 @@ int main(int argc, char** argv) {
     };
 
     std::printf("## 1. Step time over logical CPU devices (same global batch)\n\n");
-    std::printf("| setup | threads/device | step (ms) | examples/s | vs single, 1 device, all cores |\n|---|---|---|---|---|\n");
+    std::printf(
+        "| setup | threads/device | step (ms) | examples/s | vs single, 1 device, all cores "
+        "|\n|---|---|---|---|---|\n");
     Result base = b.run({"device.threads=0"});
     auto row = [&](const char* name, const std::string& threads, const Result& r) {
-      std::printf("| %s | %s | %.3f | %.0f | %.2fx |\n", name, threads.c_str(), r.median_s * 1e3, double(r.batch) / r.median_s,
-                  base.median_s / r.median_s);
+      std::printf("| %s | %s | %.3f | %.0f | %.2fx |\n", name, threads.c_str(), r.median_s * 1e3,
+                  double(r.batch) / r.median_s, base.median_s / r.median_s);
     };
     row("single, 1 device", "all", base);
     row("single, 1 device", "1", b.run({"device.threads=1"}));
@@ -161,12 +175,16 @@ int main(int argc, char** argv) {
     std::printf("| bucket_size | overlap | step (ms) | all-reduce (ms/step) | hidden |\n|---|---|---|---|---|\n");
     for (const char* bucket : {"\"64KiB\"", "\"256KiB\"", "\"1MiB\"", "\"64MiB\""})
       for (const char* overlap : {"true", "false"}) {
-        Result r = b.run(dp(2, 1, {std::string("strategy.bucket_size=") + bucket, std::string("strategy.overlap=") + overlap}));
-        std::printf("| %s | %s | %.3f | %.3f | %.0f%% |\n", bucket, overlap, r.median_s * 1e3, r.comm_s * 1e3, r.hidden * 100);
+        Result r = b.run(
+            dp(2, 1, {std::string("strategy.bucket_size=") + bucket, std::string("strategy.overlap=") + overlap}));
+        std::printf("| %s | %s | %.3f | %.3f | %.0f%% |\n", bucket, overlap, r.median_s * 1e3, r.comm_s * 1e3,
+                    r.hidden * 100);
       }
 
     std::printf("\n## 3. Optimizer state per replica: replicated vs sharded\n\n");
-    std::printf("| replicas | optimizer_state | planned per replica | allocated per replica | step (ms) |\n|---|---|---|---|---|\n");
+    std::printf(
+        "| replicas | optimizer_state | planned per replica | allocated per replica | step (ms) "
+        "|\n|---|---|---|---|---|\n");
     for (int n : {2, 4})
       for (const char* mode : {"replicated", "sharded"}) {
         Result r = b.run(dp(n, 1, {std::string("strategy.optimizer_state=\"") + mode + "\""}));
@@ -184,7 +202,8 @@ int main(int argc, char** argv) {
       for (int m : {1, 2, 4, 8})
         for (const char* conc : {"true", "false"}) {
           Result r = b.run({"strategy.micro_batches=" + std::to_string(m), std::string("strategy.concurrent=") + conc});
-          std::printf("| %d | %s | %.3f | %.0f | %.3f |\n", m, conc, r.median_s * 1e3, double(r.batch) / r.median_s, r.bubble);
+          std::printf("| %d | %s | %.3f | %.0f | %.3f |\n", m, conc, r.median_s * 1e3, double(r.batch) / r.median_s,
+                      r.bubble);
         }
     }
   } catch (const std::exception& e) {

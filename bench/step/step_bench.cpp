@@ -21,9 +21,12 @@ int main(int argc, char** argv) {
   int steps = 200, warmup = 20;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
-    else if (a == "--warmup" && i + 1 < argc) warmup = std::stoi(argv[++i]);
+    if (a == "--set" && i + 1 < argc)
+      sets.push_back(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::stoi(argv[++i]);
+    else if (a == "--warmup" && i + 1 < argc)
+      warmup = std::stoi(argv[++i]);
   }
   try {
     kiln::PluginLoader loader;

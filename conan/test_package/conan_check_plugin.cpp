@@ -17,7 +17,8 @@ class ConanDense : public Layer {
   // x: (N, F) -> y: (N, units)
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
     const Shape s = g.shape(in[0]);
-    if (s.rank() != 2) throw ConfigError("layer '" + g.layer() + "': conan_dense expects (batch, features), got " + s.str());
+    if (s.rank() != 2)
+      throw ConfigError("layer '" + g.layer() + "': conan_dense expects (batch, features), got " + s.str());
     const int64_t n = s[0], f = s[1];
     const Shape out{n, units_};
     TensorId w = g.param("kernel", {f, units_}, Init{InitKind::glorot_uniform, f, units_});
@@ -37,7 +38,8 @@ const PluginDescriptor* descriptor() {
 }
 
 void register_all(Registry& reg) {
-  reg.add_layer("conan_dense", [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<ConanDense>(c); });
+  reg.add_layer("conan_dense",
+                [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<ConanDense>(c); });
 }
 
 }  // namespace conan_check

@@ -71,10 +71,10 @@ void activation_backward(const ActivationAttrs& a, const float* y, const float* 
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("activation_forward", {[](CpuDevice& d, const OpCall& c) {
-  activation_forward(attrs<ActivationAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  activation_forward(attrs<ActivationAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("activation_backward", {[](CpuDevice& d, const OpCall& c) {
-  activation_backward(attrs<ActivationAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-}});
+                  activation_backward(attrs<ActivationAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                }});
 
 }  // namespace kiln::cpu

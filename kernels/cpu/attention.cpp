@@ -73,11 +73,11 @@ void permute(const PermuteAttrs& a, const float* x, float* y, ThreadPool& pool) 
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("batched_gemm", {[](CpuDevice& d, const OpCall& c) {
-                                  cpu::batched_gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-                                },
-                                gemm_supports});
+                                   cpu::batched_gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                                 },
+                                 gemm_supports});
 KILN_CPU_KERNEL("permute", {[](CpuDevice& d, const OpCall& c) {
-  cpu::permute(attrs<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  cpu::permute(attrs<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 
 }  // namespace kiln::cpu

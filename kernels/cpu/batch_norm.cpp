@@ -3,11 +3,12 @@
 // count, no atomics). Long runs (inner >= kShortRun) are summed per run in f32 SIMD lanes and across runs in
 // double; short runs (rank-2 input, small images) are summed as blocks of whole channels, contiguous in each
 // sample, into double accumulators.
+#include "batch_norm.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
-#include "batch_norm.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
 
@@ -126,14 +127,17 @@ void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* ga
         if (short_runs) {
           double s[kBlock], q[kBlock];
           float me[kBlock];
-          block_sums(x, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, s);
+          block_sums(
+              x, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, s);
           for (int64_t j = 0; j < L; ++j) me[j] = static_cast<float>(s[j / I] / m);
-          block_sums(x, N, C, I, cb, ce, [&](float v, int64_t j, int64_t) { return (v - me[j]) * (v - me[j]); }, q);
+          block_sums(
+              x, N, C, I, cb, ce, [&](float v, int64_t j, int64_t) { return (v - me[j]) * (v - me[j]); }, q);
           for (int64_t k = 0; k < ce - cb; ++k) finish(cb + k, s[k] / m, q[k] / m);
         } else {
           const double mu = channel_sum(x, N, C, I, cb, [](float v, int64_t, int64_t) { return v; }) / m;
           const float mf = static_cast<float>(mu);
-          const double var = channel_sum(x, N, C, I, cb, [&](float v, int64_t, int64_t) { return (v - mf) * (v - mf); }) / m;
+          const double var =
+              channel_sum(x, N, C, I, cb, [&](float v, int64_t, int64_t) { return (v - mf) * (v - mf); }) / m;
           finish(cb, mu, var);
         }
       } else {
@@ -207,9 +211,11 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
         float me[kBlock], rs[kBlock];
         for (int64_t j = 0; j < L; ++j) me[j] = mean[cb + j / I], rs[j] = rstd[cb + j / I];
         const int64_t base = cb * I;
-        block_sums(dy, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, sdy);
-        block_sums(dy, N, C, I, cb, ce,
-                   [&](float v, int64_t j, int64_t o) { return v * (x[o * C * I + base + j] - me[j]) * rs[j]; }, sdyx);
+        block_sums(
+            dy, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, sdy);
+        block_sums(
+            dy, N, C, I, cb, ce,
+            [&](float v, int64_t j, int64_t o) { return v * (x[o * C * I + base + j] - me[j]) * rs[j]; }, sdyx);
       } else {
         channel_sums_backward(dy, relu, relu_dy, x, N, C, I, cb, mean[cb], rstd[cb], sdy[0], sdyx[0]);
       }
@@ -218,7 +224,8 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
       for (int64_t j = 0; j < lanes; ++j) {
         const int64_t k = j / per, c = cb + k;
         const double ga = gamma[c], r = rstd[c];
-        const double mg = a.training && m > 0 ? ga * sdy[k] / m : 0.0, mgx = a.training && m > 0 ? ga * sdyx[k] / m : 0.0;
+        const double mg = a.training && m > 0 ? ga * sdy[k] / m : 0.0,
+                     mgx = a.training && m > 0 ? ga * sdyx[k] / m : 0.0;
         k1[j] = static_cast<float>(r * ga);
         k2[j] = static_cast<float>(r * r * mgx);
         k3[j] = static_cast<float>(r * mg);
@@ -263,12 +270,12 @@ void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const flo
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("batch_norm_forward", {[](CpuDevice& d, const OpCall& c) {
-  batch_norm_forward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1), out(c, 2),
-                     out(c, 3), out(c, 4), d.pool());
-}});
+                  batch_norm_forward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1),
+                                     out(c, 2), out(c, 3), out(c, 4), d.pool());
+                }});
 KILN_CPU_KERNEL("batch_norm_backward", {[](CpuDevice& d, const OpCall& c) {
-  batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0),
-                      out(c, 1), out(c, 2), d.pool());
-}});
+                  batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4),
+                                      out(c, 0), out(c, 1), out(c, 2), d.pool());
+                }});
 
 }  // namespace kiln::cpu

@@ -48,10 +48,10 @@ void clip_by_global_norm(const ElementwiseAttrs& a, const float* s, float* x, Th
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("sum_squares", {[](CpuDevice& d, const OpCall& c) {
-  sum_squares(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.partials(), d.pool());
-}});
+                  sum_squares(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.partials(), d.pool());
+                }});
 KILN_CPU_KERNEL("clip_by_global_norm", {[](CpuDevice& d, const OpCall& c) {
-  clip_by_global_norm(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  clip_by_global_norm(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 
 }  // namespace kiln::cpu

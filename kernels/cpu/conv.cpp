@@ -3,10 +3,11 @@
 // turn and the GEMM is split.
 // A 1x1, stride-1, unpadded convolution is a plain GEMM on the image (no column buffer). With stride 1 and "same"
 // rows (ow == w), each tap's im2col rows are one shifted copy of the plane (im2col_shifted, col2im_shifted).
+#include "conv.hpp"
+
 #include <algorithm>
 #include <cstring>
 
-#include "conv.hpp"
 #include "conv_dnnl.hpp"
 #include "cpu_kernel.hpp"
 #include "gemm.hpp"
@@ -242,7 +243,8 @@ namespace {
 
 // The prologue over the whole batch, before a path that reads dy all at once.
 void run_prologue(const ConvAttrs& a, const ConvPrologue* pro, ThreadPool& pool) {
-  if (pro) parallel_ranges(pool, a.n, std::min<int64_t>(a.n, 4 * pool.size()), [&](int64_t b, int64_t e) { (*pro)(b, e); });
+  if (pro)
+    parallel_ranges(pool, a.n, std::min<int64_t>(a.n, 4 * pool.size()), [&](int64_t b, int64_t e) { (*pro)(b, e); });
 }
 
 }  // namespace
@@ -324,19 +326,19 @@ size_t conv_workspace(const CpuDevice& d, const OpCall& c) {
 }  // namespace
 
 KILN_CPU_KERNEL("conv2d_forward", {[](CpuDevice& d, const OpCall& c) {
-                                    conv2d_forward(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool(),
-                                                   d.winograd());
-                                  },
-                                  conv_supports, conv_workspace});
+                                     conv2d_forward(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool(),
+                                                    d.winograd());
+                                   },
+                                   conv_supports, conv_workspace});
 KILN_CPU_KERNEL("conv2d_backward_data", {[](CpuDevice& d, const OpCall& c) {
-                                          conv2d_backward_data(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c),
-                                                               d.pool(), d.winograd());
-                                        },
-                                        conv_supports, conv_workspace});
+                                           conv2d_backward_data(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0),
+                                                                ws(c), d.pool(), d.winograd());
+                                         },
+                                         conv_supports, conv_workspace});
 KILN_CPU_KERNEL("conv2d_backward_filter", {[](CpuDevice& d, const OpCall& c) {
-                                            conv2d_backward_filter(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0),
-                                                                   ws(c), d.pool(), d.winograd());
-                                          },
-                                          conv_supports, conv_workspace});
+                                             conv2d_backward_filter(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0),
+                                                                    ws(c), d.pool(), d.winograd());
+                                           },
+                                           conv_supports, conv_workspace});
 
 }  // namespace kiln::cpu

@@ -298,7 +298,8 @@ size_t workspace_floats(const Plan& p, int threads) {
   return p.shared + static_cast<size_t>(std::max(threads, 1)) * p.slot_total + p.partials;
 }
 
-// Argument i of q (0 or 1) in q's layout: reordered from `user` into `buf` where the layouts differ, else `user` itself.
+// Argument i of q (0 or 1) in q's layout: reordered from `user` into `buf` where the layouts differ, else `user`
+// itself.
 memory chosen_arg(const Prim& q, int i, float* user, float* buf, dnnl::stream& s) {
   memory m(q.chosen[i], engine(), q.reorder[i] ? buf : user);
   if (q.reorder[i]) {
@@ -308,7 +309,9 @@ memory chosen_arg(const Prim& q, int i, float* user, float* buf, dnnl::stream& s
   return m;
 }
 // q's output: where it is written (`buf` where it must be reordered back, else `user`), then back to `user`.
-memory chosen_out(const Prim& q, float* user, float* buf) { return memory(q.chosen[2], engine(), q.reorder[2] ? buf : user); }
+memory chosen_out(const Prim& q, float* user, float* buf) {
+  return memory(q.chosen[2], engine(), q.reorder[2] ? buf : user);
+}
 void out_to_user(const Prim& q, memory& chosen, float* user, dnnl::stream& s) {
   if (q.reorder[2]) {
     memory dst(q.user[2], engine(), user);
@@ -518,8 +521,10 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
                ThreadPool& pool, bool winograd, const ConvEpilogue* ep, const ConvPrologue* pro) {
   const auto p = plan_for(kind, a, pool.size(), winograd);
   if (!p) return false;
-  if (kind != OpKind::Conv2dForward) ep = nullptr;  // epilogues are forward's, prologues backward's
-  else pro = nullptr;
+  if (kind != OpKind::Conv2dForward)
+    ep = nullptr;  // epilogues are forward's, prologues backward's
+  else
+    pro = nullptr;
   if (ep && ep->bias) {
     // The primitives with the bias, where they fit the workspace the op was given (sized without them).
     const auto q = plan_for(kind, a, pool.size(), winograd, Post{true});

@@ -57,20 +57,21 @@ void copy(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool)
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("add", {[](CpuDevice& d, const OpCall& c) {
-  cpu::add(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-}});
+                  cpu::add(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("mul", {[](CpuDevice& d, const OpCall& c) {
-  cpu::mul(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-}});
+                  cpu::mul(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("axpby", {[](CpuDevice& d, const OpCall& c) {
-  cpu::axpby(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  cpu::axpby(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("scale", {[](CpuDevice& d, const OpCall& c) {
-  cpu::scale(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
-KILN_CPU_KERNEL("fill", {[](CpuDevice& d, const OpCall& c) { cpu::fill(attrs<ElementwiseAttrs>(c), out(c, 0), d.pool()); }});
+                  cpu::scale(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
+KILN_CPU_KERNEL("fill",
+                {[](CpuDevice& d, const OpCall& c) { cpu::fill(attrs<ElementwiseAttrs>(c), out(c, 0), d.pool()); }});
 KILN_CPU_KERNEL("copy", {[](CpuDevice& d, const OpCall& c) {
-  cpu::copy(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  cpu::copy(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 
 }  // namespace kiln::cpu

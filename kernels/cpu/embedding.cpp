@@ -49,10 +49,10 @@ void embedding_backward(const EmbeddingAttrs& a, const float* ids, const float* 
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("embedding_forward", {[](CpuDevice& d, const OpCall& c) {
-  embedding_forward(attrs<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-}});
+                  embedding_forward(attrs<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("embedding_backward", {[](CpuDevice& d, const OpCall& c) {
-  embedding_backward(attrs<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-}});
+                  embedding_backward(attrs<EmbeddingAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                }});
 
 }  // namespace kiln::cpu

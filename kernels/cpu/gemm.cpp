@@ -128,8 +128,8 @@ Support conv_supports(OpKind, const OpAttrs& a) {
 }
 
 KILN_CPU_KERNEL("gemm", {[](CpuDevice& d, const OpCall& c) {
-                          cpu::gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-                        },
-                        gemm_supports});
+                           cpu::gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                         },
+                         gemm_supports});
 
 }  // namespace kiln::cpu

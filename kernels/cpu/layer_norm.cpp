@@ -84,13 +84,14 @@ void layer_norm_backward(const LayerNormAttrs& a, const float* x, const float* g
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("layer_norm_forward", {[](CpuDevice& d, const OpCall& c) {
-  const auto& a = attrs<LayerNormAttrs>(c);
-  layer_norm_forward(a, in(c, 0), in(c, 1), a.bias ? in(c, 2) : nullptr, out(c, 0), out(c, 1), out(c, 2), d.pool());
-}});
+                  const auto& a = attrs<LayerNormAttrs>(c);
+                  layer_norm_forward(a, in(c, 0), in(c, 1), a.bias ? in(c, 2) : nullptr, out(c, 0), out(c, 1),
+                                     out(c, 2), d.pool());
+                }});
 KILN_CPU_KERNEL("layer_norm_backward", {[](CpuDevice& d, const OpCall& c) {
-  const auto& a = attrs<LayerNormAttrs>(c);
-  layer_norm_backward(a, in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0), out(c, 1),
-                      a.bias ? out(c, 2) : nullptr, d.pool());
-}});
+                  const auto& a = attrs<LayerNormAttrs>(c);
+                  layer_norm_backward(a, in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4), out(c, 0), out(c, 1),
+                                      a.bias ? out(c, 2) : nullptr, d.pool());
+                }});
 
 }  // namespace kiln::cpu

@@ -1,11 +1,12 @@
 // Fused losses: value and gradient in one pass. Each fixed range sums into its own double slot; the slots
 // are added in order, so the loss does not depend on scheduling.
+#include "loss.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "cpu_kernel.hpp"
-#include "loss.hpp"
 #include "thread_pool.hpp"
 #include "vec_math.hpp"
 
@@ -118,13 +119,16 @@ void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, fl
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("softmax_cross_entropy", {[](CpuDevice& d, const OpCall& c) {
-  softmax_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(), d.pool());
-}});
+                  softmax_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(),
+                                        d.pool());
+                }});
 KILN_CPU_KERNEL("mean_squared_error", {[](CpuDevice& d, const OpCall& c) {
-  mean_squared_error(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(), d.pool());
-}});
+                  mean_squared_error(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(),
+                                     d.pool());
+                }});
 KILN_CPU_KERNEL("binary_cross_entropy", {[](CpuDevice& d, const OpCall& c) {
-  binary_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(), d.pool());
-}});
+                  binary_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(),
+                                       d.pool());
+                }});
 
 }  // namespace kiln::cpu

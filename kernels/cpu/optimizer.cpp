@@ -90,18 +90,17 @@ void ema_update(const EmaAttrs& a, const float* w, float* shadow, ThreadPool& po
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("sgd_update", {[](CpuDevice& d, const OpCall& c) {
-  const auto& a = attrs<SgdAttrs>(c);
-  sgd_update(a, in(c, 0), out(c, 0), a.momentum == 0.f ? nullptr : out(c, 1), d.pool());
-}});
+                  const auto& a = attrs<SgdAttrs>(c);
+                  sgd_update(a, in(c, 0), out(c, 0), a.momentum == 0.f ? nullptr : out(c, 1), d.pool());
+                }});
 KILN_CPU_KERNEL("adam_update", {[](CpuDevice& d, const OpCall& c) {
-  adam_update(attrs<AdamAttrs>(c), in(c, 0), out(c, 0), out(c, 1), out(c, 2), d.pool());
-}});
+                  adam_update(attrs<AdamAttrs>(c), in(c, 0), out(c, 0), out(c, 1), out(c, 2), d.pool());
+                }});
 KILN_CPU_KERNEL("rmsprop_update", {[](CpuDevice& d, const OpCall& c) {
-  const auto& a = attrs<RmspropAttrs>(c);
-  rmsprop_update(a, in(c, 0), out(c, 0), out(c, 1), a.momentum > 0.f ? out(c, 2) : nullptr, d.pool());
-}});
-KILN_CPU_KERNEL("ema_update", {[](CpuDevice& d, const OpCall& c) {
-  ema_update(attrs<EmaAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  const auto& a = attrs<RmspropAttrs>(c);
+                  rmsprop_update(a, in(c, 0), out(c, 0), out(c, 1), a.momentum > 0.f ? out(c, 2) : nullptr, d.pool());
+                }});
+KILN_CPU_KERNEL("ema_update",
+                {[](CpuDevice& d, const OpCall& c) { ema_update(attrs<EmaAttrs>(c), in(c, 0), out(c, 0), d.pool()); }});
 
 }  // namespace kiln::cpu

@@ -1,11 +1,12 @@
 // Max and average pooling: (n, c) planes in ranges over the device's thread pool (planes never share output).
+#include "pool.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 
 #include "bias.hpp"
 #include "cpu_kernel.hpp"
-#include "pool.hpp"
 #include "thread_pool.hpp"
 
 #ifdef __AVX2__
@@ -26,8 +27,10 @@ inline __m256 load_first(const float* p, int64_t n) {
   return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, first_lanes(n));
 }
 inline void store_first(float* p, int64_t n, __m256 v) {
-  if (n >= 8) _mm256_storeu_ps(p, v);
-  else _mm256_maskstore_ps(p, first_lanes(n), v);
+  if (n >= 8)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, first_lanes(n), v);
 }
 // The first n of 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of
 // 8 windows).
@@ -205,7 +208,7 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
           std::fill(d0 + 2 * a.ow, d0 + a.w, 0.f);  // an odd last column is in no window
           std::fill(d1 + 2 * a.ow, d1 + a.w, 0.f);
         }
-        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, 0.f);  // likewise an odd last row
+        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, 0.f);           // likewise an odd last row
         if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);  // while the plane is in cache
         continue;
       }
@@ -228,8 +231,8 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
   }
 }
 
-void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                       ThreadPool& pool, bool relu_grad, float* plane_sums) {
+void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, ThreadPool& pool,
+                       bool relu_grad, float* plane_sums) {
   parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
     max_pool_backward_planes(a, x, y, dy, dx, relu_grad, plane_sums, pb, pe);
   });
@@ -279,16 +282,16 @@ void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPoo
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("max_pool_forward", {[](CpuDevice& d, const OpCall& c) {
-  max_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  max_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("max_pool_backward", {[](CpuDevice& d, const OpCall& c) {
-  max_pool_backward(attrs<PoolAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), d.pool());
-}});
+                  max_pool_backward(attrs<PoolAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("avg_pool_forward", {[](CpuDevice& d, const OpCall& c) {
-  avg_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  avg_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 KILN_CPU_KERNEL("avg_pool_backward", {[](CpuDevice& d, const OpCall& c) {
-  avg_pool_backward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
-}});
+                  avg_pool_backward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                }});
 
 }  // namespace kiln::cpu

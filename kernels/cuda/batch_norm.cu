@@ -93,7 +93,7 @@ void batch_norm_backward(cudaStream_t s, const float* x, const float* gamma, con
                          bool training) {
   if (c == 0) return;
   batch_norm_backward_kernel<<<channels_grid(c), row_threads(n * inner), 0, s>>>(x, gamma, mean, rstd, dy, dx, dgamma,
-                                                                                  dbeta, n, c, inner, training);
+                                                                                 dbeta, n, c, inner, training);
   KILN_CUDA_LAUNCHED("batch_norm_backward_kernel");
 }
 

@@ -38,17 +38,21 @@ inline void check_launch(const char* kernel, const char* file, int line) {
 }
 #define KILN_CUDA_LAUNCHED(kernel) ::kiln::cuda::kernels::check_launch(kernel "<<<>>>", __FILE__, __LINE__)
 
-#define KILN_GRID_STRIDE(i, n)                                                                  \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);         \
+#define KILN_GRID_STRIDE(i, n)                                                           \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 struct SumOp {
   template <class T>
-  __device__ T operator()(T a, T b) const { return a + b; }
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   template <class T>
-  __device__ T operator()(T a, T b) const { return b > a ? b : a; }
+  __device__ T operator()(T a, T b) const {
+    return b > a ? b : a;
+  }
 };
 
 // Reduces `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. The

@@ -16,8 +16,7 @@ struct DropoutParams {
   uint32_t seed, counter;
 };
 
-__global__ void bias_add_kernel(const float* x, const float* b, float* y, int64_t n, int64_t channels,
-                                int64_t inner) {
+__global__ void bias_add_kernel(const float* x, const float* b, float* y, int64_t n, int64_t channels, int64_t inner) {
   KILN_GRID_STRIDE(i, n) y[i] = x[i] + b[(i / inner) % channels];
 }
 
@@ -37,20 +36,30 @@ __global__ void scale_kernel(const float* x, float* y, int64_t n, float alpha) {
   KILN_GRID_STRIDE(i, n) y[i] = alpha * x[i];
 }
 
-__global__ void fill_kernel(float* y, int64_t n, float value) {
-  KILN_GRID_STRIDE(i, n) y[i] = value;
-}
+__global__ void fill_kernel(float* y, int64_t n, float value) { KILN_GRID_STRIDE(i, n) y[i] = value; }
 
 __global__ void activation_forward_kernel(Act act, const float* x, float* y, int64_t n) {
   KILN_GRID_STRIDE(i, n) {
     const float v = x[i];
     switch (act) {
-      case Act::relu: y[i] = v < 0.f ? 0.f : v; break;  // NaN passes through, like the reference
-      case Act::sigmoid: y[i] = 1.f / (1.f + expf(-v)); break;
-      case Act::tanh: y[i] = tanhf(v); break;
-      case Act::gelu: y[i] = 0.5f * v * erfcf(-v * 0.70710678118654752f); break;
-      case Act::gelu_tanh: y[i] = v / (1.f + expf(-2.f * 0.79788456080286536f * (v + 0.044715f * v * v * v))); break;
-      case Act::silu: y[i] = v / (1.f + expf(-v)); break;
+      case Act::relu:
+        y[i] = v < 0.f ? 0.f : v;
+        break;  // NaN passes through, like the reference
+      case Act::sigmoid:
+        y[i] = 1.f / (1.f + expf(-v));
+        break;
+      case Act::tanh:
+        y[i] = tanhf(v);
+        break;
+      case Act::gelu:
+        y[i] = 0.5f * v * erfcf(-v * 0.70710678118654752f);
+        break;
+      case Act::gelu_tanh:
+        y[i] = v / (1.f + expf(-2.f * 0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        break;
+      case Act::silu:
+        y[i] = v / (1.f + expf(-v));
+        break;
     }
   }
 }
@@ -59,9 +68,15 @@ __global__ void activation_backward_kernel(Act act, const float* y, const float*
   KILN_GRID_STRIDE(i, n) {
     const float v = y[i], g = dy[i];
     switch (act) {
-      case Act::relu: dx[i] = v > 0.f ? g : 0.f; break;
-      case Act::sigmoid: dx[i] = g * v * (1.f - v); break;
-      case Act::tanh: dx[i] = g * (1.f - v * v); break;
+      case Act::relu:
+        dx[i] = v > 0.f ? g : 0.f;
+        break;
+      case Act::sigmoid:
+        dx[i] = g * v * (1.f - v);
+        break;
+      case Act::tanh:
+        dx[i] = g * (1.f - v * v);
+        break;
       // gelu, gelu_tanh, silu: v is the forward input x
       case Act::gelu:
         dx[i] = g * (0.5f * erfcf(-v * 0.70710678118654752f) + v * 0.39894228040143268f * expf(-0.5f * v * v));

@@ -23,8 +23,8 @@ __global__ void embedding_forward_kernel(const float* ids, const float* table, f
   }
 }
 
-__global__ void embedding_backward_kernel(const float* ids, const float* dy, float* dtable, int64_t rows,
-                                          int64_t vocab, int64_t dim) {
+__global__ void embedding_backward_kernel(const float* ids, const float* dy, float* dtable, int64_t rows, int64_t vocab,
+                                          int64_t dim) {
   KILN_GRID_STRIDE(idx, vocab * dim) {
     const int64_t v = idx / dim, j = idx % dim;
     double acc = 0;

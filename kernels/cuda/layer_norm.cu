@@ -43,7 +43,8 @@ __global__ void layer_norm_backward_kernel(const float* x, const float* gamma, c
     const double mg = block_reduce(sg, SumOp{}) / static_cast<double>(cols);
     const double mgx = block_reduce(sgx, SumOp{}) / static_cast<double>(cols);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      dx[off + j] = static_cast<float>(rs * (static_cast<double>(dy[off + j]) * gamma[j] - mg - (x[off + j] - m) * rs * mgx));
+      dx[off + j] =
+          static_cast<float>(rs * (static_cast<double>(dy[off + j]) * gamma[j] - mg - (x[off + j] - m) * rs * mgx));
   }
 }
 
@@ -68,7 +69,8 @@ unsigned rows_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64
 void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                         float* rstd, int64_t rows, int64_t cols, float eps) {
   if (rows == 0) return;
-  layer_norm_forward_kernel<<<rows_grid(rows), row_threads(cols), 0, s>>>(x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  layer_norm_forward_kernel<<<rows_grid(rows), row_threads(cols), 0, s>>>(x, gamma, beta, y, mean, rstd, rows, cols,
+                                                                          eps);
   KILN_CUDA_LAUNCHED("layer_norm_forward_kernel");
 }
 

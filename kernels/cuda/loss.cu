@@ -88,14 +88,14 @@ __global__ void finish_sum_kernel(const double* partial, int64_t count, double f
 
 // The value is summed through `workspace`, which must hold loss_workspace_bytes(kind, rows, cols).
 size_t loss_workspace_bytes(Loss kind, int64_t rows, int64_t cols) {
-  const int64_t partials =
-      kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft ? std::max<int64_t>(rows, 1)
-                                                                                    : elementwise_partials(rows * cols);
+  const int64_t partials = kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft
+                               ? std::max<int64_t>(rows, 1)
+                               : elementwise_partials(rows * cols);
   return static_cast<size_t>(partials) * sizeof(double);
 }
 
-void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, float* value, float* grad,
-          int64_t rows, int64_t cols, float scale, void* workspace) {
+void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, float* value, float* grad, int64_t rows,
+          int64_t cols, float scale, void* workspace) {
   auto* partial = static_cast<double*>(workspace);
   if (kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft) {
     if (rows > 0 && cols > 0) {

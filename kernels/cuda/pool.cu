@@ -122,8 +122,7 @@ void avg_pool_forward(cudaStream_t s, const PoolShape& p, const float* x, float*
   KILN_CUDA_LAUNCHED("avg_pool_forward_kernel");
 }
 
-void max_pool_backward(cudaStream_t s, const PoolShape& p, const float* x, const float* y, const float* dy,
-                       float* dx) {
+void max_pool_backward(cudaStream_t s, const PoolShape& p, const float* x, const float* y, const float* dy, float* dx) {
   const int64_t total = p.n * p.c * p.h * p.w;
   if (total == 0) return;
   max_pool_backward_kernel<<<grid_for(total), kThreads, 0, s>>>(p, x, y, dy, dx, total);

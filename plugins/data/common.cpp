@@ -171,7 +171,8 @@ uint64_t restore_position(const StageState& s, const std::string& stage, uint64_
   StateReader r(s, stage, 1);
   const uint64_t pos = r.u64();
   r.done();
-  if (pos > count) r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(count) + " " + of_what);
+  if (pos > count)
+    r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(count) + " " + of_what);
   return pos;
 }
 

@@ -120,8 +120,9 @@ class CsvSource final : public Stage {
       label_names_.push_back(header ? names[col] : label);
     }
     if (columns_ < label_cols_.size() + 1)
-      in_.reader().fail("line " + std::to_string(in_.line_no()) + " has " + std::to_string(columns_) + " column(s); need " +
-                        std::to_string(label_cols_.size()) + " label column(s) and at least one feature");
+      in_.reader().fail("line " + std::to_string(in_.line_no()) + " has " + std::to_string(columns_) +
+                        " column(s); need " + std::to_string(label_cols_.size()) +
+                        " label column(s) and at least one feature");
     // One streaming pass to count the rows (memory stays bounded).
     in_.seek(data_offset_, data_line_);
     uint64_t rows = 0;
@@ -137,9 +138,7 @@ class CsvSource final : public Stage {
 
   std::string name() const override { return "csv"; }
   Shape example_shape() const override { return {static_cast<int64_t>(columns_ - label_cols_.size())}; }
-  Shape label_shape() const override {
-    return named_ ? Shape{static_cast<int64_t>(label_cols_.size())} : Shape{};
-  }
+  Shape label_shape() const override { return named_ ? Shape{static_cast<int64_t>(label_cols_.size())} : Shape{}; }
   std::vector<std::string> label_names() const override { return named_ ? label_names_ : std::vector<std::string>{}; }
   int64_t size_hint() const override { return static_cast<int64_t>(size_); }
 
@@ -211,7 +210,7 @@ class CsvSource final : public Stage {
   char delim_;
   bool named_ = false;
   size_t columns_ = 0;
-  std::vector<size_t> label_cols_;      // in label order
+  std::vector<size_t> label_cols_;  // in label order
   std::vector<std::string> label_names_;
   uint64_t data_offset_ = 0, data_line_ = 0, size_ = 0, pos_ = 0;
   std::string line_;
@@ -227,7 +226,8 @@ std::unique_ptr<Stage> make_csv(const ConfigNode& cfg, StageContext ctx) {
   // label = "name" or a column index (one label, the default the last column), or label = ["a", "b"]: several
   // named labels, each for the model output that names it.
   const bool named = cfg.is_list("label");
-  std::vector<std::string> labels = named ? cfg.get_string_list("label", {}) : std::vector<std::string>{cfg.get_size_text("label", "")};
+  std::vector<std::string> labels =
+      named ? cfg.get_string_list("label", {}) : std::vector<std::string>{cfg.get_size_text("label", "")};
   if (named && labels.empty()) cfg.fail("label", "is an empty list; name one or more label columns");
   const std::string delim = cfg.get_string("delimiter", ",");
   const char d = delim == "\\t" || delim == "tab" ? '\t' : delim.size() == 1 ? delim[0] : '\0';

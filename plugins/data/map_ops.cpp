@@ -176,16 +176,18 @@ std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const 
   if (pipeline == "test" && kind == "random_crop") {
     auto [h, w] = cfg.get_pair("size", {x.rank() == 3 ? x[1] : 0, x.rank() == 3 ? x[2] : 0});
     const bool same = x.rank() == 3 && h == x[1] && w == x[2];
-    cfg.fail("op", "random_crop is a training augmentation and [data.test] is for evaluation: " +
-                       (same ? std::string("its crop is the image's own size, so remove the op here (the centre crop of the "
-                                           "padded image is the image itself)")
-                             : "use op = \"center_crop\", size = [" + std::to_string(h) + ", " + std::to_string(w) +
-                                   "] here (what Keras' RandomCrop does at inference)") +
-                       "; keep random_crop in [data.train]");
+    cfg.fail("op",
+             "random_crop is a training augmentation and [data.test] is for evaluation: " +
+                 (same ? std::string("its crop is the image's own size, so remove the op here (the centre crop of the "
+                                     "padded image is the image itself)")
+                       : "use op = \"center_crop\", size = [" + std::to_string(h) + ", " + std::to_string(w) +
+                             "] here (what Keras' RandomCrop does at inference)") +
+                 "; keep random_crop in [data.train]");
   }
   if (pipeline == "test" && kind == "flip_horizontal")
-    cfg.fail("op", "flip_horizontal is a training augmentation and [data.test] is for evaluation: remove the op here "
-                   "(Keras' RandomFlip does nothing at inference); keep it in [data.train]");
+    cfg.fail("op",
+             "flip_horizontal is a training augmentation and [data.test] is for evaluation: remove the op here "
+             "(Keras' RandomFlip does nothing at inference); keep it in [data.train]");
   std::unique_ptr<MapOp> op;
   Shape xo = x, yo = y;
   if (kind == "scale") {
@@ -207,7 +209,8 @@ std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const 
     yo = Shape{classes};
   } else if (kind == "center_crop") {
     if (x.rank() != 3) cfg.fail("op", "center_crop needs (C, H, W) examples, got shape " + x.str());
-    if (!cfg.has("size")) cfg.fail("size", "is missing: center_crop needs size = [height, width] (or one int for a square)");
+    if (!cfg.has("size"))
+      cfg.fail("size", "is missing: center_crop needs size = [height, width] (or one int for a square)");
     auto [h, w] = cfg.get_pair("size", {0, 0});
     if (h < 1 || w < 1 || h > x[1] || w > x[2])
       cfg.fail("size", "crop " + std::to_string(h) + " x " + std::to_string(w) + " does not fit in the " +

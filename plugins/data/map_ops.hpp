@@ -20,7 +20,8 @@ class MapOp {
 // Builds the op described by `cfg` (key "op" selects it) for examples of shapes x, y. Throws ConfigError
 // naming the key when the op or its parameters do not fit. Calls cfg.finish(). `pipeline` is the run's pipeline
 // ("train", "test" or ""): random augmentation (random_crop, flip_horizontal) is refused in "test".
-std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const Shape& y, const std::string& pipeline = "");
+std::unique_ptr<MapOp> make_map_op(const ConfigNode& cfg, const Shape& x, const Shape& y,
+                                   const std::string& pipeline = "");
 // The scale op without a config table (used by the "scale" stage).
 std::unique_ptr<MapOp> make_scale_op(double factor, const Shape& x, const Shape& y);
 

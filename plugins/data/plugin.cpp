@@ -21,9 +21,10 @@ void require_upstream(const ConfigNode& cfg, const StageContext& ctx, const char
 namespace {
 
 const PluginDescriptor* descriptor() {
-  static const PluginDescriptor d{"data", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
-                                  "data-loader stages: idx, cifar10, csv, synthetic, text, tokens, map, scale, shuffle, "
-                                  "batch, cache, prefetch"};
+  static const PluginDescriptor d{
+      "data", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
+      "data-loader stages: idx, cifar10, csv, synthetic, text, tokens, map, scale, shuffle, "
+      "batch, cache, prefetch"};
   return &d;
 }
 

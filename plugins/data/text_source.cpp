@@ -22,11 +22,16 @@ namespace {
 std::string json_string(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
-    if (c == '"') o += "\\\"";
-    else if (c == '\\') o += "\\\\";
-    else if (c == '\n') o += "\\n";
-    else if (c == '\t') o += "\\t";
-    else if (c == '\r') o += "\\r";
+    if (c == '"')
+      o += "\\\"";
+    else if (c == '\\')
+      o += "\\\\";
+    else if (c == '\n')
+      o += "\\n";
+    else if (c == '\t')
+      o += "\\t";
+    else if (c == '\r')
+      o += "\\r";
     else if (c < 0x20 || c == 0x7f) {
       char b[8];
       std::snprintf(b, sizeof b, "\\u%04x", c);
@@ -68,10 +73,14 @@ std::vector<uint32_t> decode_utf8(const std::string& bytes, const ByteReader& r)
     const unsigned char c = p[i];
     uint32_t cp = 0;
     size_t len = 0;
-    if (c < 0x80) cp = c, len = 1;
-    else if ((c & 0xe0) == 0xc0) cp = c & 0x1f, len = 2;
-    else if ((c & 0xf0) == 0xe0) cp = c & 0x0f, len = 3;
-    else if ((c & 0xf8) == 0xf0) cp = c & 0x07, len = 4;
+    if (c < 0x80)
+      cp = c, len = 1;
+    else if ((c & 0xe0) == 0xc0)
+      cp = c & 0x1f, len = 2;
+    else if ((c & 0xf0) == 0xe0)
+      cp = c & 0x0f, len = 3;
+    else if ((c & 0xf8) == 0xf0)
+      cp = c & 0x07, len = 4;
     bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) {
       ok = (p[i + k] & 0xc0) == 0x80;
@@ -112,10 +121,10 @@ class WindowSource : public Stage {
     if (pos_ >= examples_) return std::nullopt;
     ScopedTimer timer(stats_.busy_seconds);
     const auto k = static_cast<uint64_t>(pos_);
-    const int64_t at = sampling_ == Sampling::random
-                           ? static_cast<int64_t>(hash_key(seed_, 0x746578 /* "tex" */, epoch_, k) %
-                                                  static_cast<uint64_t>(n_ - t_))
-                           : pos_ * t_;
+    const int64_t at =
+        sampling_ == Sampling::random
+            ? static_cast<int64_t>(hash_key(seed_, 0x746578 /* "tex" */, epoch_, k) % static_cast<uint64_t>(n_ - t_))
+            : pos_ * t_;
     window_.resize(static_cast<size_t>(t_ + 1));
     read(at, window_);
     Element e;
@@ -188,7 +197,8 @@ class TokensSource final : public WindowSource {
       if (out[j] >= static_cast<uint32_t>(vocab_))
         r_->fail("token " + std::to_string(at + static_cast<int64_t>(j)) + " (byte offset " +
                  std::to_string((at + static_cast<int64_t>(j)) * 2) + ") is id " + std::to_string(out[j]) +
-                 ", not below vocab_size = " + std::to_string(vocab_) + "; was the file written with another tokenizer?");
+                 ", not below vocab_size = " + std::to_string(vocab_) +
+                 "; was the file written with another tokenizer?");
     }
   }
   std::unique_ptr<ByteReader> r_;
@@ -286,14 +296,16 @@ std::unique_ptr<Stage> make_tokens(const ConfigNode& cfg, StageContext ctx) {
   const std::string path = resolve_path(ctx.base_dir, cfg.get_string("path"));
   const int64_t vocab = cfg.get_int("vocab_size");
   if (vocab < 1 || vocab > 65536)
-    cfg.fail("vocab_size", "expected the number of token ids, 1 to 65536 (ids are uint16), found " + std::to_string(vocab));
+    cfg.fail("vocab_size",
+             "expected the number of token ids, 1 to 65536 (ids are uint16), found " + std::to_string(vocab));
   const WindowKeys k = read_window_keys(cfg, ctx);
   cfg.finish();
   auto r = std::make_unique<ByteReader>(path, "tokens");
   if (r->gzip()) r->fail("is gzip-compressed; windows are read at random offsets, so decompress it first");
   const uint64_t bytes = r->file_bytes();
   if (bytes % 2 != 0)
-    r->fail("holds " + std::to_string(bytes) + " bytes, an odd count: expected little-endian uint16 token ids (2 bytes each)");
+    r->fail("holds " + std::to_string(bytes) +
+            " bytes, an odd count: expected little-endian uint16 token ids (2 bytes each)");
   const auto n = static_cast<int64_t>(bytes / 2);
   const int64_t examples = windows(cfg, k, n, *r, "the file");
   return std::make_unique<TokensSource>(std::move(r), n, vocab, k.block, k.sampling, examples, k.seed);

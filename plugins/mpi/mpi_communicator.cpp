@@ -11,7 +11,8 @@ namespace {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MpiGroup& group, std::span<Device* const> devices) : group_(group), devices_(devices.begin(), devices.end()) {
+  MpiCommunicator(MpiGroup& group, std::span<Device* const> devices)
+      : group_(group), devices_(devices.begin(), devices.end()) {
     if (devices_.empty()) throw Error("mpi communicator: no devices");
     // Roots and shards count every process's devices as rank * size() + local: every process needs as many.
     const int mine = size();
@@ -20,9 +21,10 @@ class MpiCommunicator final : public Communicator {
       int theirs = 0;
       std::memcpy(&theirs, all[r].data(), sizeof theirs);
       if (theirs != mine)
-        throw ConfigError("[strategy] devices: rank " + std::to_string(r) + " (" + group_.host_of(static_cast<int>(r)) + ") runs " +
-                          std::to_string(theirs) + " replica(s), rank " + std::to_string(group_.rank()) + " (" + group_.host() +
-                          ") runs " + std::to_string(mine) + "; every rank must drive the same number of devices");
+        throw ConfigError("[strategy] devices: rank " + std::to_string(r) + " (" + group_.host_of(static_cast<int>(r)) +
+                          ") runs " + std::to_string(theirs) + " replica(s), rank " + std::to_string(group_.rank()) +
+                          " (" + group_.host() + ") runs " + std::to_string(mine) +
+                          "; every rank must drive the same number of devices");
     }
   }
   int size() const override { return static_cast<int>(devices_.size()); }
@@ -62,24 +64,32 @@ class MpiCommunicator final : public Communicator {
  private:
   void check(std::span<const BufferView> bufs, std::span<Device* const> devices, const char* op) const {
     if (bufs.size() != devices_.size() || devices.size() != devices_.size())
-      throw Error(std::string("mpi communicator ") + op + ": expected one buffer per local device (" + std::to_string(devices_.size()) +
-                  "), found " + std::to_string(bufs.size()) + " buffers for " + std::to_string(devices.size()) + " devices");
+      throw Error(std::string("mpi communicator ") + op + ": expected one buffer per local device (" +
+                  std::to_string(devices_.size()) + "), found " + std::to_string(bufs.size()) + " buffers for " +
+                  std::to_string(devices.size()) + " devices");
     for (size_t r = 0; r < bufs.size(); ++r) {
-      if (devices[r] != devices_[r]) throw Error(std::string("mpi communicator ") + op + ": device " + std::to_string(r) + " differs from the one it was created with");
+      if (devices[r] != devices_[r])
+        throw Error(std::string("mpi communicator ") + op + ": device " + std::to_string(r) +
+                    " differs from the one it was created with");
       if (bufs[r].bytes != bufs[0].bytes)
-        throw Error(std::string("mpi communicator ") + op + ": device " + std::to_string(r) + " passes " + std::to_string(bufs[r].bytes) +
-                    " bytes, device 0 " + std::to_string(bufs[0].bytes));
+        throw Error(std::string("mpi communicator ") + op + ": device " + std::to_string(r) + " passes " +
+                    std::to_string(bufs[r].bytes) + " bytes, device 0 " + std::to_string(bufs[0].bytes));
       if (bufs[r].bytes && (!bufs[r].block || bufs[r].offset + bufs[r].bytes > bufs[r].block->bytes))
-        throw Error(std::string("mpi communicator ") + op + ": the buffer of device " + std::to_string(r) + " lies outside its block");
+        throw Error(std::string("mpi communicator ") + op + ": the buffer of device " + std::to_string(r) +
+                    " lies outside its block");
     }
   }
   void read(size_t r, const BufferView& v, void* host) {
-    if (devices_[r]->info().host_addressable) std::memcpy(host, static_cast<const char*>(v.block->ptr) + v.offset, v.bytes);
-    else devices_[r]->copy_to_host(v, host);
+    if (devices_[r]->info().host_addressable)
+      std::memcpy(host, static_cast<const char*>(v.block->ptr) + v.offset, v.bytes);
+    else
+      devices_[r]->copy_to_host(v, host);
   }
   void write(size_t r, const void* host, const BufferView& v) {
-    if (devices_[r]->info().host_addressable) std::memcpy(static_cast<char*>(v.block->ptr) + v.offset, host, v.bytes);
-    else devices_[r]->copy_from_host(host, v);
+    if (devices_[r]->info().host_addressable)
+      std::memcpy(static_cast<char*>(v.block->ptr) + v.offset, host, v.bytes);
+    else
+      devices_[r]->copy_from_host(host, v);
   }
 
   MpiGroup& group_;

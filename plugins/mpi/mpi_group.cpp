@@ -17,7 +17,8 @@ void check_mpi(int code, const char* call) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(code, text, &len);
-  throw Error(std::string("MPI call ") + call + " failed with error " + std::to_string(code) + ": " + std::string(text, static_cast<size_t>(len)));
+  throw Error(std::string("MPI call ") + call + " failed with error " + std::to_string(code) + ": " +
+              std::string(text, static_cast<size_t>(len)));
 }
 
 namespace {
@@ -75,16 +76,20 @@ void MpiGroup::wait(std::vector<MPI_Request>& reqs, const char* what) {
     if (waited > o_.timeout_s) {
       std::string ranks;
       for (int r = 0; r < size_; ++r)
-        if (r != rank_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r) + " on " + hosts_[static_cast<size_t>(r)];
-      throw Error("mpi: " + std::string(what) + " did not complete within [strategy] timeout_s = " + seconds_text(o_.timeout_s) +
-                  " s on rank " + std::to_string(rank_) + " (" + host() + "); one of ranks " + ranks +
+        if (r != rank_)
+          ranks += (ranks.empty() ? "" : ", ") + std::to_string(r) + " on " + hosts_[static_cast<size_t>(r)];
+      throw Error("mpi: " + std::string(what) +
+                  " did not complete within [strategy] timeout_s = " + seconds_text(o_.timeout_s) + " s on rank " +
+                  std::to_string(rank_) + " (" + host() + "); one of ranks " + ranks +
                   " stopped taking part (it died, hangs or runs another step). Check that rank's output; raise "
                   "timeout_s for very slow steps");
     }
     // MPI's TCP transport progresses only inside MPI calls, on both ends: poll, yielding the core to the replicas'
     // threads between polls, and sleep only once a collective has waited long (a slow rank, a hang).
-    if (waited < 0.001) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (waited < 0.001)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
@@ -98,8 +103,8 @@ std::vector<std::vector<uint8_t>> MpiGroup::all_gather(std::span<const uint8_t> 
   int total = 0;
   for (int r = 0; r < size_; ++r) displs[static_cast<size_t>(r)] = total, total += sizes[static_cast<size_t>(r)];
   std::vector<uint8_t> flat(static_cast<size_t>(total));
-  KILN_MPI_CHECK(MPI_Iallgatherv(mine.data(), n, MPI_BYTE, flat.data(), sizes.data(), displs.data(), MPI_BYTE, MPI_COMM_WORLD,
-                                 req.data()));
+  KILN_MPI_CHECK(MPI_Iallgatherv(mine.data(), n, MPI_BYTE, flat.data(), sizes.data(), displs.data(), MPI_BYTE,
+                                 MPI_COMM_WORLD, req.data()));
   wait(req, "an all-gather");
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
@@ -110,12 +115,14 @@ std::vector<std::vector<uint8_t>> MpiGroup::all_gather(std::span<const uint8_t> 
 }
 
 void MpiGroup::all_reduce_sum(std::span<float> values) {
-  // Small values (losses, checkpoint state): gathered and added in rank order by everyone, so every rank has the same bits.
+  // Small values (losses, checkpoint state): gathered and added in rank order by everyone, so every rank has the same
+  // bits.
   auto all = all_gather({reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()});
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.f;
   for (const auto& b : all) {
     if (b.size() != values.size_bytes())
-      throw Error("mpi: all_reduce_sum: a rank sent " + std::to_string(b.size()) + " bytes, this rank " + std::to_string(values.size_bytes()));
+      throw Error("mpi: all_reduce_sum: a rank sent " + std::to_string(b.size()) + " bytes, this rank " +
+                  std::to_string(values.size_bytes()));
     const float* f = reinterpret_cast<const float*>(b.data());
     for (size_t i = 0; i < values.size(); ++i) values[i] += f[i];
   }
@@ -123,7 +130,8 @@ void MpiGroup::all_reduce_sum(std::span<float> values) {
 
 void MpiGroup::sum_floats(float* v, size_t count, const char* what) {
   if (size_ == 1 || count == 0) return;
-  if (count > static_cast<size_t>(INT32_MAX)) throw Error("mpi: a bucket of " + std::to_string(count) + " floats is too large for one MPI call");
+  if (count > static_cast<size_t>(INT32_MAX))
+    throw Error("mpi: a bucket of " + std::to_string(count) + " floats is too large for one MPI call");
   const int n = static_cast<int>(count);
   std::vector<MPI_Request> req(1);
   if (!o_.fixed_order) {
@@ -132,7 +140,8 @@ void MpiGroup::sum_floats(float* v, size_t count, const char* what) {
     return;
   }
   if (rank_ == 0) gather_.resize(count * static_cast<size_t>(size_));
-  KILN_MPI_CHECK(MPI_Igather(v, n, MPI_FLOAT, rank_ == 0 ? gather_.data() : nullptr, n, MPI_FLOAT, 0, MPI_COMM_WORLD, req.data()));
+  KILN_MPI_CHECK(
+      MPI_Igather(v, n, MPI_FLOAT, rank_ == 0 ? gather_.data() : nullptr, n, MPI_FLOAT, 0, MPI_COMM_WORLD, req.data()));
   wait(req, what);
   if (rank_ == 0) {
     for (size_t i = 0; i < count; ++i) v[i] = gather_[i];
@@ -147,7 +156,8 @@ void MpiGroup::sum_floats(float* v, size_t count, const char* what) {
 
 void MpiGroup::broadcast_bytes(void* p, size_t bytes, int root, const char* what) {
   if (size_ == 1 || bytes == 0) return;
-  if (bytes > static_cast<size_t>(INT32_MAX)) throw Error("mpi: a broadcast of " + std::to_string(bytes) + " bytes is too large for one MPI call");
+  if (bytes > static_cast<size_t>(INT32_MAX))
+    throw Error("mpi: a broadcast of " + std::to_string(bytes) + " bytes is too large for one MPI call");
   std::vector<MPI_Request> req(1);
   KILN_MPI_CHECK(MPI_Ibcast(p, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, req.data()));
   wait(req, what);

@@ -14,7 +14,8 @@ namespace kiln::parallel {
 
 DeviceEntry parse_device_entry(const std::string& text) {
   DeviceEntry e;
-  if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) && text.size() < 10)
+  if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      text.size() < 10)
     e.index = std::stoll(text);
   else
     e.label = text;
@@ -33,7 +34,9 @@ std::vector<DeviceEntry> parse_device_list(const ConfigNode& cfg, const std::str
   }
   if (as_ints) {
     for (auto i : ints) {
-      if (i < 0) cfg.fail(key, "entry " + std::to_string(i) + " is not a device index (indices into the opened devices start at 0)");
+      if (i < 0)
+        cfg.fail(key,
+                 "entry " + std::to_string(i) + " is not a device index (indices into the opened devices start at 0)");
       DeviceEntry e;
       e.index = i;
       out.push_back(e);
@@ -43,7 +46,8 @@ std::vector<DeviceEntry> parse_device_list(const ConfigNode& cfg, const std::str
     try {
       texts = cfg.get_string_list(key, {});
     } catch (const ConfigError&) {
-      cfg.fail(key, "expected a list of device indices (0, 1, ...) or labels (\"cpu:0\", \"vulkan:0\"), not a mix of both");
+      cfg.fail(key,
+               "expected a list of device indices (0, 1, ...) or labels (\"cpu:0\", \"vulkan:0\"), not a mix of both");
     }
     for (const auto& t : texts) {
       if (t.empty()) cfg.fail(key, "an entry is empty; expected an index or a label such as \"cpu:1\"");
@@ -73,7 +77,8 @@ int devices_to_open(const std::vector<DeviceEntry>& entries, int visible) {
 
 std::string open_labels(const std::vector<DeviceContext>& open) {
   std::string s;
-  for (size_t i = 0; i < open.size(); ++i) s += (i ? ", " : "") + std::to_string(i) + " = " + open[i].device->info().label();
+  for (size_t i = 0; i < open.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(i) + " = " + open[i].device->info().label();
   return s.empty() ? "none" : s;
 }
 
@@ -94,13 +99,16 @@ std::vector<int> resolve_devices(const std::vector<DeviceEntry>& entries, const 
         if (open[i].device->info().label() == e.label) found = static_cast<int>(i);
     }
     if (found < 0) {
-      std::string hint = " (raise [device] virtual_devices for more logical CPU devices, or list them in [device] visible)";
+      std::string hint =
+          " (raise [device] virtual_devices for more logical CPU devices, or list them in [device] visible)";
       if (!e.label.empty()) {
         std::string backend = e.label.substr(0, e.label.find(':'));
         if (backend != open[0].device->info().backend)
-          hint = " (this run opens devices of backend \"" + open[0].device->info().backend + "\" only: [device] backend)";
+          hint =
+              " (this run opens devices of backend \"" + open[0].device->info().backend + "\" only: [device] backend)";
       }
-      throw ConfigError(where + " lists device " + e.text() + ", which is not among the opened devices: " + open_labels(open) + hint);
+      throw ConfigError(where + " lists device " + e.text() +
+                        ", which is not among the opened devices: " + open_labels(open) + hint);
     }
     if (std::find(out.begin(), out.end(), found) != out.end())
       throw ConfigError(where + " names " + open[static_cast<size_t>(found)].device->info().label() +

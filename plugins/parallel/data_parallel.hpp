@@ -15,18 +15,18 @@ struct DataParallelOptions {
   std::vector<DeviceEntry> devices;  // empty: every opened device
   bool uneven = false;               // a global batch that does not divide: weight each replica by its share
   size_t bucket_bytes = size_t{1} << 20;
-  bool overlap = true;               // reduce each bucket as soon as every replica has produced it
-  bool concurrent = true;            // one thread per replica (false: replicas run one after another)
-  bool sharded = false;              // optimizer_state = "sharded"
+  bool overlap = true;     // reduce each bucket as soon as every replica has produced it
+  bool concurrent = true;  // one thread per replica (false: replicas run one after another)
+  bool sharded = false;    // optimizer_state = "sharded"
   std::string communicator = "host";
   // A process group (communicator = "mpi", or process_group = "mpi" with a communicator that spans processes such as
   // "nccl"): the global batch is split over every replica of every process and this process runs replicas
   // rank * n .. rank * n + n - 1 of them. Null: this process alone.
   std::shared_ptr<ProcessGroup> group;
   std::string process_group;  // the group's name ("" without one); communicator == process_group: the group's own
-  double timeout_s = 60;     // [strategy] timeout_s: a collective waiting longer is an error
-  bool fixed_order = false;  // [strategy] reduction = "fixed_order"
-  std::string where = "[strategy]";          // "run.toml:12: key 'strategy'", for errors
+  double timeout_s = 60;      // [strategy] timeout_s: a collective waiting longer is an error
+  bool fixed_order = false;   // [strategy] reduction = "fixed_order"
+  std::string where = "[strategy]";  // "run.toml:12: key 'strategy'", for errors
   std::string where_devices = "[strategy] devices";
   std::string where_communicator = "[strategy] communicator";
 };

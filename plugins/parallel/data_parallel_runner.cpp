@@ -2,13 +2,13 @@
 // while the replicas' backward passes are still running.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <iomanip>
 #include <set>
 #include <sstream>
-#include <functional>
 
 #include "data_parallel.hpp"
 #include "kiln/error.hpp"
@@ -49,7 +49,9 @@ class DataParallelRunner final : public Runner {
     first_ = group_rank(o_) * n;
     const int all = procs_ * n;  // replicas of every process
     base_rows_ = local_rows(ctx_.global_batch);
-    if (o_.sharded) layout_ = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx_, base_rows_[0], true, false, false), all));
+    if (o_.sharded)
+      layout_ =
+          std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx_, base_rows_[0], true, false, false), all));
     for (int r = 0; r < n; ++r) {
       reps_.push_back(std::make_unique<Replica>(ctx_, dev_[static_cast<size_t>(r)], r, o_.sharded));
       devices_.push_back(&reps_.back()->device());
@@ -60,8 +62,10 @@ class DataParallelRunner final : public Runner {
     // are known to allow that, so others reduce once every replica has finished its backward pass.
     for (auto* d : devices_) overlap_ = overlap_ && d->info().host_addressable;
     if (comm_->size() != n)
-      throw Error("data_parallel: the communicator has " + std::to_string(comm_->size()) + " ranks for " + std::to_string(n) + " replicas");
-    for (int r = 0; r < n; ++r) reps_[static_cast<size_t>(r)]->executor(base_rows_[static_cast<size_t>(r)], true, false);
+      throw Error("data_parallel: the communicator has " + std::to_string(comm_->size()) + " ranks for " +
+                  std::to_string(n) + " replicas");
+    for (int r = 0; r < n; ++r)
+      reps_[static_cast<size_t>(r)]->executor(base_rows_[static_cast<size_t>(r)], true, false);
     const Graph& g0 = reps_[0]->executor(base_rows_[0], true, false).graph();
     if (layout_)
       for (const auto& u : layout_->params) param_names_.push_back(u.name);
@@ -74,7 +78,8 @@ class DataParallelRunner final : public Runner {
     if (o_.sharded) {
       // Shards are numbered over every process's replicas; each owner's slices go to every replica of every process.
       for (int r = 0; r < n; ++r)
-        shards_.push_back(std::make_unique<ShardedOptimizer>(*layout_, first_ + r, ctx_.devices.at(static_cast<size_t>(dev_[static_cast<size_t>(r)]))));
+        shards_.push_back(std::make_unique<ShardedOptimizer>(
+            *layout_, first_ + r, ctx_.devices.at(static_cast<size_t>(dev_[static_cast<size_t>(r)]))));
       for (int g = 0; g < all; ++g)
         for (const auto& sl : layout_->slices[static_cast<size_t>(g)]) sends_.push_back({sl, g});
     } else if (mixed_) {
@@ -83,10 +88,12 @@ class DataParallelRunner final : public Runner {
     for (int r = 0; r < n; ++r) {
       auto& rep = *reps_[static_cast<size_t>(r)];
       rep.executor(base_rows_[static_cast<size_t>(r)], false, false);
-      if (ctx_.optimizer && ctx_.optimizer->ema_decay > 0) rep.executor(base_rows_[static_cast<size_t>(r)], false, true);
+      if (ctx_.optimizer && ctx_.optimizer->ema_decay > 0)
+        rep.executor(base_rows_[static_cast<size_t>(r)], false, true);
     }
     std::vector<std::string> names;
-    for (int r = 0; r < n; ++r) names.push_back("replica " + std::to_string(r) + " (" + devices_[static_cast<size_t>(r)]->info().label() + ")");
+    for (int r = 0; r < n; ++r)
+      names.push_back("replica " + std::to_string(r) + " (" + devices_[static_cast<size_t>(r)]->info().label() + ")");
     if (!o_.concurrent) names = {"replicas " + devices_[0]->info().label() + ".." + devices_.back()->info().label()};
     // One replica in one process has nothing to reduce or send: no communication lane.
     if (all > 1) names.push_back("the gradient all-reduce (" + o_.communicator + " communicator)");
@@ -144,8 +151,9 @@ class DataParallelRunner final : public Runner {
       for (size_t k = 0; same && k < buckets[0]->size(); ++k)
         same = (*buckets[r])[k].begin == (*buckets[0])[k].begin && (*buckets[r])[k].end == (*buckets[0])[k].end;
       if (!same)
-        throw Error("data_parallel: replica " + std::to_string(r) + " lays out its gradients differently from replica 0 (" +
-                    std::to_string(buckets[r]->size()) + " vs " + std::to_string(buckets[0]->size()) + " buckets)");
+        throw Error("data_parallel: replica " + std::to_string(r) +
+                    " lays out its gradients differently from replica 0 (" + std::to_string(buckets[r]->size()) +
+                    " vs " + std::to_string(buckets[0]->size()) + " buckets)");
     }
     const size_t fwd_end = ex[0]->first_node_of(Phase::backward);
     std::vector<std::vector<float>> losses(static_cast<size_t>(n));
@@ -175,7 +183,8 @@ class DataParallelRunner final : public Runner {
     res.losses.assign(ex[0]->graph().losses.size(), 0.f);
     for (size_t r = 0; r < ex.size(); ++r)
       for (size_t i = 0; i < losses[r].size(); ++i)
-        res.losses[i] += static_cast<float>(static_cast<double>(losses[r][i]) * static_cast<double>(rows[r]) / static_cast<double>(batch.batch));
+        res.losses[i] += static_cast<float>(static_cast<double>(losses[r][i]) * static_cast<double>(rows[r]) /
+                                            static_cast<double>(batch.batch));
     if (procs_ > 1) o_.group->all_reduce_sum(res.losses);  // every process decides on the same (global) loss
     for (float l : res.losses) res.total_loss += l;
     if (!std::isfinite(res.total_loss)) return res;  // no replica changes its weights
@@ -269,9 +278,11 @@ class DataParallelRunner final : public Runner {
         // and EMA are the ones that count there.
         if (mixed_ && !std::count(param_names_.begin(), param_names_.end(), name)) continue;
         double worst = 0;
-        for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, std::fabs(double(t.data[i]) - double(it->second.data[i])));
-        throw Error("data_parallel: replica " + std::to_string(r) + " (" + reps_[r]->label() + ") holds different values for '" +
-                    name + "' than replica 0 (" + reps_[0]->label() + "), largest difference " + std::to_string(worst) +
+        for (size_t i = 0; i < t.data.size(); ++i)
+          worst = std::max(worst, std::fabs(double(t.data[i]) - double(it->second.data[i])));
+        throw Error("data_parallel: replica " + std::to_string(r) + " (" + reps_[r]->label() +
+                    ") holds different values for '" + name + "' than replica 0 (" + reps_[0]->label() +
+                    "), largest difference " + std::to_string(worst) +
                     "; the replicas diverged and no state was saved");
       }
     if (procs_ > 1) check_same_state(all);
@@ -316,19 +327,21 @@ class DataParallelRunner final : public Runner {
   std::string report() const override {
     std::ostringstream os;
     const size_t n = reps_.size();
-    os << "data_parallel: " << n << " replica(s)" << (procs_ > 1 ? " in each of " + std::to_string(procs_) + " processes" : "")
-       << ", global batch " << ctx_.global_batch << ", optimizer state "
-       << (o_.sharded ? "sharded" : "replicated") << ", " << o_.communicator << " communicator"
+    os << "data_parallel: " << n << " replica(s)"
+       << (procs_ > 1 ? " in each of " + std::to_string(procs_) + " processes" : "") << ", global batch "
+       << ctx_.global_batch << ", optimizer state " << (o_.sharded ? "sharded" : "replicated") << ", "
+       << o_.communicator << " communicator"
        << (o_.group && o_.communicator != o_.process_group ? " across the " + o_.process_group + " process group" : "")
-       << ", buckets of "
-       << bytes_text(o_.bucket_bytes) << (overlap_ ? " reduced during backward" : " reduced after backward") << "\n";
+       << ", buckets of " << bytes_text(o_.bucket_bytes)
+       << (overlap_ ? " reduced during backward" : " reduced after backward") << "\n";
     for (size_t r = 0; r < n; ++r) {
       const auto& st = stats_[r];
       os << "  replica " << r << " on " << reps_[r]->label() << ": batch " << base_rows_[r];
       if (st.steps > 0 && st.compute > 0) {
-        os << std::fixed << std::setprecision(0) << ", " << static_cast<double>(st.examples) / st.compute << " examples/s of compute, "
-           << std::setprecision(3) << st.compute * 1e3 / static_cast<double>(st.steps) << " ms/batch computing, "
-           << st.wait * 1e3 / static_cast<double>(st.steps) << " ms/batch waiting for gradients";
+        os << std::fixed << std::setprecision(0) << ", " << static_cast<double>(st.examples) / st.compute
+           << " examples/s of compute, " << std::setprecision(3) << st.compute * 1e3 / static_cast<double>(st.steps)
+           << " ms/batch computing, " << st.wait * 1e3 / static_cast<double>(st.steps)
+           << " ms/batch waiting for gradients";
       }
       os << "\n";
     }
@@ -336,10 +349,10 @@ class DataParallelRunner final : public Runner {
       int64_t examples = 0;
       for (const auto& st : stats_) examples += st.examples;
       double hidden = comm_seconds_ > 0 ? std::clamp(1.0 - exposed_seconds_ / comm_seconds_, 0.0, 1.0) : 1.0;
-      os << std::fixed << std::setprecision(0) << "  total: " << static_cast<double>(examples) / step_seconds_ << " examples/s, "
-         << std::setprecision(4) << step_seconds_ / static_cast<double>(steps_) << " s/batch; all-reduce "
-         << std::setprecision(3) << comm_seconds_ * 1e3 / static_cast<double>(steps_) << " ms/step, " << std::setprecision(0)
-         << hidden * 100 << "% of it hidden behind backward\n";
+      os << std::fixed << std::setprecision(0) << "  total: " << static_cast<double>(examples) / step_seconds_
+         << " examples/s, " << std::setprecision(4) << step_seconds_ / static_cast<double>(steps_)
+         << " s/batch; all-reduce " << std::setprecision(3) << comm_seconds_ * 1e3 / static_cast<double>(steps_)
+         << " ms/step, " << std::setprecision(0) << hidden * 100 << "% of it hidden behind backward\n";
     }
     return os.str();
   }
@@ -356,7 +369,8 @@ class DataParallelRunner final : public Runner {
         } catch (const Aborted&) {
           throw;
         } catch (...) {  // one lane runs every replica: name the one that failed
-          rethrow_with_prefix(std::current_exception(), "replica " + std::to_string(r) + " (" + reps_[r]->label() + "): ");
+          rethrow_with_prefix(std::current_exception(),
+                              "replica " + std::to_string(r) + " (" + reps_[r]->label() + "): ");
         }
       }
     }
@@ -378,7 +392,8 @@ class DataParallelRunner final : public Runner {
   std::vector<int64_t> rows_for(int64_t n, bool training) const {
     const int parts = procs_ * static_cast<int>(reps_.size());
     if (training && n == ctx_.global_batch && n % parts != 0 && !o_.uneven)
-      throw ConfigError(o_.where + ": a batch of " + std::to_string(n) + " does not split evenly over " + std::to_string(parts) +
+      throw ConfigError(o_.where + ": a batch of " + std::to_string(n) + " does not split evenly over " +
+                        std::to_string(parts) +
                         " replicas; set uneven = true to weight each replica's gradient by its share");
     return local_rows(n);
   }
@@ -403,14 +418,15 @@ class DataParallelRunner final : public Runner {
   const std::vector<Bucket>& buckets_for(const Executor& ex) {
     auto it = buckets_.find(&ex);
     if (it != buckets_.end()) return it->second;
-    if (ex.size() != ex.graph().nodes().size()) throw Error("data_parallel: a replica graph has nodes placed on another device");
+    if (ex.size() != ex.graph().nodes().size())
+      throw Error("data_parallel: a replica graph has nodes placed on another device");
     return buckets_.emplace(&ex, make_buckets(ex.graph(), ex.plan(), o_.bucket_bytes)).first->second;
   }
 
   // Replica r's backward pass from node `from` (the first backward node, or the one after the last synchronized
   // batch norm), each gradient bucket signalled to the communication lane as soon as it is complete.
-  void backward(size_t r, Executor& ex, const std::vector<Bucket>& bk, int64_t rows, int64_t global, const StepScalars& s,
-                size_t from) {
+  void backward(size_t r, Executor& ex, const std::vector<Bucket>& bk, int64_t rows, int64_t global,
+                const StepScalars& s, size_t from) {
     Replica& rep = *reps_[r];
     auto t0 = Clock::now();
     const BufferView grads = rep.state().region(Region::gradients);
@@ -445,7 +461,8 @@ class DataParallelRunner final : public Runner {
     return sync_batch_norm_nodes(ex, begin, end);
   }
 
-  void sync_batch_norm(const std::vector<Executor*>& ex, const std::vector<int64_t>& rows, int64_t global, size_t node) {
+  void sync_batch_norm(const std::vector<Executor*>& ex, const std::vector<int64_t>& rows, int64_t global,
+                       size_t node) {
     auto each_with_rows = [&](const std::function<void(size_t)>& f) {
       lanes_->run([&](int lane) {
         each_replica(lane, [&](size_t r) {
@@ -453,7 +470,8 @@ class DataParallelRunner final : public Runner {
         });
       });
     };
-    parallel::sync_batch_norm(ex, rows, global, node, each_with_rows, [&](std::vector<double>& v) { all_reduce_double(v); });
+    parallel::sync_batch_norm(ex, rows, global, node, each_with_rows,
+                              [&](std::vector<double>& v) { all_reduce_double(v); });
   }
 
   // Sums over every process of the group, in double precision: each value travels as a float and the float
@@ -466,7 +484,8 @@ class DataParallelRunner final : public Runner {
       parts[2 * i + 1] = static_cast<float>(v[i] - static_cast<double>(parts[2 * i]));
     }
     o_.group->all_reduce_sum(parts);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
   }
 
   // Records the end of replica r's backward compute (the reference for how much communication was hidden).
@@ -521,7 +540,8 @@ class DataParallelRunner final : public Runner {
     for (const auto& [sl, owner] : sends_) {
       for (size_t r = 0; r < reps_.size(); ++r) {
         const std::string& name = param_names_[sl.param];
-        views[r] = sl.count < 0 ? reps_[r]->state().persistent(name) : ShardedOptimizer::weight_slice(*layout_, reps_[r]->state(), sl);
+        views[r] = sl.count < 0 ? reps_[r]->state().persistent(name)
+                                : ShardedOptimizer::weight_slice(*layout_, reps_[r]->state(), sl);
       }
       comm_->broadcast(views, devices_, owner);
     }
@@ -558,7 +578,7 @@ class DataParallelRunner final : public Runner {
   std::vector<Element> parts_;
   // Batches handed to prefetch(), oldest first: their per-replica rows, which the uploads read until the step.
   struct Prefetched {
-    const void* key = nullptr;  // the whole batch's feature storage
+    const void* key = nullptr;   // the whole batch's feature storage
     std::vector<Element> parts;  // empty with one replica (the batch itself is uploaded)
   };
   std::deque<Prefetched> prefetched_;
@@ -582,7 +602,8 @@ class DataParallelRunner final : public Runner {
     auto mix = [&](const void* p, size_t n) {
       for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
     };
-    for (const auto& [name, t] : state) mix(name.data(), name.size()), mix(t.data.data(), t.data.size() * sizeof(float));
+    for (const auto& [name, t] : state)
+      mix(name.data(), name.size()), mix(t.data.data(), t.data.size() * sizeof(float));
     std::vector<uint8_t> mine(sizeof h);
     std::memcpy(mine.data(), &h, sizeof h);
     const std::string host = o_.group->host();
@@ -591,8 +612,10 @@ class DataParallelRunner final : public Runner {
     for (size_t r = 1; r < every.size(); ++r)
       if (every[r].size() < sizeof h || std::memcmp(every[r].data(), every[0].data(), sizeof h) != 0)
         throw Error("data_parallel: rank " + std::to_string(r) + " (host " +
-                    std::string(every[r].begin() + sizeof h, every[r].end()) + ") holds different weights or optimizer "
-                    "state than rank 0 (host " + std::string(every[0].begin() + sizeof h, every[0].end()) +
+                    std::string(every[r].begin() + sizeof h, every[r].end()) +
+                    ") holds different weights or optimizer "
+                    "state than rank 0 (host " +
+                    std::string(every[0].begin() + sizeof h, every[0].end()) +
                     "); the processes diverged and no state was saved");
   }
 

@@ -43,14 +43,15 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
     throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(ctx.global_batch) + " is smaller than the " +
                       std::to_string(n) + " replicas; every replica needs at least one example per step");
   if (ctx.global_batch % n != 0 && !o.uneven)
-    throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(ctx.global_batch) + " does not split evenly over " +
-                      std::to_string(n) + " replicas; use a multiple of " + std::to_string(n) + " (" +
-                      std::to_string(ctx.global_batch / n * n) + " or " +
+    throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(ctx.global_batch) +
+                      " does not split evenly over " + std::to_string(n) + " replicas; use a multiple of " +
+                      std::to_string(n) + " (" + std::to_string(ctx.global_batch / n * n) + " or " +
                       std::to_string((ctx.global_batch / n + 1) * n) +
                       "), or set uneven = true to give replicas different shares and weight their gradients by them");
   // Sharded updates run outside the graph's update phase, so the clipping nodes would run after them.
   if (o.sharded && ctx.optimizer && ctx.optimizer->clip_norm > 0)
-    throw ConfigError(o.where + ": optimizer_state = \"sharded\" does not support [optimizer] clip_norm yet (each replica "
+    throw ConfigError(o.where +
+                      ": optimizer_state = \"sharded\" does not support [optimizer] clip_norm yet (each replica "
                       "updates only its slices); use optimizer_state = \"replicated\" (the default), which clips the "
                       "all-reduced gradient, or remove clip_norm");
   auto all_rows = split_rows(ctx.global_batch, n);
@@ -58,7 +59,8 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
   bool overlap = o.overlap;  // the runner reduces after backward unless every device is host memory
   for (int d : dev) overlap = overlap && ctx.devices.at(static_cast<size_t>(d)).device->info().host_addressable;
   std::unique_ptr<ShardLayout> layout;
-  if (o.sharded) layout = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx, rows[0], true, false, false), n));
+  if (o.sharded)
+    layout = std::make_unique<ShardLayout>(make_shard_layout(replica_graph(ctx, rows[0], true, false, false), n));
   std::vector<DevicePlan> out;
   for (int r = 0; r < local; ++r) {
     Device* d = ctx.devices.at(static_cast<size_t>(dev[static_cast<size_t>(r)])).device;
@@ -78,15 +80,17 @@ std::vector<DevicePlan> plan_data_parallel(const DataParallelOptions& o, const R
     p.notes.push_back("data_parallel replica " + std::to_string(first + r) + " of " + std::to_string(n) + ": batch " +
                       std::to_string(rows[static_cast<size_t>(r)]) + " of " + std::to_string(ctx.global_batch) +
                       " (gradient weight " + share_text(rows[static_cast<size_t>(r)], ctx.global_batch) + ")");
-    p.notes.push_back("gradient all-reduce: " + bytes_text(pt.gradients) + " per step in " + std::to_string(buckets.size()) +
-                      " bucket(s) of about " + bytes_text(o.bucket_bytes) + " through the \"" + o.communicator + "\" communicator, " +
+    p.notes.push_back("gradient all-reduce: " + bytes_text(pt.gradients) + " per step in " +
+                      std::to_string(buckets.size()) + " bucket(s) of about " + bytes_text(o.bucket_bytes) +
+                      " through the \"" + o.communicator + "\" communicator, " +
                       (overlap ? "overlapped with backward" : "after backward"));
     if (layout) {
       const int g = first + r;
       p.optimizer_state += layout->state_bytes(g);
-      p.notes.push_back("optimizer state sharded (ZeRO stage 1): this replica keeps the state of " + std::to_string(layout->elements(g)) +
-                        " of " + std::to_string(layout->total_elements) + " weights in " +
-                        std::to_string(layout->slices[static_cast<size_t>(g)].size()) + " slice(s), updates them and broadcasts them");
+      p.notes.push_back("optimizer state sharded (ZeRO stage 1): this replica keeps the state of " +
+                        std::to_string(layout->elements(g)) + " of " + std::to_string(layout->total_elements) +
+                        " weights in " + std::to_string(layout->slices[static_cast<size_t>(g)].size()) +
+                        " slice(s), updates them and broadcasts them");
     } else {
       p.notes.push_back("optimizer state replicated: every replica updates every parameter");
     }
@@ -117,7 +121,8 @@ class DataParallelStrategy final : public Strategy {
     o_.communicator = c.get_string("communicator", "host");
     o_.where_communicator = c.has("communicator") ? c.where("communicator") : c.where();
     o_.timeout_s = c.get_float("timeout_s", 60.0);
-    if (!(o_.timeout_s > 0)) c.fail("timeout_s", "expected a positive number of seconds, found " + std::to_string(o_.timeout_s));
+    if (!(o_.timeout_s > 0))
+      c.fail("timeout_s", "expected a positive number of seconds, found " + std::to_string(o_.timeout_s));
     o_.fixed_order = c.get_choice("reduction", {"fast", "fixed_order"}, "fast") == "fixed_order";
     auto limit = c.get_size_text("memory_limit", "");
     if (!limit.empty()) {
@@ -134,10 +139,11 @@ class DataParallelStrategy final : public Strategy {
       o_.process_group = c.get_string("process_group");
       const std::string& g = o_.process_group;
       if (!(reg_ && reg_->has_process_group(g)))
-        c.fail("process_group", "no process group \"" + g + "\" is registered; \"mpi\" comes with the mpi plugin " +
-                                    "(libkiln_mpi), which is built when CMake finds MPI: install OpenMPI (Debian: apt-get " +
-                                    "install openmpi-bin libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin " +
-                                    "failed to load");
+        c.fail("process_group",
+               "no process group \"" + g + "\" is registered; \"mpi\" comes with the mpi plugin " +
+                   "(libkiln_mpi), which is built when CMake finds MPI: install OpenMPI (Debian: apt-get " +
+                   "install openmpi-bin libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin " +
+                   "failed to load");
       if (o_.communicator == "host")
         c.fail("communicator", "expected a communicator that spans the processes of process_group = \"" + g +
                                    "\", found \"host\", which reduces inside one process; use communicator = \"" + g +
@@ -146,25 +152,27 @@ class DataParallelStrategy final : public Strategy {
         c.fail("communicator", "names the process group \"" + o_.communicator + "\" but process_group = \"" + g +
                                    "\"; expected the same group in both, or a communicator such as \"nccl\"");
       if (!names_group && !reg_->has_group_communicator(o_.communicator))
-        c.fail("communicator", "expected a communicator that spans the processes of process_group = \"" + g +
-                                   "\", found \"" + o_.communicator + "\", which " +
-                                   (reg_->has_communicator(o_.communicator) ? "reduces inside one process only"
-                                                                             : "is not registered") +
-                                   "; use communicator = \"" + g + "\" (through host memory, any backend) or \"nccl\" " +
-                                   "(CUDA devices; the cuda plugin built with NCCL, `kiln plugins` lists \"communicator " +
-                                   "nccl across processes\")");
+        c.fail("communicator",
+               "expected a communicator that spans the processes of process_group = \"" + g + "\", found \"" +
+                   o_.communicator + "\", which " +
+                   (reg_->has_communicator(o_.communicator) ? "reduces inside one process only" : "is not registered") +
+                   "; use communicator = \"" + g + "\" (through host memory, any backend) or \"nccl\" " +
+                   "(CUDA devices; the cuda plugin built with NCCL, `kiln plugins` lists \"communicator " +
+                   "nccl across processes\")");
     } else if (names_group) {
       o_.process_group = o_.communicator;  // communicator = "mpi": the group and its own (hierarchical) communicator
     } else if (o_.communicator != "host" && !(reg_ && reg_->has_communicator(o_.communicator))) {
-      c.fail("communicator", "no communicator \"" + o_.communicator + "\" is registered; \"host\" (in-process, any backend) " +
-                                 "always is, \"nccl\" comes with the cuda plugin, \"mpi\" with the mpi plugin (libkiln_mpi), "
-                                 "which is built when CMake finds MPI: install OpenMPI (Debian: apt-get install openmpi-bin "
-                                 "libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin failed to load");
+      c.fail("communicator",
+             "no communicator \"" + o_.communicator + "\" is registered; \"host\" (in-process, any backend) " +
+                 "always is, \"nccl\" comes with the cuda plugin, \"mpi\" with the mpi plugin (libkiln_mpi), "
+                 "which is built when CMake finds MPI: install OpenMPI (Debian: apt-get install openmpi-bin "
+                 "libopenmpi-dev) and rebuild Kiln; `kiln plugins` says why a plugin failed to load");
     }
     if (o_.fixed_order && !o_.process_group.empty() && o_.communicator != o_.process_group)
-      c.fail("reduction", "\"fixed_order\" sums in rank order through the process group's own communicator (communicator = \"" +
-                              o_.process_group + "\"); communicator = \"" + o_.communicator +
-                              "\" picks its own order: expected reduction = \"fast\" (the default) with it");
+      c.fail("reduction",
+             "\"fixed_order\" sums in rank order through the process group's own communicator (communicator = \"" +
+                 o_.process_group + "\"); communicator = \"" + o_.communicator +
+                 "\" picks its own order: expected reduction = \"fast\" (the default) with it");
     c.finish();
     if (!o_.process_group.empty()) {
       ProcessGroupOptions po;
@@ -191,19 +199,25 @@ class DataParallelStrategy final : public Strategy {
       const auto& dc = ctx.devices.at(static_cast<size_t>(dev[r]));
       devices.push_back(dc.device);
       if (plans[r].total() > dc.allocator->limit())
-        throw OutOfMemory("data_parallel: replica " + std::to_string(r) + " needs " + format_bytes(plans[r].total()) + " on " +
-                              plans[r].device + " but its memory limit is " + format_bytes(dc.allocator->limit()) + " (parameters " +
+        throw OutOfMemory("data_parallel: replica " + std::to_string(r) + " needs " + format_bytes(plans[r].total()) +
+                              " on " + plans[r].device + " but its memory limit is " +
+                              format_bytes(dc.allocator->limit()) + " (parameters " +
                               format_bytes(plans[r].parameters) + ", gradients " + format_bytes(plans[r].gradients) +
                               ", optimizer state " + format_bytes(plans[r].optimizer_state) + ", activations " +
-                              format_bytes(plans[r].activations) + "). Nothing was allocated. Try optimizer_state = \"sharded\", "
+                              format_bytes(plans[r].activations) +
+                              "). Nothing was allocated. Try optimizer_state = \"sharded\", "
                               "more replicas or a smaller batch; `kiln plan` shows the breakdown.",
                           plans[r].total(), {});
     }
     std::unique_ptr<Communicator> comm;
-    if (o_.communicator == "host") comm = std::make_unique<HostCommunicator>(devices);
-    else if (o_.group && o_.communicator == o_.process_group) comm = o_.group->communicator(devices);
-    else if (o_.group) comm = reg_->group_communicator(o_.communicator)(devices, *o_.group);  // e.g. NCCL over every rank
-    else comm = reg_->communicator(o_.communicator)(devices);
+    if (o_.communicator == "host")
+      comm = std::make_unique<HostCommunicator>(devices);
+    else if (o_.group && o_.communicator == o_.process_group)
+      comm = o_.group->communicator(devices);
+    else if (o_.group)
+      comm = reg_->group_communicator(o_.communicator)(devices, *o_.group);  // e.g. NCCL over every rank
+    else
+      comm = reg_->communicator(o_.communicator)(devices);
     return make_data_parallel_runner(o_, ctx, std::move(comm), extra_);
   }
 

@@ -35,15 +35,16 @@ RunnerContext ExtraDevices::extend(const RunnerContext& ctx, const std::vector<D
       auto infos = b->enumerate();
       if (index < 0 || index >= static_cast<int>(infos.size())) {
         std::string why = b->unavailable_reason();
-        throw ConfigError(where_ + " lists \"" + e.label + "\", but backend \"" + backend + "\" has " + std::to_string(infos.size()) +
-                          " device(s)" + (why.empty() ? "" : ": " + why));
+        throw ConfigError(where_ + " lists \"" + e.label + "\", but backend \"" + backend + "\" has " +
+                          std::to_string(infos.size()) + " device(s)" + (why.empty() ? "" : ": " + why));
       }
       auto dev = b->open(index);
       AllocatorOptions ao;
       const size_t total = dev->info().total_memory;
       ao.limit = memory_limit_.empty() ? total : parse_memory_size(memory_limit_, total);
       if (ao.limit > total)
-        throw ConfigError(where_ + ": memory_limit = \"" + memory_limit_ + "\" exceeds the " + format_bytes(total) + " of " + e.label);
+        throw ConfigError(where_ + ": memory_limit = \"" + memory_limit_ + "\" exceeds the " + format_bytes(total) +
+                          " of " + e.label);
       allocators_[e.label] = std::make_unique<Allocator>(*dev, ao);
       devices_[e.label] = std::move(dev);
     }

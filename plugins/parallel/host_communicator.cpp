@@ -25,12 +25,13 @@ BufferView sub(const BufferView& v, size_t first_float, size_t floats) {
 
 void copy_between(Device& from, const BufferView& src, Device& to, const BufferView& dst, std::vector<float>& stage) {
   if (src.bytes != dst.bytes)
-    throw DeviceError("copy " + from.info().label() + " -> " + to.info().label() + ": source has " + std::to_string(src.bytes) +
-                      " bytes, destination " + std::to_string(dst.bytes));
+    throw DeviceError("copy " + from.info().label() + " -> " + to.info().label() + ": source has " +
+                      std::to_string(src.bytes) + " bytes, destination " + std::to_string(dst.bytes));
   if (src.bytes == 0) return;
   if (&from == &to) return from.copy_on_device(src, dst);
   if (is_host(from) && is_host(to)) {
-    std::memcpy(static_cast<char*>(dst.block->ptr) + dst.offset, static_cast<const char*>(src.block->ptr) + src.offset, src.bytes);
+    std::memcpy(static_cast<char*>(dst.block->ptr) + dst.offset, static_cast<const char*>(src.block->ptr) + src.offset,
+                src.bytes);
     return;
   }
   if (is_host(to)) return from.copy_to_host(src, static_cast<char*>(dst.block->ptr) + dst.offset);
@@ -51,17 +52,21 @@ HostCommunicator::HostCommunicator(std::span<Device* const> devices) : devices_(
 
 void HostCommunicator::check(std::span<const BufferView> bufs, std::span<Device* const> devices, const char* op) const {
   if (bufs.size() != devices_.size() || devices.size() != devices_.size())
-    throw Error(std::string("host communicator ") + op + ": expected one buffer per rank (" + std::to_string(devices_.size()) +
-                "), found " + std::to_string(bufs.size()) + " buffers for " + std::to_string(devices.size()) + " devices");
+    throw Error(std::string("host communicator ") + op + ": expected one buffer per rank (" +
+                std::to_string(devices_.size()) + "), found " + std::to_string(bufs.size()) + " buffers for " +
+                std::to_string(devices.size()) + " devices");
   for (size_t r = 0; r < bufs.size(); ++r) {
     if (devices[r] != devices_[r])
-      throw Error(std::string("host communicator ") + op + ": rank " + std::to_string(r) + " is " + devices_[r]->info().label() +
-                  ", the call passed " + (devices[r] ? devices[r]->info().label() : std::string("null")));
+      throw Error(std::string("host communicator ") + op + ": rank " + std::to_string(r) + " is " +
+                  devices_[r]->info().label() + ", the call passed " +
+                  (devices[r] ? devices[r]->info().label() : std::string("null")));
     if (bufs[r].bytes != bufs[0].bytes || bufs[r].bytes % sizeof(float) != 0)
-      throw Error(std::string("host communicator ") + op + ": rank " + std::to_string(r) + " passes " + std::to_string(bufs[r].bytes) +
-                  " bytes, rank 0 " + std::to_string(bufs[0].bytes) + " (sizes must match and be whole floats)");
+      throw Error(std::string("host communicator ") + op + ": rank " + std::to_string(r) + " passes " +
+                  std::to_string(bufs[r].bytes) + " bytes, rank 0 " + std::to_string(bufs[0].bytes) +
+                  " (sizes must match and be whole floats)");
     if (bufs[r].bytes && (!bufs[r].block || bufs[r].offset + bufs[r].bytes > bufs[r].block->bytes))
-      throw Error(std::string("host communicator ") + op + ": the buffer of rank " + std::to_string(r) + " lies outside its block");
+      throw Error(std::string("host communicator ") + op + ": the buffer of rank " + std::to_string(r) +
+                  " lies outside its block");
   }
 }
 
@@ -98,10 +103,12 @@ void HostCommunicator::all_reduce_sum(std::span<const BufferView> bufs, std::spa
 
 void HostCommunicator::broadcast(std::span<const BufferView> bufs, std::span<Device* const> devices, int root) {
   check(bufs, devices, "broadcast");
-  if (root < 0 || root >= size()) throw Error("host communicator broadcast: root " + std::to_string(root) + " is not a rank");
+  if (root < 0 || root >= size())
+    throw Error("host communicator broadcast: root " + std::to_string(root) + " is not a rank");
   for (size_t r = 0; r < bufs.size(); ++r)
     if (static_cast<int>(r) != root)
-      copy_between(*devices_[static_cast<size_t>(root)], bufs[static_cast<size_t>(root)], *devices_[r], bufs[r], stage_[r]);
+      copy_between(*devices_[static_cast<size_t>(root)], bufs[static_cast<size_t>(root)], *devices_[r], bufs[r],
+                   stage_[r]);
 }
 
 }  // namespace kiln::parallel

@@ -79,7 +79,8 @@ void Lanes::run(const std::function<void(int)>& fn) {
     lane = failed_lane_;
     error_ = nullptr;
   }
-  if (err) rethrow_with_prefix(err, names_.at(static_cast<size_t>(lane)) + " failed, so every lane of the step was stopped: ");
+  if (err)
+    rethrow_with_prefix(err, names_.at(static_cast<size_t>(lane)) + " failed, so every lane of the step was stopped: ");
 }
 
 double Lanes::wait(const std::function<bool()>& pred) {

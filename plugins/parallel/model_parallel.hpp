@@ -17,7 +17,7 @@ struct ModelParallelOptions {
   std::vector<DeviceEntry> devices;  // the slots; empty: every opened device
   bool auto_place = false;           // placement = "auto"
   int micro_batches = 1;
-  bool concurrent = true;            // one thread per device
+  bool concurrent = true;  // one thread per device
   std::string where = "[strategy]";
   std::string where_devices = "[strategy] devices";
 };

@@ -44,7 +44,8 @@ class ModelParallelRunner final : public Runner {
       for (size_t s = 0; s < slots; ++s) {
         exec(s, static_cast<size_t>(m), p_.micro_rows, true, false);
         exec(s, static_cast<size_t>(m), p_.micro_rows, false, false);
-        if (ctx_.optimizer && ctx_.optimizer->ema_decay > 0) exec(s, static_cast<size_t>(m), p_.micro_rows, false, true);
+        if (ctx_.optimizer && ctx_.optimizer->ema_decay > 0)
+          exec(s, static_cast<size_t>(m), p_.micro_rows, false, true);
       }
   }
 
@@ -63,7 +64,8 @@ class ModelParallelRunner final : public Runner {
     for (auto t : g.losses) {
       const size_t slot = static_cast<size_t>(g.tensor(t).device);
       double sum = 0;
-      for (size_t m = 0; m < rows.size(); ++m) sum += double(ex[slot][m]->read_scalar(t)) * double(rows[m]) / double(batch.batch);
+      for (size_t m = 0; m < rows.size(); ++m)
+        sum += double(ex[slot][m]->read_scalar(t)) * double(rows[m]) / double(batch.batch);
       res.losses.push_back(static_cast<float>(sum));
       res.total_loss += static_cast<float>(sum);
     }
@@ -90,7 +92,8 @@ class ModelParallelRunner final : public Runner {
     phase(Phase::forward, in_order(rows.size(), false), ex, progs, {}, load, nullptr);
     EvalResult r;
     for (size_t i = 0; i < g.losses.size(); ++i) {
-      const size_t ls = static_cast<size_t>(g.tensor(g.losses[i]).device), os = static_cast<size_t>(g.tensor(g.outputs[i]).device);
+      const size_t ls = static_cast<size_t>(g.tensor(g.losses[i]).device),
+                   os = static_cast<size_t>(g.tensor(g.outputs[i]).device);
       float sum = 0;
       std::vector<HostTensor> outs;
       for (size_t m = 0; m < rows.size(); ++m) {
@@ -137,13 +140,16 @@ class ModelParallelRunner final : public Runner {
     sc.step = step;
     for (const auto& seg : prog.segments) {  // graph order: every producer runs before its readers
       if (seg.phase != Phase::forward) continue;
-      for (auto t : seg.pulls) pull(prog.transfers[t], *ex[static_cast<size_t>(prog.transfers[t].src)], *ex[static_cast<size_t>(seg.slot)], stage_[0]);
+      for (auto t : seg.pulls)
+        pull(prog.transfers[t], *ex[static_cast<size_t>(prog.transfers[t].src)], *ex[static_cast<size_t>(seg.slot)],
+             stage_[0]);
       ex[static_cast<size_t>(seg.slot)]->run_range(seg.call_begin, seg.call_end, sc);
     }
     for (const auto& l : g.layer_outputs) {
       HostTensor h = ex[static_cast<size_t>(g.tensor(l.out).device)]->read(l.out);
       for (float v : h.data)
-        if (!std::isfinite(v)) return l.name + " (" + l.type + ") on " + device(static_cast<size_t>(g.tensor(l.out).device)).info().label();
+        if (!std::isfinite(v))
+          return l.name + " (" + l.type + ") on " + device(static_cast<size_t>(g.tensor(l.out).device)).info().label();
     }
     return {};
   }
@@ -152,8 +158,8 @@ class ModelParallelRunner final : public Runner {
 
   std::string report() const override {
     std::ostringstream os;
-    os << "model_parallel: " << states_.size() << " device(s), " << p_.micro_batches << " micro-batch(es) of " << p_.micro_rows
-       << " rows" << (lanes_ ? "" : ", devices run one after another") << "\n";
+    os << "model_parallel: " << states_.size() << " device(s), " << p_.micro_batches << " micro-batch(es) of "
+       << p_.micro_rows << " rows" << (lanes_ ? "" : ", devices run one after another") << "\n";
     for (const auto& d : plan())
       for (const auto& n : d.notes) os << "  " << d.device << ": " << n << "\n";
     if (steps_ > 0) {
@@ -161,10 +167,11 @@ class ModelParallelRunner final : public Runner {
       int active = 0;
       for (double b : train_busy_)
         if (b > 0) busy += b, ++active;
-      double idle = phase_seconds_ > 0 && active > 0 ? std::clamp(1.0 - busy / (active * phase_seconds_), 0.0, 1.0) : 0.0;
+      double idle =
+          phase_seconds_ > 0 && active > 0 ? std::clamp(1.0 - busy / (active * phase_seconds_), 0.0, 1.0) : 0.0;
       os << std::fixed << std::setprecision(0) << "  total: " << double(examples_) / step_seconds_ << " examples/s, "
-         << std::setprecision(4) << step_seconds_ / double(steps_) << " s/batch; measured bubble (device idle share of the step) "
-         << std::setprecision(3) << idle << "\n";
+         << std::setprecision(4) << step_seconds_ / double(steps_)
+         << " s/batch; measured bubble (device idle share of the step) " << std::setprecision(3) << idle << "\n";
     }
     return os.str();
   }
@@ -230,7 +237,8 @@ class ModelParallelRunner final : public Runner {
   }
 
   void pull(const Transfer& t, Executor& from, Executor& to, std::vector<float>& stage) {
-    copy_between(device(static_cast<size_t>(t.src)), from.view(t.root), device(static_cast<size_t>(t.dst)), to.view(t.root), stage);
+    copy_between(device(static_cast<size_t>(t.src)), from.view(t.root), device(static_cast<size_t>(t.dst)),
+                 to.view(t.root), stage);
   }
 
   // Runs segment `si` of micro-batch m: waits for the segments that wrote its inputs elsewhere (with lanes; run
@@ -240,8 +248,10 @@ class ModelParallelRunner final : public Runner {
     const size_t slot = static_cast<size_t>(seg.slot);
     for (auto t : seg.pulls) {
       const Transfer& tr = prog.transfers[t];
-      if (lanes_) lanes_->wait([&] { return done_[m][tr.producer] != 0; });
-      else if (!done_[m][tr.producer]) throw Error("model_parallel: segment order broken (a producer has not run)");
+      if (lanes_)
+        lanes_->wait([&] { return done_[m][tr.producer] != 0; });
+      else if (!done_[m][tr.producer])
+        throw Error("model_parallel: segment order broken (a producer has not run)");
       auto t0 = Clock::now();
       pull(tr, *ex[static_cast<size_t>(tr.src)][m], *ex[slot][m], stage_[slot]);
       busy_[slot] += since(t0);
@@ -250,8 +260,10 @@ class ModelParallelRunner final : public Runner {
     ex[slot][m]->run_range(seg.call_begin, seg.call_end, s);
     device(slot).synchronize();
     busy_[slot] += since(t0);
-    if (lanes_) lanes_->signal([&] { done_[m][si] = 1; });
-    else done_[m][si] = 1;
+    if (lanes_)
+      lanes_->signal([&] { done_[m][si] = 1; });
+    else
+      done_[m][si] = 1;
   }
 
   // Every segment of `phase` for the micro-batches in `order`: per device on its lane, or all in graph order.
@@ -263,7 +275,8 @@ class ModelParallelRunner final : public Runner {
         if (before) before(slot, m);
         const Program& prog = *progs[m];
         for (size_t si = 0; si < prog.segments.size(); ++si)
-          if (static_cast<size_t>(prog.segments[si].slot) == slot && prog.segments[si].phase == ph) segment(si, m, ex, prog, s);
+          if (static_cast<size_t>(prog.segments[si].slot) == slot && prog.segments[si].phase == ph)
+            segment(si, m, ex, prog, s);
       }
       if (after) after(slot);
     };
@@ -274,12 +287,14 @@ class ModelParallelRunner final : public Runner {
         for (slot = 0; slot < states_.size() && before; ++slot) before(slot, m);
         const Program& prog = *progs[m];
         for (size_t si = 0; si < prog.segments.size(); ++si)
-          if (prog.segments[si].phase == ph) slot = static_cast<size_t>(prog.segments[si].slot), segment(si, m, ex, prog, s);
+          if (prog.segments[si].phase == ph)
+            slot = static_cast<size_t>(prog.segments[si].slot), segment(si, m, ex, prog, s);
       }
       for (slot = 0; slot < states_.size() && after; ++slot) after(slot);
     } catch (...) {
-      rethrow_with_prefix(std::current_exception(), "device " + device(std::min(slot, states_.size() - 1)).info().label() + " (slot " +
-                                                         std::to_string(std::min(slot, states_.size() - 1)) + ") failed: ");
+      rethrow_with_prefix(std::current_exception(),
+                          "device " + device(std::min(slot, states_.size() - 1)).info().label() + " (slot " +
+                              std::to_string(std::min(slot, states_.size() - 1)) + ") failed: ");
     }
   }
 
@@ -334,7 +349,7 @@ class ModelParallelRunner final : public Runner {
   std::vector<std::vector<float>> stage_;
   std::vector<Element> parts_;
   std::vector<std::vector<uint8_t>> done_;  // [micro][segment], guarded by the lanes' lock
-  std::vector<double> busy_, train_busy_;  // per device: seconds running ops and copies (all, and in training)
+  std::vector<double> busy_, train_busy_;   // per device: seconds running ops and copies (all, and in training)
   double phase_seconds_ = 0, step_seconds_ = 0;
   int64_t steps_ = 0, examples_ = 0;
 };

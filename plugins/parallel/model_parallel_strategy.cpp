@@ -1,8 +1,8 @@
 // The "model_parallel" strategy: [strategy] keys, and the checks that refuse a placement before any step.
+#include "device_list.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
 #include "kiln/model.hpp"
-#include "device_list.hpp"
 #include "model_parallel.hpp"
 
 namespace kiln::parallel {
@@ -17,7 +17,8 @@ class ModelParallelStrategy final : public Strategy {
     o_.devices = parse_device_list(c, "devices");
     o_.auto_place = c.get_choice("placement", {"layers", "auto"}, "layers") == "auto";
     int64_t m = c.get_int("micro_batches", 1);
-    if (m < 1 || m > 4096) c.fail("micro_batches", "expected 1 (no pipeline) or more micro-batches per step, found " + std::to_string(m));
+    if (m < 1 || m > 4096)
+      c.fail("micro_batches", "expected 1 (no pipeline) or more micro-batches per step, found " + std::to_string(m));
     o_.micro_batches = static_cast<int>(m);
     o_.concurrent = c.get_bool("concurrent", true);
     auto limit = c.get_size_text("memory_limit", "");
@@ -50,17 +51,20 @@ class ModelParallelStrategy final : public Strategy {
       if (plans[s].total() > limit) {
         std::string layers;
         for (size_t l = 0; l < ctx.model->layers.size(); ++l)
-          if (p.layer_slot[l] == static_cast<int>(s)) layers += (layers.empty() ? "" : ", ") + ctx.model->layers[l].name;
-        over += "\n  " + plans[s].device + ": planned peak " + format_bytes(plans[s].total()) + " > limit " + format_bytes(limit) +
-                " (parameters " + format_bytes(plans[s].parameters) + ", optimizer state " + format_bytes(plans[s].optimizer_state) +
-                ", gradients " + format_bytes(plans[s].gradients) + ", activations " + format_bytes(plans[s].activations) +
+          if (p.layer_slot[l] == static_cast<int>(s))
+            layers += (layers.empty() ? "" : ", ") + ctx.model->layers[l].name;
+        over += "\n  " + plans[s].device + ": planned peak " + format_bytes(plans[s].total()) + " > limit " +
+                format_bytes(limit) + " (parameters " + format_bytes(plans[s].parameters) + ", optimizer state " +
+                format_bytes(plans[s].optimizer_state) + ", gradients " + format_bytes(plans[s].gradients) +
+                ", activations " + format_bytes(plans[s].activations) +
                 "; layers: " + (layers.empty() ? "none" : layers) + ")";
       }
     }
     if (!over.empty())
-      throw ConfigError(o_.where + ": the model-parallel placement does not fit; nothing was allocated:" + over +
-                        "\nMove layers to other devices (each layer's device key), use placement = \"auto\", or raise [device] "
-                        "memory_limit.");
+      throw ConfigError(
+          o_.where + ": the model-parallel placement does not fit; nothing was allocated:" + over +
+          "\nMove layers to other devices (each layer's device key), use placement = \"auto\", or raise [device] "
+          "memory_limit.");
     return make_model_parallel_runner(o_, ctx, std::move(p), extra_);
   }
 

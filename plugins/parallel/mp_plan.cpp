@@ -17,8 +17,8 @@ namespace {
 bool limit_fits(const DevicePlan& p, const DeviceContext& d) { return p.total() <= d.allocator->limit(); }
 
 // Slot of each layer from its `device` key; a layer without one runs where its first input does.
-std::vector<int> explicit_slots(const ModelSpec& m, const std::vector<int>& open_index, const std::vector<DeviceContext>& open,
-                                const std::string& where) {
+std::vector<int> explicit_slots(const ModelSpec& m, const std::vector<int>& open_index,
+                                const std::vector<DeviceContext>& open, const std::string& where) {
   std::map<std::string, int> slot_of{{"input", 0}};
   std::vector<int> out;
   for (const auto& l : m.layers) {
@@ -27,14 +27,16 @@ std::vector<int> explicit_slots(const ModelSpec& m, const std::vector<int>& open
       DeviceEntry e = parse_device_entry(l.device);
       int found = -1;
       for (size_t i = 0; i < open.size(); ++i)
-        if (e.label.empty() ? static_cast<int64_t>(i) == e.index : open[i].device->info().label() == e.label) found = static_cast<int>(i);
+        if (e.label.empty() ? static_cast<int64_t>(i) == e.index : open[i].device->info().label() == e.label)
+          found = static_cast<int>(i);
       auto it = std::find(open_index.begin(), open_index.end(), found);
       if (found < 0 || it == open_index.end()) {
         std::string slots;
         for (size_t s = 0; s < open_index.size(); ++s)
           slots += (s ? ", " : "") + open[static_cast<size_t>(open_index[s])].device->info().label();
-        throw ConfigError("model.layers: layer '" + l.name + "' has device = \"" + l.device + "\", which is not one of " + where +
-                          "'s devices (" + slots + "; opened: " + open_labels(open) + ")");
+        throw ConfigError("model.layers: layer '" + l.name + "' has device = \"" + l.device +
+                          "\", which is not one of " + where + "'s devices (" + slots +
+                          "; opened: " + open_labels(open) + ")");
       }
       slot = static_cast<int>(it - open_index.begin());
     }
@@ -97,7 +99,8 @@ std::vector<DevicePlan> plan_model_parallel(const RunnerContext& ctx, const Plac
     d.activations *= static_cast<size_t>(m);
     d.input_data *= static_cast<size_t>(m);
     if (notes) {
-      d.notes.push_back("model_parallel slot " + std::to_string(s) + " of " + std::to_string(slots) + (p.automatic ? " (placement auto)" : ""));
+      d.notes.push_back("model_parallel slot " + std::to_string(s) + " of " + std::to_string(slots) +
+                        (p.automatic ? " (placement auto)" : ""));
       for (size_t l = 0; l < ctx.model->layers.size(); ++l) {
         if (p.layer_slot[l] != s) continue;
         const auto& spec = ctx.model->layers[l];
@@ -105,28 +108,35 @@ std::vector<DevicePlan> plan_model_parallel(const RunnerContext& ctx, const Plac
         size_t bwd = 0, upd = 0;
         for (const auto& n : train.nodes()) {
           if (n.layer != spec.name || n.device != s) continue;
-          if (n.phase == Phase::forward) fwd += (fwd.empty() ? "" : ", ") + std::string(op_name(n.kind));
-          else (n.phase == Phase::backward ? bwd : upd) += 1;
+          if (n.phase == Phase::forward)
+            fwd += (fwd.empty() ? "" : ", ") + std::string(op_name(n.kind));
+          else
+            (n.phase == Phase::backward ? bwd : upd) += 1;
         }
-        d.notes.push_back("  layer " + spec.name + " (" + spec.type + "): " + (fwd.empty() ? "no ops" : fwd) + "; backward " +
-                          std::to_string(bwd) + " op(s), update " + std::to_string(upd) + " op(s)");
+        d.notes.push_back("  layer " + spec.name + " (" + spec.type + "): " + (fwd.empty() ? "no ops" : fwd) +
+                          "; backward " + std::to_string(bwd) + " op(s), update " + std::to_string(upd) + " op(s)");
       }
       size_t in = 0, out_b = 0;
       std::string from, to;
       for (const auto& t : pt.transfers) {
-        auto label = [&](int slot) { return ctx.devices.at(static_cast<size_t>(p.open_index[static_cast<size_t>(slot)])).device->info().label(); };
+        auto label = [&](int slot) {
+          return ctx.devices.at(static_cast<size_t>(p.open_index[static_cast<size_t>(slot)])).device->info().label();
+        };
         std::string what = (t.phase == Phase::forward ? "" : "gradient ") + t.from_layer + " -> " + t.to_layer + " " +
                            bytes_text(t.bytes * static_cast<size_t>(m));
         if (t.dst == s) in += t.bytes, from += (from.empty() ? "" : ", ") + what + " from " + label(t.src);
         if (t.src == s) out_b += t.bytes, to += (to.empty() ? "" : ", ") + what + " to " + label(t.dst);
       }
-      d.notes.push_back("copies in per step: " + bytes_text(in * static_cast<size_t>(m)) + (from.empty() ? "" : " (" + from + ")"));
-      d.notes.push_back("copies out per step: " + bytes_text(out_b * static_cast<size_t>(m)) + (to.empty() ? "" : " (" + to + ")"));
+      d.notes.push_back("copies in per step: " + bytes_text(in * static_cast<size_t>(m)) +
+                        (from.empty() ? "" : " (" + from + ")"));
+      d.notes.push_back("copies out per step: " + bytes_text(out_b * static_cast<size_t>(m)) +
+                        (to.empty() ? "" : " (" + to + ")"));
       if (m > 1) {
         int k = pipeline_stages(pt);
         std::ostringstream os;
-        os << "pipeline: " << m << " micro-batches of " << p.micro_rows << " rows over " << k << " stage(s); ideal bubble (K-1)/(M+K-1) = "
-           << std::fixed << std::setprecision(3) << double(k - 1) / double(m + k - 1);
+        os << "pipeline: " << m << " micro-batches of " << p.micro_rows << " rows over " << k
+           << " stage(s); ideal bubble (K-1)/(M+K-1) = " << std::fixed << std::setprecision(3)
+           << double(k - 1) / double(m + k - 1);
         d.notes.push_back(os.str());
       }
     }
@@ -200,8 +210,9 @@ Placement resolve_placement(const ModelParallelOptions& o, const RunnerContext& 
   p.automatic = o.auto_place;
   const int64_t n = ctx.global_batch;
   if (n < o.micro_batches || n % o.micro_batches != 0)
-    throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(n) + " does not split into micro_batches = " +
-                      std::to_string(o.micro_batches) + " equal micro-batches; use a batch size that is a multiple of it");
+    throw ConfigError(o.where + ": [train] batch_size = " + std::to_string(n) +
+                      " does not split into micro_batches = " + std::to_string(o.micro_batches) +
+                      " equal micro-batches; use a batch size that is a multiple of it");
   p.micro_rows = n / o.micro_batches;
   const int slots = static_cast<int>(p.open_index.size());
   if (!o.auto_place) {
@@ -217,7 +228,9 @@ Placement resolve_placement(const ModelParallelOptions& o, const RunnerContext& 
     q.layer_slot = assign;
     auto plans = plan_model_parallel(ctx, q, false);
     std::vector<bool> f;
-    for (int s = 0; s < slots; ++s) f.push_back(limit_fits(plans[static_cast<size_t>(s)], ctx.devices[static_cast<size_t>(p.open_index[static_cast<size_t>(s)])]));
+    for (int s = 0; s < slots; ++s)
+      f.push_back(limit_fits(plans[static_cast<size_t>(s)],
+                             ctx.devices[static_cast<size_t>(p.open_index[static_cast<size_t>(s)])]));
     return f;
   };
   p.layer_slot = auto_place(ctx, slots, o.micro_batches, p.micro_rows, fits);
@@ -226,8 +239,10 @@ Placement resolve_placement(const ModelParallelOptions& o, const RunnerContext& 
     all.layer_slot.assign(ctx.model->layers.size(), 0);
     auto plans = plan_model_parallel(ctx, all, false);
     size_t limits = 0;
-    for (int s = 0; s < slots; ++s) limits += ctx.devices[static_cast<size_t>(p.open_index[static_cast<size_t>(s)])].allocator->limit();
-    throw ConfigError(o.where + ": placement = \"auto\" found no split of the model's layers over " + std::to_string(slots) +
+    for (int s = 0; s < slots; ++s)
+      limits += ctx.devices[static_cast<size_t>(p.open_index[static_cast<size_t>(s)])].allocator->limit();
+    throw ConfigError(o.where + ": placement = \"auto\" found no split of the model's layers over " +
+                      std::to_string(slots) +
                       " device(s) where every device's planned peak fits its limit (the whole step needs " +
                       format_bytes(plans[0].total()) + " on one device; the limits add up to " + format_bytes(limits) +
                       "). Add devices, raise [device] memory_limit, or lower the batch size.");

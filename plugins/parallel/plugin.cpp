@@ -1,7 +1,8 @@
 // The parallel plugin: the data_parallel and model_parallel strategies and the in-process "host" communicator.
+#include "kiln/plugin.hpp"
+
 #include "data_parallel.hpp"
 #include "host_communicator.hpp"
-#include "kiln/plugin.hpp"
 #include "model_parallel.hpp"
 
 namespace kiln::parallel {
@@ -9,9 +10,10 @@ namespace kiln::parallel {
 namespace {
 
 const PluginDescriptor* descriptor() {
-  static const PluginDescriptor d{"parallel", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
-                                  "strategies data_parallel (replicas, bucketed gradient all-reduce, sharded optimizer "
-                                  "state) and model_parallel (layer placement, pipeline micro-batches); host communicator"};
+  static const PluginDescriptor d{
+      "parallel", KILN_VERSION_STRING, kApiVersion, KILN_BUILD_FINGERPRINT,
+      "strategies data_parallel (replicas, bucketed gradient all-reduce, sharded optimizer "
+      "state) and model_parallel (layer placement, pipeline micro-batches); host communicator"};
   return &d;
 }
 

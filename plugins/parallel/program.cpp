@@ -29,8 +29,8 @@ Program make_program(const Graph& g, int slots) {
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
     if (n.device < 0 || n.device >= slots)
-      throw Error("model_parallel: node " + std::string(op_name(n.kind)) + " of layer '" + n.layer + "' is placed on slot " +
-                  std::to_string(n.device) + " of " + std::to_string(slots));
+      throw Error("model_parallel: node " + std::string(op_name(n.kind)) + " of layer '" + n.layer +
+                  "' is placed on slot " + std::to_string(n.device) + " of " + std::to_string(slots));
     std::vector<Transfer> pulls;
     for (auto t : n.in) {
       TensorId r = g.root(t);
@@ -38,8 +38,8 @@ Program make_program(const Graph& g, int slots) {
       auto it = written.find(r);
       if (it == written.end()) {
         if (role_persistent(ti.role) && ti.device != n.device)
-          throw Error("model_parallel: layer '" + n.layer + "' on slot " + std::to_string(n.device) + " reads '" + ti.name +
-                      "', which lives on slot " + std::to_string(ti.device));
+          throw Error("model_parallel: layer '" + n.layer + "' on slot " + std::to_string(n.device) + " reads '" +
+                      ti.name + "', which lives on slot " + std::to_string(ti.device));
         continue;  // the batch (loaded on every device that reads it) or device-local persistent state
       }
       Version& v = it->second;
@@ -57,7 +57,8 @@ Program make_program(const Graph& g, int slots) {
       for (const auto& q : pulls) dup = dup || q.root == r;
       if (!dup) pulls.push_back(tr);
     }
-    bool fresh = p.segments.empty() || p.segments.back().slot != n.device || p.segments.back().phase != n.phase || !pulls.empty();
+    bool fresh = p.segments.empty() || p.segments.back().slot != n.device || p.segments.back().phase != n.phase ||
+                 !pulls.empty();
     if (fresh) {
       Segment s;
       s.slot = n.device;

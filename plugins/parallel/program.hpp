@@ -15,7 +15,7 @@ struct Transfer {
   TensorId root = kNoTensor;
   int src = 0, dst = 0;  // slots (indices into the strategy's devices)
   size_t bytes = 0;
-  size_t producer = 0;   // segment that wrote it
+  size_t producer = 0;           // segment that wrote it
   Phase phase = Phase::forward;  // of the segment that reads it
   std::string from_layer, to_layer;
 };

@@ -12,7 +12,8 @@ namespace kiln::parallel {
 
 void move_ema_last(Graph& g) {
   std::vector<Node> kept, ema;
-  for (auto& n : g.nodes()) (n.phase == Phase::update && n.kind == OpKind::EmaUpdate ? ema : kept).push_back(std::move(n));
+  for (auto& n : g.nodes())
+    (n.phase == Phase::update && n.kind == OpKind::EmaUpdate ? ema : kept).push_back(std::move(n));
   for (auto& n : ema) kept.push_back(std::move(n));
   g.nodes() = std::move(kept);
 }
@@ -24,8 +25,10 @@ Graph replica_graph(const RunnerContext& ctx, int64_t batch, bool training, bool
   o.use_ema = ema;
   o.optimizer = ctx.optimizer;
   Graph g = build_graph(*ctx.model, o);
-  if (training && sharded) strip_optimizer_updates(g);
-  else if (training) move_ema_last(g);
+  if (training && sharded)
+    strip_optimizer_updates(g);
+  else if (training)
+    move_ema_last(g);
   return g;
 }
 

@@ -11,7 +11,9 @@ namespace {
 
 constexpr int64_t kSliceAlign = 64;  // elements: 256 bytes, the allocator's alignment
 
-bool is_optimizer_update(OpKind k) { return k == OpKind::SgdUpdate || k == OpKind::AdamUpdate || k == OpKind::RmspropUpdate; }
+bool is_optimizer_update(OpKind k) {
+  return k == OpKind::SgdUpdate || k == OpKind::AdamUpdate || k == OpKind::RmspropUpdate;
+}
 
 BufferView sub(BufferView v, int64_t offset, int64_t count) {
   v.offset += static_cast<size_t>(offset) * sizeof(float);
@@ -29,7 +31,8 @@ void set_count_and_scalars(OpAttrs& a, int64_t count, const StepScalars& s) {
 
 size_t ShardLayout::state_bytes(int r) const {
   size_t b = 0;
-  for (const auto& sl : slices.at(static_cast<size_t>(r))) b += aligned_size(static_cast<size_t>(sl.count) * sizeof(float));
+  for (const auto& sl : slices.at(static_cast<size_t>(r)))
+    b += aligned_size(static_cast<size_t>(sl.count) * sizeof(float));
   return b * state_tensors;
 }
 
@@ -50,7 +53,8 @@ ShardLayout make_shard_layout(const Graph& g, int ranks) {
     u.shape = p.shape;
     u.kind = n.kind;
     u.attrs = n.attrs;
-    for (size_t i = 1; i < n.out.size(); ++i) u.state_names.push_back(n.out[i] == n.out[0] ? std::string() : g.tensor(n.out[i]).name);
+    for (size_t i = 1; i < n.out.size(); ++i)
+      u.state_names.push_back(n.out[i] == n.out[0] ? std::string() : g.tensor(n.out[i]).name);
     TensorId grad = g.root(n.in[0]);
     size_t writer = 0;
     for (size_t i = 0; i < g.nodes().size(); ++i)
@@ -98,7 +102,8 @@ void strip_optimizer_updates(Graph& g) {
       ema.push_back(std::move(n));
     } else if (n.phase == Phase::update && is_optimizer_update(n.kind)) {
       for (size_t i = 1; i < n.out.size(); ++i)
-        if (g.tensor(n.out[i]).role == TensorRole::optimizer_state) g.tensor(n.out[i]).device = -1;  // kept by the shards
+        if (g.tensor(n.out[i]).role == TensorRole::optimizer_state)
+          g.tensor(n.out[i]).device = -1;  // kept by the shards
     } else {
       kept.push_back(std::move(n));
     }
@@ -117,7 +122,8 @@ ShardedOptimizer::ShardedOptimizer(const ShardLayout& layout, int rank, DeviceCo
   }
   for (size_t k = 0; k < layout_.state_tensors && at > 0; ++k) {
     state_.push_back(dctx_.allocator->allocate(
-        at, AllocationSite{MemoryTag::optimizer_state, "optimizer state shard " + std::to_string(rank) + " (data_parallel)"}));
+        at, AllocationSite{MemoryTag::optimizer_state,
+                           "optimizer state shard " + std::to_string(rank) + " (data_parallel)"}));
     OpCall zero;  // the optimizers' state starts at zero
     zero.kind = OpKind::Fill;
     zero.attrs = ElementwiseAttrs{static_cast<int64_t>(at / sizeof(float)), 0.f, 0.f};
@@ -146,7 +152,8 @@ void ShardedOptimizer::update(const Executor& ex, const StepScalars& s) {
       TensorId p = g.find(u.name), gr = kNoTensor;
       for (auto [param, grad] : g.param_grads)
         if (param == p) gr = grad;
-      if (p == kNoTensor || gr == kNoTensor) throw Error("data_parallel: no gradient for '" + u.name + "' in the replica's graph");
+      if (p == kNoTensor || gr == kNoTensor)
+        throw Error("data_parallel: no gradient for '" + u.name + "' in the replica's graph");
       ids.emplace_back(p, gr);
     }
     it = ids_.emplace(&ex, std::move(ids)).first;
@@ -195,7 +202,8 @@ std::vector<std::string> ShardedOptimizer::scatter(const std::map<std::string, H
       auto it = in.find(name);
       if (it == in.end()) continue;
       if (it->second.shape != u.shape)
-        throw Error("checkpoint tensor '" + name + "' has shape " + it->second.shape.str() + ", the model has " + u.shape.str());
+        throw Error("checkpoint tensor '" + name + "' has shape " + it->second.shape.str() + ", the model has " +
+                    u.shape.str());
       dctx_.device->copy_from_host(it->second.data.data() + mine[i].offset, state_view(i, kk));
       used.push_back(name);
     }

@@ -15,7 +15,7 @@ namespace kiln::parallel {
 
 // How one parameter is updated, as the unsharded graph does it.
 struct ParamUpdate {
-  std::string name;                      // "dense_1.kernel"
+  std::string name;  // "dense_1.kernel"
   Shape shape;
   OpKind kind{};                         // SgdUpdate, AdamUpdate, RmspropUpdate
   OpAttrs attrs;                         // count is set per slice
@@ -29,10 +29,10 @@ struct ShardSlice {
 };
 
 struct ShardLayout {
-  std::vector<ParamUpdate> params;               // in the order backward produces their gradients
-  std::vector<std::vector<ShardSlice>> slices;   // per rank
+  std::vector<ParamUpdate> params;              // in the order backward produces their gradients
+  std::vector<std::vector<ShardSlice>> slices;  // per rank
   int64_t total_elements = 0;
-  size_t state_tensors = 0;                      // per element (adam 2, sgd+momentum 1, ...)
+  size_t state_tensors = 0;  // per element (adam 2, sgd+momentum 1, ...)
   // Bytes of optimizer state rank `r` keeps (each slice's buffers aligned like the allocator's).
   size_t state_bytes(int r) const;
   int64_t elements(int r) const;
@@ -64,8 +64,8 @@ class ShardedOptimizer {
   const ShardLayout& layout_;
   int rank_;
   DeviceContext dctx_;
-  std::vector<Allocation> state_;   // per state tensor kind: every slice's buffer, back to back
-  std::vector<size_t> offset_;      // per slice: byte offset inside each state buffer
+  std::vector<Allocation> state_;  // per state tensor kind: every slice's buffer, back to back
+  std::vector<size_t> offset_;     // per slice: byte offset inside each state buffer
   std::map<const Executor*, std::vector<std::pair<TensorId, TensorId>>> ids_;  // per executor: (param, grad) per param
 };
 

@@ -1,12 +1,11 @@
 // An example third-party plugin: a `residual_dense` layer (y = x + act(x W + b)), a `gaussian_noise` data stage,
 // and a custom op: `swish` (y = x * sigmoid(x)) with its backward op, their reference, a CPU kernel and a
 // Vulkan compute shader, used by a `swish` layer. It uses only the installed SDK headers (kiln/*.hpp).
+#include <algorithm>
+#include <cmath>
 #include <kiln/config.hpp>
 #include <kiln/error.hpp>
 #include <kiln/plugin.hpp>
-
-#include <algorithm>
-#include <cmath>
 #include <random>
 
 namespace example {
@@ -20,7 +19,8 @@ class ResidualDense : public Layer {
   // x: (N, F) -> y: (N, F)
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
     const Shape s = g.shape(in[0]);
-    if (s.rank() != 2) throw ConfigError("layer '" + g.layer() + "': residual_dense expects (batch, features), got " + s.str());
+    if (s.rank() != 2)
+      throw ConfigError("layer '" + g.layer() + "': residual_dense expects (batch, features), got " + s.str());
     int64_t n = s[0], f = s[1];
     TensorId w = g.param("kernel", {f, f}, Init{InitKind::glorot_uniform, f, f});
     TensorId b = g.param("bias", {f}, Init{});
@@ -37,7 +37,8 @@ class ResidualDense : public Layer {
 // Adds N(0, stddev^2) noise to each example's features; the noise of example k in epoch e is fixed by (seed, e, k).
 class GaussianNoise : public Stage {
  public:
-  GaussianNoise(std::unique_ptr<Stage> up, float stddev, uint64_t seed) : up_(std::move(up)), stddev_(stddev), seed_(seed) {}
+  GaussianNoise(std::unique_ptr<Stage> up, float stddev, uint64_t seed)
+      : up_(std::move(up)), stddev_(stddev), seed_(seed) {}
   std::string name() const override { return "gaussian_noise"; }
   std::optional<Element> next() override {
     auto e = up_->next();
@@ -84,7 +85,8 @@ int64_t swish_count(const char* op, const OpAttrs& a) {
   const auto* c = std::get_if<CustomAttrs>(&a);
   if (!c || c->ints.size() != 1 || !c->floats.empty())
     throw Error(std::string("op ") + op + ": expects CustomAttrs{ints = {count}}");
-  if (c->ints[0] < 0) throw Error(std::string("op ") + op + ": count must be >= 0, found " + std::to_string(c->ints[0]));
+  if (c->ints[0] < 0)
+    throw Error(std::string("op ") + op + ": count must be >= 0, found " + std::to_string(c->ints[0]));
   return c->ints[0];
 }
 
@@ -221,15 +223,17 @@ class Swish : public Layer {
 };
 
 const PluginDescriptor* descriptor() {
-  static const PluginDescriptor d{"example", "1.0.0", kApiVersion, KILN_BUILD_FINGERPRINT,
-                                  "example third-party plugin: residual_dense and swish layers, swish op, gaussian_noise stage"};
+  static const PluginDescriptor d{
+      "example", "1.0.0", kApiVersion, KILN_BUILD_FINGERPRINT,
+      "example third-party plugin: residual_dense and swish layers, swish op, gaussian_noise stage"};
   return &d;
 }
 
 void register_all(Registry& reg) {
   register_swish(reg);
   reg.add_layer("swish", [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Swish>(c); });
-  reg.add_layer("residual_dense", [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<ResidualDense>(c); });
+  reg.add_layer("residual_dense",
+                [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<ResidualDense>(c); });
   reg.add_stage("gaussian_noise", [](const ConfigNode& c, StageContext ctx) -> std::unique_ptr<Stage> {
     if (!ctx.upstream) throw ConfigError(c.where() + ": gaussian_noise needs an upstream stage");
     float sd = static_cast<float>(c.get_float("stddev", 0.1));

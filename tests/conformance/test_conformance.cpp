@@ -94,8 +94,7 @@ TEST_CASE("cuda backend passes the whole conformance table, or is skipped with t
   run_whole_table("cuda");
 }
 
-TEST_CASE("failing any single block request gives OutOfMemory and leaves every device usable",
-          "[conformance][oom]") {
+TEST_CASE("failing any single block request gives OutOfMemory and leaves every device usable", "[conformance][oom]") {
   for (const std::string backend : {"cpu", "vulkan", "cuda"}) {
     kiln::ConformanceOptions o = options_for(backend);
     o.op = "oom";
@@ -117,8 +116,7 @@ TEST_CASE("failing any single block request gives OutOfMemory and leaves every d
   }
 }
 
-TEST_CASE("conformance run writes the JSON report and an op-support matrix naming every op",
-          "[conformance]") {
+TEST_CASE("conformance run writes the JSON report and an op-support matrix naming every op", "[conformance]") {
   const auto dir = kiln::test::temp_dir("conformance-files");
   kiln::ConformanceOptions o = options_for("cpu");
   o.op = "gemm";
@@ -136,8 +134,7 @@ TEST_CASE("conformance run writes the JSON report and an op-support matrix namin
   CHECK(out.str().find("PASS cpu:0 gemm/tt.64x64x64.int -- exact") != std::string::npos);
 }
 
-TEST_CASE("conformance refuses unknown backends, ops and cases, and tolerance files without reasons",
-          "[conformance]") {
+TEST_CASE("conformance refuses unknown backends, ops and cases, and tolerance files without reasons", "[conformance]") {
   auto& reg = kiln::test::registry();
   std::ostringstream out;
   kiln::ConformanceOptions o = options_for("no_such_backend");
@@ -160,14 +157,14 @@ TEST_CASE("conformance refuses unknown backends, ops and cases, and tolerance fi
   CHECK(bad.str().find("cpu.toml:6") != std::string::npos);
   CHECK(bad.str().find("reason") != std::string::npos);
 
-  std::ofstream(dir / "cpu.toml") << "backend = \"cpu\"\n[[relax]]\nop = \"gem\"\nnse = 1e-6\nreason = \"long enough reason\"\n";
+  std::ofstream(dir / "cpu.toml")
+      << "backend = \"cpu\"\n[[relax]]\nop = \"gem\"\nnse = 1e-6\nreason = \"long enough reason\"\n";
   std::ostringstream bad_op;
   CHECK(kiln::run_conformance(reg, o, bad_op) == 2);
   CHECK(bad_op.str().find("\"gem\"") != std::string::npos);
 }
 
-TEST_CASE("a relaxation in the tolerance file is printed and applied only to the cases it names",
-          "[conformance]") {
+TEST_CASE("a relaxation in the tolerance file is printed and applied only to the cases it names", "[conformance]") {
   const auto dir = kiln::test::temp_dir("conformance-relax");
   std::ofstream(dir / "cpu.toml") << "backend = \"cpu\"\n[[relax]]\nop = \"softmax_forward\"\ncase = "
                                      "\"softmax_forward/7x\"\nnse = 1e-6\nreason = \"testing the relaxation path\"\n";

@@ -69,12 +69,23 @@ class BrokenDevice final : public kiln::Device {
     kiln::reference_op(c.kind, c.attrs, in, out);
     if (ar.out[0] == 0) return true;
     switch (defect_) {
-      case Defect::past_the_end: c.out[0].host()[ar.out[0]] = 1.f; break;
-      case Defect::unwritten: c.out[0].host()[ar.out[0] - 1] = last; break;
-      case Defect::nan: c.out[0].host()[0] = std::numeric_limits<float>::quiet_NaN(); break;
-      case Defect::input_changed: c.in[0].host()[0] += 1.f; break;
-      case Defect::wrong_value: c.out[0].host()[ar.out[0] / 2] += 0.5f; break;
-      default: break;
+      case Defect::past_the_end:
+        c.out[0].host()[ar.out[0]] = 1.f;
+        break;
+      case Defect::unwritten:
+        c.out[0].host()[ar.out[0] - 1] = last;
+        break;
+      case Defect::nan:
+        c.out[0].host()[0] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case Defect::input_changed:
+        c.in[0].host()[0] += 1.f;
+        break;
+      case Defect::wrong_value:
+        c.out[0].host()[ar.out[0] / 2] += 0.5f;
+        break;
+      default:
+        break;
     }
     return true;
   }
@@ -122,8 +133,7 @@ TEST_CASE("conformance passes a host device that runs the reference faithfully",
   CHECK(r.count(kiln::CaseStatus::pass) > 10);
 }
 
-TEST_CASE("conformance fails a device that writes past its output, naming the guard region",
-          "[conformance][harness]") {
+TEST_CASE("conformance fails a device that writes past its output, naming the guard region", "[conformance][harness]") {
   const std::string out = run_broken(Defect::past_the_end, "add");
   CHECK(out.find("FAIL broken:0 add/1.int -- bytes outside buffer 2 were overwritten") != std::string::npos);
   CHECK(out.find("repro: kiln conformance --backend broken --device 0 --case 'add/1.int'") != std::string::npos);

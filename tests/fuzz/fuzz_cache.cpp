@@ -35,7 +35,8 @@ void repair(std::vector<uint8_t>& f, const Shapes& s) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const Shapes shapes[] = {{Shape{2}, Shape{}}, {Shape{1, 2, 2}, Shape{}}, {Shape{3}, Shape{2}}, {Shape{}, Shape{}}};
+  static const Shapes shapes[] = {
+      {Shape{2}, Shape{}}, {Shape{1, 2, 2}, Shape{}}, {Shape{3}, Shape{2}}, {Shape{}, Shape{}}};
   fuzz::Bytes in(data, size);
   const uint8_t opts = in.u8();
   const Shapes& s = shapes[opts & 3];

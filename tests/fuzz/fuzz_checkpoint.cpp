@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if ((opts & 1) && file.size() >= 8) {
     uint64_t h = 1469598103934665603ull;  // version 1 (KILNCKP1): FNV-1a 64, as checkpoint.cpp computes it
     for (size_t i = 0; i < file.size() - 8; ++i) h = (h ^ file[i]) * 1099511628211ull;
-    if (file.size() >= 16 && std::memcmp(file.data(), "KILNCKP2", 8) == 0) h = XXH3_64bits(file.data(), file.size() - 8);
+    if (file.size() >= 16 && std::memcmp(file.data(), "KILNCKP2", 8) == 0)
+      h = XXH3_64bits(file.data(), file.size() - 8);
     std::memcpy(file.data() + file.size() - 8, &h, 8);
   }
   const auto& dir = kiln::fuzz::scratch_dir("checkpoint");

@@ -14,9 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::write_file(dir / "data.csv", in.rest(), in.left());
   static const char* const delims[] = {",", ";", "tab", "|"};
   static const char* const labels[] = {"", "label", "0", "1"};
-  std::string toml = "path = \"data.csv\"\nheader = " + std::string(opts & 1 ? "true" : "false") +
-                     "\ndelimiter = \"" + delims[(opts >> 1) & 3] + "\"\nlimit = " + std::to_string((opts >> 5) & 3) +
-                     "\n";
+  std::string toml = "path = \"data.csv\"\nheader = " + std::string(opts & 1 ? "true" : "false") + "\ndelimiter = \"" +
+                     delims[(opts >> 1) & 3] + "\"\nlimit = " + std::to_string((opts >> 5) & 3) + "\n";
   if (const char* l = labels[(opts >> 3) & 3]; *l) toml += "label = \"" + std::string(l) + "\"\n";
   try {
     Config cfg = Config::load_string(toml, (dir / "csv.toml").string());

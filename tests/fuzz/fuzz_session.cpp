@@ -41,7 +41,8 @@ Registry& registry() {
   static PluginLoader loader;
   static Registry reg = [] {
     Registry r = Registry::with_builtins();
-    for (const char* p : {"libkiln_cpu.so", "libkiln_parallel.so"}) loader.load(std::string(KILN_PLUGIN_DIR "/") + p, r);
+    for (const char* p : {"libkiln_cpu.so", "libkiln_parallel.so"})
+      loader.load(std::string(KILN_PLUGIN_DIR "/") + p, r);
     kiln_plugin_entry_v.register_all(r);
     return r;
   }();

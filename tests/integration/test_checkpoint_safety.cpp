@@ -39,7 +39,8 @@ loss = "softmax_cross_entropy"
 type = "flatten"
 [[model.layers]]
 type = "dense"
-units = )" << units << R"(
+units = )"
+     << units << R"(
 activation = "relu"
 [[model.layers]]
 type = "dense"
@@ -48,22 +49,26 @@ units = 10
 type = "adam"
 learning_rate = 2e-3
 [train]
-epochs = )" << epochs << R"(
+epochs = )"
+     << epochs << R"(
 batch_size = 32
 progress = "none"
-output_dir = ")" << out.string() << "\"\n" << extra_train << R"(
+output_dir = ")"
+     << out.string() << "\"\n"
+     << extra_train << R"(
 [data.train]
 stages = [
-  { type = "idx", images = ")" << kFm << R"(train-images-idx3-ubyte.gz", labels = ")" << kFm
-     << R"(train-labels-idx1-ubyte.gz", limit = )" << limit << R"( },
+  { type = "idx", images = ")"
+     << kFm << R"(train-images-idx3-ubyte.gz", labels = ")" << kFm << R"(train-labels-idx1-ubyte.gz", limit = )"
+     << limit << R"( },
   { type = "scale", factor = 0.00392156862745098 },
   { type = "shuffle", buffer = 3000 },
   { type = "batch" },
 ]
 [data.test]
 stages = [
-  { type = "idx", images = ")" << kFm << R"(t10k-images-idx3-ubyte.gz", labels = ")" << kFm
-     << R"(t10k-labels-idx1-ubyte.gz", limit = 500 },
+  { type = "idx", images = ")"
+     << kFm << R"(t10k-images-idx3-ubyte.gz", labels = ")" << kFm << R"(t10k-labels-idx1-ubyte.gz", limit = 500 },
   { type = "scale", factor = 0.00392156862745098 },
   { type = "batch" },
 ]
@@ -123,20 +128,24 @@ TEST_CASE("keep_checkpoints keeps the newest K and a damaged newest falls back t
           "[e2e][resume][checkpoint]") {
   auto dir = kiln::test::temp_dir("keepk");
   // 1500 examples at batch 32: 47 steps an epoch; two epochs; a checkpoint every 10 steps and at each epoch's end.
-  auto cfg = write(dir / "run.toml", config(dir / "run", "checkpoint_every_steps = 10\nkeep_checkpoints = 3\n", 1500, 64, 2) + "[log]\nevery_steps = 1\n");
+  auto cfg =
+      write(dir / "run.toml", config(dir / "run", "checkpoint_every_steps = 10\nkeep_checkpoints = 3\n", 1500, 64, 2) +
+                                  "[log]\nevery_steps = 1\n");
   const std::string full_dir = "--set 'train.output_dir=\"" + (dir / "full").string() + "\"'";
   auto full = kiln::test::run_app("train " + cfg + " " + full_dir);
   INFO(full.output);
   REQUIRE(full.exit_code == 0);
   // Steps 10..90 and the epoch ends 47 and 94: the newest three stay.
-  CHECK(kiln_files(dir / "full") == std::set<std::string>{"checkpoint.kiln", "checkpoint-step90.kiln", "checkpoint-step80.kiln"});
+  CHECK(kiln_files(dir / "full") ==
+        std::set<std::string>{"checkpoint.kiln", "checkpoint-step90.kiln", "checkpoint-step80.kiln"});
   CHECK(kiln::load_checkpoint((dir / "full" / "checkpoint-step80.kiln").string()).step == 80);
 
   auto first = kiln::test::run_app("train " + cfg + " --set train.max_steps=60");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
   const fs::path run = dir / "run";
-  CHECK(kiln_files(run) == std::set<std::string>{"checkpoint.kiln", "checkpoint-step50.kiln", "checkpoint-step47.kiln"});
+  CHECK(kiln_files(run) ==
+        std::set<std::string>{"checkpoint.kiln", "checkpoint-step50.kiln", "checkpoint-step47.kiln"});
 
   // Truncated newest: the resume takes step 50's and says so.
   fs::resize_file(run / "checkpoint.kiln", fs::file_size(run / "checkpoint.kiln") / 2);
@@ -145,7 +154,8 @@ TEST_CASE("keep_checkpoints keeps the newest K and a damaged newest falls back t
   REQUIRE(second.exit_code == 0);
   CHECK_THAT(second.output, Catch::Contains("warning: " + (run / "checkpoint.kiln").string() + " is damaged") &&
                                 Catch::Contains("checksum mismatch") &&
-                                Catch::Contains("resuming from the checkpoint before it, " + (run / "checkpoint-step50.kiln").string()));
+                                Catch::Contains("resuming from the checkpoint before it, " +
+                                                (run / "checkpoint-step50.kiln").string()));
   CHECK(fs::exists(run / "checkpoint.kiln.damaged"));
 
   // One flipped byte in the newest (step 80, inside a tensor): the resume takes step 70's.
@@ -161,7 +171,8 @@ TEST_CASE("keep_checkpoints keeps the newest K and a damaged newest falls back t
   auto third = kiln::test::run_app("train " + cfg + " --resume");
   INFO(third.output);
   REQUIRE(third.exit_code == 0);
-  CHECK_THAT(third.output, Catch::Contains("resuming from the checkpoint before it, " + (run / "checkpoint-step70.kiln").string()));
+  CHECK_THAT(third.output,
+             Catch::Contains("resuming from the checkpoint before it, " + (run / "checkpoint-step70.kiln").string()));
   // Resumed twice from earlier checkpoints, the run still ends exactly where the uninterrupted one did, with every
   // step recorded once.
   CHECK(slurp(run / "checkpoint.kiln") == slurp(dir / "full" / "checkpoint.kiln"));
@@ -190,19 +201,22 @@ TEST_CASE("kill -9 aimed inside a checkpoint write leaves the previous checkpoin
   // 512 hidden units: a 4.9 MB checkpoint (weights and Adam moments), written in 64 KiB chunks with a pause after each
   // (KILN_TEST_CHECKPOINT_WRITE_PAUSE_MS), so the write lasts long enough to be killed in the middle.
   auto cfg = write(dir / "run.toml", config(dir / "run", "checkpoint_every_steps = 20\n", 3000, 512));
-  REQUIRE(kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code == 0);
+  REQUIRE(
+      kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code ==
+      0);
 
   const fs::path run = dir / "run";
   const std::string log = (dir / "killed.log").string();
   const pid_t pid = spawn("train " + cfg, log, "KILN_TEST_CHECKPOINT_WRITE_PAUSE_MS=20");
   REQUIRE(pid > 0);
-  // The second checkpoint (step 40) is half written when checkpoint.kiln (step 20) exists and the temporary holds 1 MiB.
+  // The second checkpoint (step 40) is half written when checkpoint.kiln (step 20) exists and the temporary holds 1
+  // MiB.
   const fs::path tmp = run / ("checkpoint.kiln.tmp." + std::to_string(pid));
   bool inside = false;
   for (int i = 0; i < 20000 && !inside; ++i) {
     std::error_code ec;
-    inside = fs::exists(run / "checkpoint.kiln", ec) && fs::exists(tmp, ec) && fs::file_size(tmp, ec) >= (1u << 20) &&
-             !ec;
+    inside =
+        fs::exists(run / "checkpoint.kiln", ec) && fs::exists(tmp, ec) && fs::file_size(tmp, ec) >= (1u << 20) && !ec;
     if (!inside) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ::kill(pid, SIGKILL);
@@ -218,13 +232,15 @@ TEST_CASE("kill -9 aimed inside a checkpoint write leaves the previous checkpoin
   auto rest = kiln::test::run_app("train " + cfg + " --resume");
   INFO(rest.output);
   REQUIRE(rest.exit_code == 0);
-  CHECK_THAT(rest.output, Catch::Contains("resumed from " + (run / "checkpoint.kiln").string() + " at epoch 1, step 20"));
+  CHECK_THAT(rest.output,
+             Catch::Contains("resumed from " + (run / "checkpoint.kiln").string() + " at epoch 1, step 20"));
   CHECK(slurp(run / "checkpoint.kiln") == slurp(dir / "full" / "checkpoint.kiln"));
   CHECK_FALSE(fs::exists(tmp));  // the killed writer's temporary is removed by the next holder of the run
 }
 
-TEST_CASE("two kiln train of one run started at once: one trains, the other refuses naming its pid, the first is intact",
-          "[e2e][lock][checkpoint]") {
+TEST_CASE(
+    "two kiln train of one run started at once: one trains, the other refuses naming its pid, the first is intact",
+    "[e2e][lock][checkpoint]") {
   auto dir = kiln::test::temp_dir("race");
   auto cfg = write(dir / "run.toml", config(dir / "race", "", 3000, 64, 3) + "[log]\nevery_steps = 10\n");
   auto solo = kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "solo").string() + "\"'");
@@ -243,8 +259,9 @@ TEST_CASE("two kiln train of one run started at once: one trains, the other refu
   REQUIRE(((code_a == 0) != (code_b == 0)));  // exactly one proceeds
   const pid_t winner = code_a == 0 ? a : b;
   const std::string& refused = code_a == 0 ? out_b : out_a;
-  CHECK_THAT(refused, Catch::Contains("this run is in use by another kiln process (pid " + std::to_string(winner) + "\n") ||
-                          Catch::Contains("this run is in use by another kiln process (pid " + std::to_string(winner) + ","));
+  CHECK_THAT(refused,
+             Catch::Contains("this run is in use by another kiln process (pid " + std::to_string(winner) + "\n") ||
+                 Catch::Contains("this run is in use by another kiln process (pid " + std::to_string(winner) + ","));
   // Nothing of the first is damaged: its checkpoint and records are a solo run's.
   CHECK(slurp(dir / "race" / "checkpoint.kiln") == slurp(dir / "solo" / "checkpoint.kiln"));
   CHECK(step_records(dir / "race" / "metrics.jsonl") == step_records(dir / "solo" / "metrics.jsonl"));

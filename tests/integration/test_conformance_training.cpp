@@ -2,7 +2,6 @@
 // its validation layer on) and their loss curves match the CPU backend's on the same data order and seed; so does a
 // one-block transformer with attention.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -148,9 +147,8 @@ TinyCurve train_tiny_transformer(const std::string& backend) {
             "[train]\nbatch_size = 32\nepochs = 5\nevaluate = false\nprogress = \"none\"\noutput_dir = \""
          << (dir / "out").string() << "\"\n"
          << "[device]\nbackend = \"" << backend << "\"\n"
-         << (backend == "vulkan" ? "validation = true\n" : "")
-         << "[data.train]\nstages = [{type = \"csv\", path = \"" << (dir / "seq.csv").string()
-         << "\"}, {type = \"batch\", size = 32}]\n";
+         << (backend == "vulkan" ? "validation = true\n" : "") << "[data.train]\nstages = [{type = \"csv\", path = \""
+         << (dir / "seq.csv").string() << "\"}, {type = \"batch\", size = 32}]\n";
   }
   const auto res = kiln::test::run_app("train " + (dir / "run.toml").string());
   INFO(res.output);

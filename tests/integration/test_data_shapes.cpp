@@ -22,8 +22,8 @@ std::string write_csv(const fs::path& p, int features) {
 }
 
 // input_shape is on line 6, loss on line 7.
-std::string config(const fs::path& dir, const std::string& input_shape, const std::string& loss, const std::string& train,
-                   const std::string& test = "") {
+std::string config(const fs::path& dir, const std::string& input_shape, const std::string& loss,
+                   const std::string& train, const std::string& test = "") {
   std::ostringstream os;
   os << "[device]\nbackend = \"cpu\"\nmemory_limit = \"256MiB\"\n\n[model]\n"
      << "input_shape = " << input_shape << "\nloss = \"" << loss << "\"\n"
@@ -49,8 +49,8 @@ TEST_CASE("examples that do not fit model.input_shape are refused by kiln plan a
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("run.toml:6: key 'model.input_shape'") && Catch::Contains("(5,)") &&
                              Catch::Contains("[data.train] (csv source, path = '" + csv + "')") &&
-                             Catch::Contains("examples of shape (4,)") && Catch::Contains("stages[0] (type = \"csv\")") &&
-                             Catch::Contains("input_shape = [4]"));
+                             Catch::Contains("examples of shape (4,)") &&
+                             Catch::Contains("stages[0] (type = \"csv\")") && Catch::Contains("input_shape = [4]"));
     CHECK_THAT(r.output, !Catch::Contains("FITS") && !Catch::Contains("epoch 1"));
   }
 }
@@ -74,25 +74,29 @@ TEST_CASE("labels that do not fit a head's loss are refused at its loss key, nam
   const std::string csv = write_csv(dir / "four.csv", 4);
   const std::string source = "{type = \"csv\", path = \"" + csv + "\"}";
   SECTION("one-hot labels of 5 classes against a 3-way softmax head") {
-    auto r = kiln::test::run_app(
-        "plan " + config(dir, "[4]", "softmax_cross_entropy", source + ", {type = \"map\", ops = [{op = \"one_hot\", classes = 5}]}"));
+    auto r =
+        kiln::test::run_app("plan " + config(dir, "[4]", "softmax_cross_entropy",
+                                             source + ", {type = \"map\", ops = [{op = \"one_hot\", classes = 5}]}"));
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("run.toml:7: key 'model.loss'") && Catch::Contains("output 'dense_2'") &&
-                             Catch::Contains("one-hot labels of shape (3,)") && Catch::Contains("labels of shape (5,)") &&
-                             Catch::Contains("stages[1] (type = \"map\")") && Catch::Contains(csv));
+                             Catch::Contains("one-hot labels of shape (3,)") &&
+                             Catch::Contains("labels of shape (5,)") && Catch::Contains("stages[1] (type = \"map\")") &&
+                             Catch::Contains(csv));
   }
   SECTION("class indices against an mse head of 3 outputs") {
     auto r = kiln::test::run_app("train " + config(dir, "[4]", "mse", source));
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("run.toml:7: key 'model.loss'") && Catch::Contains("loss mse") &&
-                           Catch::Contains("targets shaped like the output, (3,)") && Catch::Contains("labels of shape ()"));
+                             Catch::Contains("targets shaped like the output, (3,)") &&
+                             Catch::Contains("labels of shape ()"));
     CHECK_THAT(r.output, !Catch::Contains("epoch 1"));
   }
   SECTION("one-hot labels over the head's 3 classes are not a shape mismatch") {
-    auto r = kiln::test::run_app(
-        "plan " + config(dir, "[4]", "softmax_cross_entropy", source + ", {type = \"map\", ops = [{op = \"one_hot\", classes = 3}]}"));
+    auto r =
+        kiln::test::run_app("plan " + config(dir, "[4]", "softmax_cross_entropy",
+                                             source + ", {type = \"map\", ops = [{op = \"one_hot\", classes = 3}]}"));
     INFO(r.output);
     CHECK_THAT(r.output, !Catch::Contains("delivers labels"));
   }

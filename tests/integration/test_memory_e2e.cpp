@@ -3,7 +3,6 @@
 // kiln plan on strategies that split a batch and on the parallel samples (where each layer runs, the bytes copied,
 // each device's peak), and sizes no device holds named instead of printing FITS.
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -45,10 +44,14 @@ std::string dense_model(const std::string& units, const std::string& input = "[7
 std::string small_run(const fs::path& out, const std::string& extra) {
   return "[run]\nname = \"oom\"\n[device]\nbackend = \"cpu\"\nmemory_limit = \"64MiB\"\n" + extra +
          "[model]\ninput_shape = [16]\nloss = \"softmax_cross_entropy\"\n"
-         "[[model.layers]]\ntype = \"dense\"\nunits = 32\nactivation = \"relu\"\n[[model.layers]]\ntype = \"dense\"\nunits = 4\n"
+         "[[model.layers]]\ntype = \"dense\"\nunits = 32\nactivation = \"relu\"\n[[model.layers]]\ntype = "
+         "\"dense\"\nunits = 4\n"
          "[optimizer]\ntype = \"adam\"\n[train]\nepochs = 1\nbatch_size = 16\nevaluate = false\nprogress = \"none\"\n"
-         "output_dir = \"" + out.string() + "\"\n"
-         "[data.train]\nstages = [{ type = \"synthetic\", shape = [16], classes = 4, examples = 256, seed = 3 }, { type = \"batch\" }]\n";
+         "output_dir = \"" +
+         out.string() +
+         "\"\n"
+         "[data.train]\nstages = [{ type = \"synthetic\", shape = [16], classes = 4, examples = 256, seed = 3 }, { "
+         "type = \"batch\" }]\n";
 }
 
 }  // namespace
@@ -70,7 +73,8 @@ TEST_CASE("the measured peak of a real training step is within 5% of kiln plan f
   }
 }
 
-TEST_CASE("the 206M-parameter deep net fits 1800MiB with SGD and its measured step peak is within 5% of the plan", "[memory]") {
+TEST_CASE("the 206M-parameter deep net fits 1800MiB with SGD and its measured step peak is within 5% of the plan",
+          "[memory]") {
   SweepPoint p = measure(kSamples + "seed_deep_conv.toml");
   INFO("predicted " << p.predicted << ", measured " << p.measured);
   CHECK(p.fits);
@@ -80,7 +84,8 @@ TEST_CASE("the 206M-parameter deep net fits 1800MiB with SGD and its measured st
   CHECK(double(p.measured) >= 0.95 * double(p.predicted));
 }
 
-TEST_CASE("kiln plan and kiln train refuse the deep net with Adam before allocating, with the full report", "[memory]") {
+TEST_CASE("kiln plan and kiln train refuse the deep net with Adam before allocating, with the full report",
+          "[memory]") {
   const std::string cfg = kSamples + "seed_deep_conv.toml --set optimizer.type=\\\"adam\\\"";
   auto plan = test::run_app("plan " + cfg);
   INFO(plan.output);
@@ -91,7 +96,8 @@ TEST_CASE("kiln plan and kiln train refuse the deep net with Adam before allocat
   CHECK(found(plan.output, R"(limit\s+1\.76 GiB \(1\.89 GB\))"));
   CHECK_THAT(plan.output, Catch::Contains("largest batch size that fits: 0"));
   CHECK(found(plan.output, R"(type = "sgd" \(no state\) needs 1\.\d\d GiB \(1\.6\d GB\): fits)"));
-  auto train = test::run_app("train " + cfg + " --set train.output_dir=\\\"" + test::temp_dir("deep-adam").string() + "\\\"");
+  auto train =
+      test::run_app("train " + cfg + " --set train.output_dir=\\\"" + test::temp_dir("deep-adam").string() + "\\\"");
   INFO(train.output);
   CHECK(train.exit_code == 1);
   CHECK(found(train.output, R"(3\.\d\d GiB)"));
@@ -102,7 +108,8 @@ TEST_CASE("kiln plan and kiln train refuse the deep net with Adam before allocat
   CHECK_THAT(train.output, Catch::Contains("what would fit"));
 }
 
-TEST_CASE("an out-of-memory failure names the site, advises what fits, and leaves checkpoint and metrics intact", "[memory]") {
+TEST_CASE("an out-of-memory failure names the site, advises what fits, and leaves checkpoint and metrics intact",
+          "[memory]") {
   fs::path dir = test::temp_dir("mem-oom");
   fs::path cfg = dir / "run.toml";
   std::ofstream(cfg) << small_run(dir / "out", "");
@@ -114,8 +121,9 @@ TEST_CASE("an out-of-memory failure names the site, advises what fits, and leave
   const std::string ckpt = read(dir / "out" / "checkpoint.kiln"), metrics = read(dir / "out" / "metrics.jsonl");
   REQUIRE(!ckpt.empty());
   // Resume for a second epoch on a device whose first block request fails.
-  auto second = test::run_app("train " + cfg.string() +
-                              " --resume --set train.epochs=2 --set device.fault_injection_block=1 --set train.memory_policy=\\\"none\\\"");
+  auto second = test::run_app(
+      "train " + cfg.string() +
+      " --resume --set train.epochs=2 --set device.fault_injection_block=1 --set train.memory_policy=\\\"none\\\"");
   INFO(second.output);
   CHECK(second.exit_code == 1);
   CHECK_THAT(second.output, Catch::Contains("out of memory on cpu:0"));
@@ -171,11 +179,12 @@ TEST_CASE("kiln plan --sweep writes CSV and SVG with measured peaks within 5% of
 
 TEST_CASE("kiln plan finds the largest batch and sweeps for strategies that split a batch", "[hardening][plan]") {
   auto dir = kiln::test::temp_dir("hard-plan-dp");
-  std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\nvirtual_devices = 2\nthreads = 1\nmemory_limit = \"64MiB\"\n"
-                                  << "[strategy]\ntype = \"data_parallel\"\ndevices = [0, 1]\n"
-                                  << "[model]\ninput_shape = [16]\n[[model.layers]]\ntype = \"dense\"\nunits = 4\n"
-                                  << "[train]\nbatch_size = 8\noutput_dir = \"" << (dir / "out").string() << "\"\n"
-                                  << "[data.train]\nstages = [{type = \"synthetic\", shape = [16], examples = 64}]\n";
+  std::ofstream(dir / "run.toml")
+      << "[device]\nbackend = \"cpu\"\nvirtual_devices = 2\nthreads = 1\nmemory_limit = \"64MiB\"\n"
+      << "[strategy]\ntype = \"data_parallel\"\ndevices = [0, 1]\n"
+      << "[model]\ninput_shape = [16]\n[[model.layers]]\ntype = \"dense\"\nunits = 4\n"
+      << "[train]\nbatch_size = 8\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+      << "[data.train]\nstages = [{type = \"synthetic\", shape = [16], examples = 64}]\n";
   auto r = kiln::test::run_app("plan " + (dir / "run.toml").string());
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -186,25 +195,29 @@ TEST_CASE("kiln plan finds the largest batch and sweeps for strategies that spli
   CHECK_THAT(r.output, Catch::Contains("batch 2: predicted") && !Catch::Contains("batch 1: predicted"));
 }
 
-TEST_CASE("kiln plan shows where each layer runs, the bytes copied and each device's peak for the samples", "[parallel]") {
+TEST_CASE("kiln plan shows where each layer runs, the bytes copied and each device's peak for the samples",
+          "[parallel]") {
   auto mp = test::run_app("plan " + std::string(KILN_SOURCE_DIR) + "/samples/two_branch_mp.toml");
   INFO(mp.output);
   CHECK(mp.exit_code == 0);
-  CHECK_THAT(mp.output, Catch::Contains("step memory on cpu:1") && Catch::Contains("layer branch_a (dense): gemm, bias_add") &&
+  CHECK_THAT(mp.output, Catch::Contains("step memory on cpu:1") &&
+                            Catch::Contains("layer branch_a (dense): gemm, bias_add") &&
                             Catch::Contains("copies in per step: 96.0 KiB (encoder -> branch_a 64.0 KiB from cpu:0") &&
                             Catch::Contains("ideal bubble (K-1)/(M+K-1) = 0.500"));
   auto dp = test::run_app("plan " + std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_dp.toml");
   INFO(dp.output);
   CHECK(dp.exit_code == 0);
-  CHECK_THAT(dp.output, Catch::Contains("data_parallel replica 1 of 2: batch 16 of 32") && Catch::Contains("gradient all-reduce"));
+  CHECK_THAT(dp.output,
+             Catch::Contains("data_parallel replica 1 of 2: batch 16 of 32") && Catch::Contains("gradient all-reduce"));
 }
 
 TEST_CASE("kiln plan names [device] memory_limit = \"1e30GiB\" and huge units instead of printing FITS",
           "[hardening][sizes]") {
   auto dir = kiln::test::temp_dir("hard-sizes-plan");
   auto write = [&](const std::string& device, const std::string& units) {
-    std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\n" << device << "\n" << dense_model(units)
-                                    << "[train]\nbatch_size = 32\n";
+    std::ofstream(dir / "run.toml") << "[device]\nbackend = \"cpu\"\n"
+                                    << device << "\n"
+                                    << dense_model(units) << "[train]\nbatch_size = 32\n";
     return (dir / "run.toml").string();
   };
   auto r = kiln::test::run_app("plan " + write("memory_limit = \"1e30GiB\"", "10"));
@@ -231,8 +244,11 @@ TEST_CASE("memory_policy = \"fit\" turns on recomputation when the plan does not
   std::string layers;
   for (int i = 0; i < 16; ++i) layers += "[[model.layers]]\ntype = \"dense\"\nunits = 512\nactivation = \"relu\"\n";
   auto config = [&](const std::string& policy) {
-    return "[device]\nbackend = \"cpu\"\nmemory_limit = \"56MiB\"\n[model]\ninput_shape = [64]\nloss = \"softmax_cross_entropy\"\n" +
-           layers + "[[model.layers]]\ntype = \"dense\"\nunits = 4\n[optimizer]\ntype = \"sgd\"\n[train]\nbatch_size = 1024\nmemory_policy = \"" +
+    return "[device]\nbackend = \"cpu\"\nmemory_limit = \"56MiB\"\n[model]\ninput_shape = [64]\nloss = "
+           "\"softmax_cross_entropy\"\n" +
+           layers +
+           "[[model.layers]]\ntype = \"dense\"\nunits = 4\n[optimizer]\ntype = \"sgd\"\n[train]\nbatch_size = "
+           "1024\nmemory_policy = \"" +
            policy + "\"\n";
   };
   Session strict(Config::load_string(config("strict"), "fit.toml"), test::registry());

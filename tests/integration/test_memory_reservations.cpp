@@ -1,12 +1,12 @@
 // Two concurrent `kiln train` processes on one device whose reservations do not fit: the second refuses at
 // start naming the first; select = "most_free_memory" steers around it; a killed holder's file is cleaned up.
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -25,9 +25,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string holder_config(const fs::path& out, const std::string& name, int examples, double latency_ms, const std::string& extra_device = "") {
+std::string holder_config(const fs::path& out, const std::string& name, int examples, double latency_ms,
+                          const std::string& extra_device = "") {
   std::ostringstream os;
-  os << "[run]\nname = \"" << name << "\"\n[device]\nbackend = \"cpu\"\nmemory_limit = \"60%\"\n" << extra_device
+  os << "[run]\nname = \"" << name << "\"\n[device]\nbackend = \"cpu\"\nmemory_limit = \"60%\"\n"
+     << extra_device
      << "[model]\ninput_shape = [8]\nloss = \"softmax_cross_entropy\"\n[[model.layers]]\ntype = \"dense\"\nunits = 4\n"
      << "[optimizer]\ntype = \"sgd\"\n[train]\nepochs = 1\nbatch_size = 4\nevaluate = false\ncheckpoint_every = 0\n"
      << "progress = \"none\"\noutput_dir = \"" << (out / name).string() << "\"\n"
@@ -76,7 +78,8 @@ TEST_CASE("a second kiln train whose reservation does not fit refuses at start a
   fs::path first_cfg = write(dir, "first.toml", holder_config(dir, "first", 100000, 20));
   pid_t first = spawn_train(first_cfg, dir / "first.log");
   REQUIRE(first > 0);
-  for (int i = 0; i < 600 && reservation_files(root) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 600 && reservation_files(root) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   REQUIRE(reservation_files(root) == 1);
 
   // Another 60% of the same device cannot be honoured: refused before training, naming the holder.
@@ -95,8 +98,8 @@ TEST_CASE("a second kiln train whose reservation does not fit refuses at start a
   auto devices = kiln::test::run_app("devices --backend cpu");
   CHECK_THAT(devices.output, Catch::Contains("reserved by Kiln jobs"));
   CHECK_THAT(devices.output, Catch::Contains("pid " + std::to_string(first)));
-  fs::path steer_cfg =
-      write(dir, "steer.toml", holder_config(dir, "steer", 8, 0, "virtual_devices = 2\nselect = \"most_free_memory\"\n"));
+  fs::path steer_cfg = write(dir, "steer.toml",
+                             holder_config(dir, "steer", 8, 0, "virtual_devices = 2\nselect = \"most_free_memory\"\n"));
   auto steer = kiln::test::run_app("plan " + steer_cfg.string());
   INFO(steer.output);
   CHECK(steer.exit_code == 0);
@@ -111,8 +114,10 @@ TEST_CASE("a second kiln train whose reservation does not fit refuses at start a
   CHECK(third.exit_code == 0);
   CHECK(reservation_files(root) == 0);  // the stale file is gone, and the third job released its own at exit
 
-  if (old) ::setenv("KILN_RESERVATION_DIR", saved.c_str(), 1);
-  else ::unsetenv("KILN_RESERVATION_DIR");
+  if (old)
+    ::setenv("KILN_RESERVATION_DIR", saved.c_str(), 1);
+  else
+    ::unsetenv("KILN_RESERVATION_DIR");
 }
 
 namespace {
@@ -125,8 +130,10 @@ class ReservationDir {
     ::setenv("KILN_RESERVATION_DIR", root.c_str(), 1);
   }
   ~ReservationDir() {
-    if (had_) ::setenv("KILN_RESERVATION_DIR", saved_.c_str(), 1);
-    else ::unsetenv("KILN_RESERVATION_DIR");
+    if (had_)
+      ::setenv("KILN_RESERVATION_DIR", saved_.c_str(), 1);
+    else
+      ::unsetenv("KILN_RESERVATION_DIR");
   }
 
  private:
@@ -177,7 +184,8 @@ TEST_CASE("kiln plan reads the reservations of others without taking one and say
   CHECK(reservation_files(root) == 0);
 }
 
-TEST_CASE("kiln plan with growth = false on Vulkan claims no device memory and records no reservation", "[memory][vulkan]") {
+TEST_CASE("kiln plan with growth = false on Vulkan claims no device memory and records no reservation",
+          "[memory][vulkan]") {
   using namespace kiln;
   if (!test::registry().has_backend("vulkan")) KILN_SKIP("the vulkan backend is not built in this tree");
   auto vk = test::registry().backend("vulkan")(BackendOptions{});
@@ -199,7 +207,9 @@ TEST_CASE("kiln plan with growth = false on Vulkan claims no device memory and r
   PlanCheck c = check_plan(s);
   INFO(c.report);
   CHECK(c.fits);
-  CHECK_THAT(c.report, Catch::Contains("growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)"));
+  CHECK_THAT(
+      c.report,
+      Catch::Contains("growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)"));
   const MemoryStats& st = s.devices()[0].allocator->stats();
   CHECK(st.reserved == 0);
   CHECK(st.blocks == 0);

@@ -1,9 +1,9 @@
 // [log] tensorboard: the event files carry the same scalars as metrics.jsonl. Read back here with an independent
 // TFRecord/CRC-32C/protobuf decoder, and with TensorBoard's own reader (EventAccumulator) when the tools venv has it.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,15 +40,18 @@ clip_norm = 5.0
 epochs = 2
 batch_size = 32
 progress = "none"
-output_dir = ")" + out + R"("
+output_dir = ")" +
+         out + R"("
 [log]
 every_steps = 4
 tensorboard = true
 [data.train]
-stages = [{type = "idx", images = ")" + kFm + R"(train-images-idx3-ubyte.gz", labels = ")" + kFm +
+stages = [{type = "idx", images = ")" +
+         kFm + R"(train-images-idx3-ubyte.gz", labels = ")" + kFm +
          R"(train-labels-idx1-ubyte.gz", limit = 640}, {type = "scale", factor = 0.00392156862745098}, {type = "batch"}]
 [data.test]
-stages = [{type = "idx", images = ")" + kFm + R"(t10k-images-idx3-ubyte.gz", labels = ")" + kFm +
+stages = [{type = "idx", images = ")" +
+         kFm + R"(t10k-images-idx3-ubyte.gz", labels = ")" + kFm +
          R"(t10k-labels-idx1-ubyte.gz", limit = 320}, {type = "scale", factor = 0.00392156862745098}, {type = "batch"}]
 )";
 }
@@ -102,7 +105,8 @@ std::map<std::pair<int64_t, std::string>, double> read_events(const std::string&
     while (ev.pos < ev.end) {
       const uint64_t key = ev.varint();
       const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
-      if (wire == 1) ev.pos += 8;
+      if (wire == 1)
+        ev.pos += 8;
       else if (wire == 0) {
         const uint64_t v = ev.varint();
         if (field == 2) step = static_cast<int64_t>(v);
@@ -155,7 +159,8 @@ double field(const std::string& line, const std::string& key) {
 
 }  // namespace
 
-TEST_CASE("[log] tensorboard event files hold metrics.jsonl's scalars with valid TFRecord CRCs", "[e2e][log][tensorboard]") {
+TEST_CASE("[log] tensorboard event files hold metrics.jsonl's scalars with valid TFRecord CRCs",
+          "[e2e][log][tensorboard]") {
   auto dir = kiln::test::temp_dir("tb");
   auto cfg = dir / "run.toml";
   std::ofstream(cfg) << config((dir / "out").string());

@@ -48,18 +48,22 @@ epochs = 2
 batch_size = 16
 steps_per_epoch = 40
 progress = "lines"
-output_dir = ")" << out_dir << R"("
+output_dir = ")"
+     << out_dir << R"("
 [data.train]
-stages = [{type = "text", path = ")" << kText << R"(", block_size = 16}]
+stages = [{type = "text", path = ")"
+     << kText << R"(", block_size = 16}]
 [data.test]
-stages = [{type = "text", path = ")" << kText << R"(", block_size = 16, examples_per_epoch = 64}]
+stages = [{type = "text", path = ")"
+     << kText << R"(", block_size = 16, examples_per_epoch = 64}]
 )";
   return os.str();
 }
 
 }  // namespace
 
-TEST_CASE("kiln trains a character model on tiny Shakespeare and kiln sample prints seeded text", "[e2e][text][sample]") {
+TEST_CASE("kiln trains a character model on tiny Shakespeare and kiln sample prints seeded text",
+          "[e2e][text][sample]") {
   const auto dir = kiln::test::temp_dir("text_e2e");
   const auto cfg = dir / "char.toml";
   std::ofstream(cfg) << char_config((dir / "run").string());
@@ -71,7 +75,8 @@ TEST_CASE("kiln trains a character model on tiny Shakespeare and kiln sample pri
   std::string out = r.output;
   std::vector<double> test_loss;
   std::regex re("test loss ([0-9.]+), test accuracy ([0-9.]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) test_loss.push_back(std::stod((*it)[1]));
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it)
+    test_loss.push_back(std::stod((*it)[1]));
   REQUIRE(test_loss.size() == 2);
   CHECK(test_loss[1] < 3.3);
   CHECK(test_loss[1] < test_loss[0]);
@@ -85,7 +90,8 @@ TEST_CASE("kiln trains a character model on tiny Shakespeare and kiln sample pri
   // Same seed, same text; the prompt, then exactly --tokens characters.
   auto a = kiln::test::run_app("sample " + cfg.string() + " --prompt 'ROMEO:' --tokens 120 --seed 7");
   auto b = kiln::test::run_app("sample " + cfg.string() + " --prompt 'ROMEO:' --tokens 120 --seed 7");
-  auto c = kiln::test::run_app("sample " + cfg.string() + " --prompt 'ROMEO:' --tokens 120 --seed 8 --temperature 1.0 --top-k 0");
+  auto c = kiln::test::run_app("sample " + cfg.string() +
+                               " --prompt 'ROMEO:' --tokens 120 --seed 8 --temperature 1.0 --top-k 0");
   INFO(a.output);
   REQUIRE(a.exit_code == 0);
   CHECK(a.output == b.output);
@@ -101,7 +107,8 @@ TEST_CASE("kiln trains a character model on tiny Shakespeare and kiln sample pri
   CHECK_THAT(missing.output, Catch::Contains("none.kiln") && Catch::Contains("does not exist"));
 }
 
-TEST_CASE("a model with two heads reports each head's loss and accuracy in the epoch line and metrics", "[e2e][heads]") {
+TEST_CASE("a model with two heads reports each head's loss and accuracy in the epoch line and metrics",
+          "[e2e][heads]") {
   const auto dir = kiln::test::temp_dir("heads_e2e");
   const auto cfg = dir / "heads.toml";
   std::ofstream(cfg) << R"([run]
@@ -133,7 +140,8 @@ weight = 0.5
 epochs = 1
 batch_size = 16
 progress = "lines"
-output_dir = ")" << (dir / "run").string() << R"("
+output_dir = ")" << (dir / "run").string()
+                     << R"("
 [data.train]
 stages = [{type = "synthetic", shape = [6], examples = 128, classes = 3}]
 [data.test]
@@ -169,7 +177,8 @@ void write_two_label_csv(const std::filesystem::path& p, int rows, unsigned seed
 }
 
 std::string two_label_config(const std::filesystem::path& dir, const std::string& quadrant_label,
-                             const std::string& parity_label, const std::string& test_labels = "[\"quadrant\", \"parity\"]") {
+                             const std::string& parity_label,
+                             const std::string& test_labels = "[\"quadrant\", \"parity\"]") {
   std::ostringstream os;
   os << R"([run]
 seed = 4
@@ -192,11 +201,13 @@ inputs = ["trunk"]
 [[model.outputs]]
 layer = "quadrant"
 loss = "softmax_cross_entropy"
-label = ")" << quadrant_label << R"("
+label = ")"
+     << quadrant_label << R"("
 [[model.outputs]]
 layer = "parity"
 loss = "binary_cross_entropy"
-label = ")" << parity_label << R"("
+label = ")"
+     << parity_label << R"("
 [optimizer]
 type = "adam"
 learning_rate = 1e-2
@@ -204,11 +215,13 @@ learning_rate = 1e-2
 epochs = 6
 batch_size = 32
 progress = "none"
-output_dir = ")" << (dir / "run").string() << R"("
+output_dir = ")"
+     << (dir / "run").string() << R"("
 [data.train]
 stages = [{type = "csv", path = "train.csv", header = true, label = ["quadrant", "parity"]}, {type = "shuffle", buffer = 2000}]
 [data.test]
-stages = [{type = "csv", path = "test.csv", header = true, label = )" << test_labels << R"(}]
+stages = [{type = "csv", path = "test.csv", header = true, label = )"
+     << test_labels << R"(}]
 )";
   return os.str();
 }

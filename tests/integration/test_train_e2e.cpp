@@ -45,19 +45,22 @@ learning_rate = 2e-3
 epochs = 3
 batch_size = 32
 progress = "lines"
-output_dir = ")" << out_dir << "\"\n" << extra_train << R"(
+output_dir = ")"
+     << out_dir << "\"\n"
+     << extra_train << R"(
 [data.train]
 stages = [
-  { type = "idx", images = ")" << kFm << R"(train-images-idx3-ubyte.gz", labels = ")" << kFm
-     << R"(train-labels-idx1-ubyte.gz", limit = )" << limit << R"( },
+  { type = "idx", images = ")"
+     << kFm << R"(train-images-idx3-ubyte.gz", labels = ")" << kFm << R"(train-labels-idx1-ubyte.gz", limit = )"
+     << limit << R"( },
   { type = "scale", factor = 0.00392156862745098 },
   { type = "shuffle", buffer = 3000 },
   { type = "batch" },
 ]
 [data.test]
 stages = [
-  { type = "idx", images = ")" << kFm << R"(t10k-images-idx3-ubyte.gz", labels = ")" << kFm
-     << R"(t10k-labels-idx1-ubyte.gz", limit = 1000 },
+  { type = "idx", images = ")"
+     << kFm << R"(t10k-images-idx3-ubyte.gz", labels = ")" << kFm << R"(t10k-labels-idx1-ubyte.gz", limit = 1000 },
   { type = "scale", factor = 0.00392156862745098 },
   { type = "batch" },
 ]
@@ -87,9 +90,11 @@ double json_field(const std::string& line, const std::string& key) {
 
 // A small run that trains in well under a second; `run` and `train` are extra lines for those tables.
 std::string write_run(const fs::path& dir, const std::string& run, const std::string& train) {
-  std::ofstream(dir / "run.toml") << "[run]\n" << run << "\n[device]\nbackend = \"cpu\"\n"
+  std::ofstream(dir / "run.toml") << "[run]\n"
+                                  << run << "\n[device]\nbackend = \"cpu\"\n"
                                   << "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n"
-                                  << "[train]\nepochs = 1\nbatch_size = 8\nprogress = \"none\"\n" << train << "\n"
+                                  << "[train]\nepochs = 1\nbatch_size = 8\nprogress = \"none\"\n"
+                                  << train << "\n"
                                   << "[data.train]\nstages = [{type = \"synthetic\", shape = [4], classes = 3, "
                                      "examples = 16}]\n";
   return (dir / "run.toml").string();
@@ -129,7 +134,8 @@ TEST_CASE("kiln train resumes from its checkpoint", "[e2e]") {
 TEST_CASE("a non-finite loss stops the run naming the step and the layer", "[e2e]") {
   auto dir = kiln::test::temp_dir("nan");
   auto text = mlp_config((dir / "out").string(), "", 600);
-  text = std::regex_replace(text, std::regex("type = \"adam\"\nlearning_rate = 2e-3"), "type = \"sgd\"\nlearning_rate = 1e35");
+  text = std::regex_replace(text, std::regex("type = \"adam\"\nlearning_rate = 2e-3"),
+                            "type = \"sgd\"\nlearning_rate = 1e35");
   auto cfg = write(dir, "run.toml", text);
   auto r = kiln::test::run_app("train " + cfg);
   INFO(r.output);
@@ -167,9 +173,10 @@ TEST_CASE("config errors exit with code 2 and name the line and key", "[e2e]") {
   CHECK(r.exit_code == 2);
 }
 
-TEST_CASE("a config path that is a directory, a missing or non-directory --plugin-dir, an empty visible list and an "
-          "empty input_shape are refused with exit code 2",
-          "[hardening][config]") {
+TEST_CASE(
+    "a config path that is a directory, a missing or non-directory --plugin-dir, an empty visible list and an "
+    "empty input_shape are refused with exit code 2",
+    "[hardening][config]") {
   auto dir = kiln::test::temp_dir("hard-inputs");
   auto r = kiln::test::run_app("train " + dir.string());
   INFO(r.output);
@@ -190,7 +197,8 @@ TEST_CASE("a config path that is a directory, a missing or non-directory --plugi
   r = kiln::test::run_app("plan " + (dir / "run.toml").string());
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("device.visible") && Catch::Contains("at least one device index"));
-  r = kiln::test::run_app("plan " + (dir / "run.toml").string() + " --set 'device.visible=[0]' --set 'model.input_shape=[]'");
+  r = kiln::test::run_app("plan " + (dir / "run.toml").string() +
+                          " --set 'device.visible=[0]' --set 'model.input_shape=[]'");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("model.input_shape") && Catch::Contains("at least one dimension"));
 }
@@ -238,7 +246,8 @@ TEST_CASE("kiln --version, --help, plugins and devices answer", "[e2e]") {
   CHECK_THAT(r.output, Catch::Contains("cpu:0"));
 }
 
-TEST_CASE("kiln plugins and kiln train list a null-entry plugin as failed instead of crashing", "[hardening][plugins]") {
+TEST_CASE("kiln plugins and kiln train list a null-entry plugin as failed instead of crashing",
+          "[hardening][plugins]") {
   auto r = kiln::test::run_app(std::string("--plugin-dir ") + KILN_TEST_PLUGIN_DIR + " plugins");
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -350,7 +359,8 @@ TEST_CASE("a run directory is never overwritten silently: --resume, --overwrite,
 
   auto again = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
   CHECK(again.exit_code == 2);
-  CHECK_THAT(again.output, Catch::Contains("already holds a run") && Catch::Contains("--resume") && Catch::Contains("--overwrite"));
+  CHECK_THAT(again.output,
+             Catch::Contains("already holds a run") && Catch::Contains("--resume") && Catch::Contains("--overwrite"));
   CHECK(slurp(ckpt) == ckpt_bytes);  // nothing of the earlier run was touched
   CHECK(slurp(dir / "out" / "metrics.jsonl") == metrics_bytes);
 
@@ -427,7 +437,8 @@ TEST_CASE("an output directory that is a file is a config error naming the key a
   CHECK(fs::exists(dir / "out" / "metrics.jsonl"));
 }
 
-TEST_CASE("after a resume metrics.jsonl holds each epoch once, even when records were written after the checkpoint", "[e2e][rundir]") {
+TEST_CASE("after a resume metrics.jsonl holds each epoch once, even when records were written after the checkpoint",
+          "[e2e][rundir]") {
   auto dir = kiln::test::temp_dir("trim");
   auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
   REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
@@ -452,7 +463,8 @@ TEST_CASE("after a resume metrics.jsonl holds each epoch once, even when records
 #include <sys/file.h>
 #include <unistd.h>
 
-TEST_CASE("a run belongs to one process: a second kiln train of a locked run is refused naming the holder", "[e2e][rundir]") {
+TEST_CASE("a run belongs to one process: a second kiln train of a locked run is refused naming the holder",
+          "[e2e][rundir]") {
   auto dir = kiln::test::temp_dir("lock");
   auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
   std::filesystem::create_directories(dir / "out");
@@ -465,7 +477,8 @@ TEST_CASE("a run belongs to one process: a second kiln train of a locked run is 
   REQUIRE(::write(fd, who.data(), who.size()) == static_cast<ssize_t>(who.size()));
   auto r = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
   CHECK(r.exit_code == 1);
-  CHECK_THAT(r.output, Catch::Contains("in use by another kiln process") && Catch::Contains("pid " + std::to_string(::getpid())));
+  CHECK_THAT(r.output,
+             Catch::Contains("in use by another kiln process") && Catch::Contains("pid " + std::to_string(::getpid())));
   CHECK_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
   ::close(fd);  // the holder ends: the run is free again
   auto after = kiln::test::run_app("train " + cfg + " --set train.epochs=1");
@@ -481,14 +494,16 @@ std::vector<std::string> epoch_values(const std::string& metrics_path) {
   for (const auto& l : lines_of(metrics_path)) {
     if (l.find("\"event\":\"epoch\"") == std::string::npos) continue;
     std::string s;
-    for (auto it = std::sregex_iterator(l.begin(), l.end(), re); it != std::sregex_iterator(); ++it) s += (*it)[0].str() + " ";
+    for (auto it = std::sregex_iterator(l.begin(), l.end(), re); it != std::sregex_iterator(); ++it)
+      s += (*it)[0].str() + " ";
     v.push_back(s);
   }
   return v;
 }
 }  // namespace
 
-TEST_CASE("a run stopped mid-epoch (max_steps) and resumed ends bit-identical to an uninterrupted run", "[e2e][resume]") {
+TEST_CASE("a run stopped mid-epoch (max_steps) and resumed ends bit-identical to an uninterrupted run",
+          "[e2e][resume]") {
   auto dir = kiln::test::temp_dir("midepoch");
   // 1000 examples at batch 32 (32 steps per epoch, the last of 8), shuffled: the position inside the epoch matters.
   auto cfg = write(dir, "run.toml", mlp_config((dir / "full").string(), "", 1000));
@@ -502,7 +517,8 @@ TEST_CASE("a run stopped mid-epoch (max_steps) and resumed ends bit-identical to
     auto cut = kiln::test::run_app("train " + cfg + set_out + " --set train.max_steps=" + std::to_string(stop_at));
     INFO(cut.output);
     REQUIRE(cut.exit_code == 0);
-    CHECK_THAT(cut.output, Catch::Contains("stopped at max_steps = " + std::to_string(stop_at)) && Catch::Contains("--resume"));
+    CHECK_THAT(cut.output,
+               Catch::Contains("stopped at max_steps = " + std::to_string(stop_at)) && Catch::Contains("--resume"));
     auto rest = kiln::test::run_app("train " + cfg + set_out + " --resume");
     INFO(rest.output);
     REQUIRE(rest.exit_code == 0);
@@ -526,7 +542,9 @@ TEST_CASE("SIGTERM finishes the step, writes a checkpoint, exits 143, and the re
   std::string cfg_text = mlp_config((dir / "run").string(), "", 6000) + "[log]\nevery_steps = 1\n";
   cfg_text = std::regex_replace(cfg_text, std::regex("units = 64"), "units = 512");
   auto cfg = write(dir, "run.toml", cfg_text);
-  REQUIRE(kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code == 0);
+  REQUIRE(
+      kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code ==
+      0);
 
   const std::string log = (dir / "cut.log").string();
   pid_t pid = ::fork();
@@ -538,7 +556,8 @@ TEST_CASE("SIGTERM finishes the step, writes a checkpoint, exits 143, and the re
   }
   // Wait (at most 60 s) until a few steps are done, then ask the run to stop.
   const auto metrics = (dir / "run" / "metrics.jsonl").string();
-  for (int i = 0; i < 6000 && lines_of(metrics).size() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 6000 && lines_of(metrics).size() < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -559,12 +578,14 @@ TEST_CASE("SIGTERM finishes the step, writes a checkpoint, exits 143, and the re
   CHECK(expect - 1 == 3 * 188);  // 6000 examples at batch 32: 188 steps per epoch
 }
 
-TEST_CASE("a resume with a changed model or optimizer is refused with the differing keys while epochs may change", "[e2e][resume]") {
+TEST_CASE("a resume with a changed model or optimizer is refused with the differing keys while epochs may change",
+          "[e2e][resume]") {
   auto dir = kiln::test::temp_dir("cfgdiff");
   auto cfg = write(dir, "run.toml", mlp_config((dir / "out").string(), "", 300));
   REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
   const std::string ckpt = slurp(dir / "out" / "checkpoint.kiln");
-  auto r = kiln::test::run_app("train " + cfg + " --resume --set train.epochs=2 --set optimizer.learning_rate=0.01 "
+  auto r = kiln::test::run_app("train " + cfg +
+                               " --resume --set train.epochs=2 --set optimizer.learning_rate=0.01 "
                                "--set model.layers[1].units=32");
   INFO(r.output);
   CHECK(r.exit_code == 2);
@@ -581,11 +602,14 @@ TEST_CASE("kill -9 at several points with a --resume after each ends bit-identic
           "[e2e][resume][signals]") {
   auto dir = kiln::test::temp_dir("kill9");
   // Checkpoints every 7 steps; step records show how far a run got. 6000 examples x 2 epochs, 188 steps each.
-  std::string cfg_text = mlp_config((dir / "run").string(), "checkpoint_every_steps = 7\n", 6000) + "[log]\nevery_steps = 1\n";
+  std::string cfg_text =
+      mlp_config((dir / "run").string(), "checkpoint_every_steps = 7\n", 6000) + "[log]\nevery_steps = 1\n";
   cfg_text = std::regex_replace(cfg_text, std::regex("epochs = 3"), "epochs = 2");
   cfg_text = std::regex_replace(cfg_text, std::regex("units = 64"), "units = 512");
   auto cfg = write(dir, "run.toml", cfg_text);
-  REQUIRE(kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code == 0);
+  REQUIRE(
+      kiln::test::run_app("train " + cfg + " --set 'train.output_dir=\"" + (dir / "full").string() + "\"'").exit_code ==
+      0);
   const auto metrics = (dir / "run" / "metrics.jsonl").string();
   // Kill points: after this many more step records (some land during a checkpoint write, some between two).
   int kills = 0;

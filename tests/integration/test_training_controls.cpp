@@ -11,7 +11,8 @@ using namespace kiln;
 
 namespace {
 
-std::string run_config(const std::filesystem::path& out, const std::string& extra_train, const std::string& extra_opt = "") {
+std::string run_config(const std::filesystem::path& out, const std::string& extra_train,
+                       const std::string& extra_opt = "") {
   const std::string fm = "/usr/share/datasets/fashion-mnist/";
   return R"([run]
 name = "controls"
@@ -31,17 +32,21 @@ units = 10
 [optimizer]
 type = "adam"
 learning_rate = 2e-3
-)" + extra_opt + R"(
+)" + extra_opt +
+         R"(
 [train]
 epochs = 10
 batch_size = 32
 progress = "none"
-output_dir = ")" + out.string() + "\"\n" + extra_train + R"(
+output_dir = ")" +
+         out.string() + "\"\n" + extra_train + R"(
 [data.train]
-stages = [{type = "idx", images = ")" + fm + R"(train-images-idx3-ubyte.gz", labels = ")" + fm +
+stages = [{type = "idx", images = ")" +
+         fm + R"(train-images-idx3-ubyte.gz", labels = ")" + fm +
          R"(train-labels-idx1-ubyte.gz", limit = 320}, {type = "scale", factor = 0.00392156862745098}, {type = "batch"}]
 [data.test]
-stages = [{type = "idx", images = ")" + fm + R"(t10k-images-idx3-ubyte.gz", labels = ")" + fm +
+stages = [{type = "idx", images = ")" +
+         fm + R"(t10k-images-idx3-ubyte.gz", labels = ")" + fm +
          R"(t10k-labels-idx1-ubyte.gz", limit = 320}, {type = "scale", factor = 0.00392156862745098}, {type = "batch"}]
 )";
 }
@@ -65,8 +70,8 @@ TEST_CASE("early_stopping stops after patience epochs without improvement and re
   auto dir = test::temp_dir("early-stop");
   // min_delta = 100: no epoch after the first improves by that much, so the run stops after epoch 1 + patience.
   auto cfg = dir / "run.toml";
-  std::ofstream(cfg) << run_config(dir / "out",
-                                   "early_stopping = {metric = \"test_loss\", patience = 2, min_delta = 100.0, restore_best = true}\n");
+  std::ofstream(cfg) << run_config(
+      dir / "out", "early_stopping = {metric = \"test_loss\", patience = 2, min_delta = 100.0, restore_best = true}\n");
   auto r = test::run_app("train " + cfg.string());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);

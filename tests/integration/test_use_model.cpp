@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include "kiln/checkpoint.hpp"
 #include "test_support.hpp"
@@ -27,11 +27,12 @@ std::string mlp_config(const std::string& out_dir, int units = 64) {
      << "\nactivation = \"relu\"\n[[model.layers]]\ntype = \"dense\"\nunits = 10\n"
      << "[optimizer]\ntype = \"adam\"\nlearning_rate = 2e-3\nema = 0.99\n"
      << "[train]\nepochs = 2\nbatch_size = 32\nprogress = \"none\"\noutput_dir = \"" << out_dir << "\"\n"
-     << "[data.train]\nstages = [\n  { type = \"idx\", images = \"" << kFm << "train-images-idx3-ubyte.gz\", labels = \"" << kFm
+     << "[data.train]\nstages = [\n  { type = \"idx\", images = \"" << kFm
+     << "train-images-idx3-ubyte.gz\", labels = \"" << kFm
      << "train-labels-idx1-ubyte.gz\", limit = 2000 },\n  { type = \"scale\", factor = 0.00392156862745098 },\n"
      << "  { type = \"shuffle\", buffer = 2000 },\n  { type = \"batch\" },\n]\n"
-     << "[data.test]\nstages = [\n  { type = \"idx\", images = \"" << kFm << "t10k-images-idx3-ubyte.gz\", labels = \"" << kFm
-     << "t10k-labels-idx1-ubyte.gz\", limit = 1000 },\n  { type = \"scale\", factor = 0.00392156862745098 },\n"
+     << "[data.test]\nstages = [\n  { type = \"idx\", images = \"" << kFm << "t10k-images-idx3-ubyte.gz\", labels = \""
+     << kFm << "t10k-labels-idx1-ubyte.gz\", limit = 1000 },\n  { type = \"scale\", factor = 0.00392156862745098 },\n"
      << "  { type = \"batch\" },\n]\n";
   return os.str();
 }
@@ -109,7 +110,8 @@ TEST_CASE("kiln evaluate gives the training run's last test loss and accuracy an
   CHECK(json_field(evr, "examples") == 2000);
 }
 
-TEST_CASE("kiln evaluate refuses a missing, damaged or mismatched checkpoint and an unknown pipeline (exit 2)", "[use_model]") {
+TEST_CASE("kiln evaluate refuses a missing, damaged or mismatched checkpoint and an unknown pipeline (exit 2)",
+          "[use_model]") {
   const fs::path& d = trained_run();
   const std::string cfg = (d / "run.toml").string();
   auto none = kiln::test::run_app("evaluate " + cfg + " --checkpoint " + (d / "nope.kiln").string());
@@ -136,7 +138,8 @@ TEST_CASE("kiln evaluate refuses a missing, damaged or mismatched checkpoint and
   CHECK_THAT(nodata.output, Catch::Contains("[data.valid]"));
 }
 
-TEST_CASE("kiln predict writes one row of class probabilities per example whose argmax accuracy is evaluate's", "[use_model]") {
+TEST_CASE("kiln predict writes one row of class probabilities per example whose argmax accuracy is evaluate's",
+          "[use_model]") {
   const fs::path& d = trained_run();
   const std::string cfg = (d / "run.toml").string();
   const fs::path csv = d / "preds.csv";
@@ -192,7 +195,8 @@ TEST_CASE("kiln export writes safetensors whose tensors are the checkpoint's, EM
   for (const std::string weights : {"ema", "raw"}) {
     const fs::path out = d / ("model_" + weights + ".safetensors");
     fs::remove(out);
-    auto r = kiln::test::run_app("export " + cfg + " --format safetensors --weights " + weights + " --output " + out.string());
+    auto r = kiln::test::run_app("export " + cfg + " --format safetensors --weights " + weights + " --output " +
+                                 out.string());
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     const std::string b = read(out);
@@ -222,12 +226,14 @@ TEST_CASE("kiln export writes safetensors whose tensors are the checkpoint's, EM
     }
     CHECK(8 + n + end == b.size());
   }
-  auto again = kiln::test::run_app("export " + cfg + " --format safetensors --output " + (d / "model_raw.safetensors").string());
+  auto again =
+      kiln::test::run_app("export " + cfg + " --format safetensors --output " + (d / "model_raw.safetensors").string());
   CHECK(again.exit_code == 2);
 }
 
-TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln predict's outputs (MLP, CNN, ResNet, GPT)",
-          "[use_model][python]") {
+TEST_CASE(
+    "exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln predict's outputs (MLP, CNN, ResNet, GPT)",
+    "[use_model][python]") {
   const char* env = std::getenv("KILN_PYTHON");
   const std::string venv = std::string(KILN_SOURCE_DIR) + "/.venv-export/bin/python";  // ./setup.sh test makes it
   const std::string py = env ? env : fs::exists(venv) ? venv : "python3";
@@ -237,8 +243,8 @@ TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln pr
   const fs::path& d = trained_run();
   const std::string script = std::string(KILN_SOURCE_DIR) + "/bench/accuracy/check_export.py";
   auto check = [&](const std::string& cfg, const std::string& work, const std::string& extra) {
-    const std::string cmd = py + " " + script + " --kiln " + KILN_APP + " --config " + cfg + " --workdir " + work + " " +
-                            extra + " > " + work + ".log 2>&1";
+    const std::string cmd = py + " " + script + " --kiln " + KILN_APP + " --config " + cfg + " --workdir " + work +
+                            " " + extra + " > " + work + ".log 2>&1";
     const int rc = std::system(cmd.c_str());
     INFO(read(work + ".log"));
     CHECK(rc == 0);
@@ -247,8 +253,9 @@ TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln pr
   check((d / "run.toml").string(), (d / "check_mlp").string(), "--examples 300");
   // A CNN: the CNN sample's layers, trained for 20 steps.
   std::string cnn = read(std::string(KILN_SOURCE_DIR) + "/samples/fashion_mnist_cnn.toml");
-  cnn = std::regex_replace(cnn, std::regex("\\[train\\]\n"), "[train]\nsteps_per_epoch = 20\nprogress = \"none\"\noutput_dir = \"" +
-                                                               (d / "cnn_out").string() + "\"\n");
+  cnn = std::regex_replace(
+      cnn, std::regex("\\[train\\]\n"),
+      "[train]\nsteps_per_epoch = 20\nprogress = \"none\"\noutput_dir = \"" + (d / "cnn_out").string() + "\"\n");
   cnn = std::regex_replace(cnn, std::regex("epochs = 2"), "epochs = 1");
   const std::string cnn_cfg = write(d / "cnn.toml", cnn);
   auto r = kiln::test::run_app("train " + cnn_cfg + " --overwrite");
@@ -258,8 +265,9 @@ TEST_CASE("exported safetensors in PyTorch and ONNX in ONNX Runtime give kiln pr
   // The samples as they are, trained a few steps: the ResNet (batch_norm with its running statistics, residual adds,
   // global average pooling) and the character GPT (embedding, positional_embedding, layer_norm, attention, gelu,
   // a tied head whose (64, 65) outputs are a distribution per position).
-  for (const auto& [sample, steps, extra] : {std::tuple<std::string, int, std::string>{"resnet_fashion_mnist", 10, "--examples 100"},
-                                             {"shakespeare_char", 3, "--inputs ids --examples 16"}}) {
+  for (const auto& [sample, steps, extra] :
+       {std::tuple<std::string, int, std::string>{"resnet_fashion_mnist", 10, "--examples 100"},
+        {"shakespeare_char", 3, "--inputs ids --examples 16"}}) {
     const std::string cfg = std::string(KILN_SOURCE_DIR) + "/samples/" + sample + ".toml";
     const fs::path out = d / (sample + "_out");
     auto t = kiln::test::run_app("train " + cfg + " --overwrite --set train.max_steps=" + std::to_string(steps) +
@@ -274,13 +282,14 @@ TEST_CASE("kiln predict gives a sequence head one distribution per position and 
           "[use_model]") {
   auto d = kiln::test::temp_dir("predict_seq");
   const std::string gpt = std::string(KILN_SOURCE_DIR) + "/samples/shakespeare_char.toml";
-  auto t = kiln::test::run_app("train " + gpt + " --set train.max_steps=2 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
+  auto t = kiln::test::run_app("train " + gpt +
+                               " --set train.max_steps=2 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
                                (d / "gpt").string() + "\"'");
   INFO(t.output);
   REQUIRE(t.exit_code == 0);
   const fs::path csv = d / "gpt.csv";
-  auto p = kiln::test::run_app("predict " + gpt + " --checkpoint " + (d / "gpt" / "checkpoint.kiln").string() + " --data test --output " +
-                               csv.string());
+  auto p = kiln::test::run_app("predict " + gpt + " --checkpoint " + (d / "gpt" / "checkpoint.kiln").string() +
+                               " --data test --output " + csv.string());
   INFO(p.output);
   REQUIRE(p.exit_code == 0);
   std::istringstream lines(read(csv));
@@ -312,7 +321,8 @@ TEST_CASE("kiln predict gives a sequence head one distribution per position and 
   // A batch-norm model: its checkpoint holds running statistics, which evaluate and predict read (once refused as
   // "a tensor the model has no parameter for").
   const std::string resnet = std::string(KILN_SOURCE_DIR) + "/samples/resnet_fashion_mnist.toml";
-  auto r = kiln::test::run_app("train " + resnet + " --set train.max_steps=3 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
+  auto r = kiln::test::run_app("train " + resnet +
+                               " --set train.max_steps=3 --set 'train.progress=\"none\"' --set 'train.output_dir=\"" +
                                (d / "resnet").string() + "\"'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);

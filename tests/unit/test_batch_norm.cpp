@@ -10,7 +10,6 @@
 //   bn.train(); y1 = bn(x1); bn(x2); bn.eval(); yeval = bn(x1)   (running_mean, running_var printed after each)
 //   b1 = torch.nn.BatchNorm1d(2, momentum=0.3, eps=1e-3).double(); y = b1(x) for the 5x2 x below
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <map>
 #include <vector>
@@ -41,12 +40,13 @@ std::vector<float> x2_values() {
   return v;
 }
 
-const std::vector<double> kY1 = {-2.35795367, 0.81694645, -0.99728219, 2.17761793, -0.30544815, -0.99718806,
-                                 0.21335678,  -0.47838313, 1.93704211, -0.24938949, 1.0,         2.24938949,
-                                 0.81694645,  -0.99728219, 2.17761793, 0.36338929,  -0.99718806, 0.21335678,
-                                 -0.47838313, -1.17012304, -0.24938949, 1.0,        2.24938949,  0.06295789};
+const std::vector<double> kY1 = {-2.35795367, 0.81694645,  -0.99728219, 2.17761793,  -0.30544815, -0.99718806,
+                                 0.21335678,  -0.47838313, 1.93704211,  -0.24938949, 1.0,         2.24938949,
+                                 0.81694645,  -0.99728219, 2.17761793,  0.36338929,  -0.99718806, 0.21335678,
+                                 -0.47838313, -1.17012304, -0.24938949, 1.0,         2.24938949,  0.06295789};
 const std::vector<double> kRm1 = {0.075, -0.0125, -0.1}, kRv1 = {2.15, 1.855357142857143, 2.0714285714285716};
-const std::vector<double> kRm2 = {0.0175, 0.045, -0.09}, kRv2 = {2.3564285714285713, 2.0158035714285716, 2.285714285714286};
+const std::vector<double> kRm2 = {0.0175, 0.045, -0.09},
+                          kRv2 = {2.3564285714285713, 2.0158035714285716, 2.285714285714286};
 const std::vector<double> kYEval = {-4.65287227, 2.18720862,  -1.72140903, 5.11867186,  -0.16368349, -1.57233904,
                                     0.89280818,  -0.51584738, 3.58621625,  -1.04383842, 1.60190711,  4.24765263,
                                     2.18720862,  -1.72140903, 5.11867186,  1.21005421,  -1.57233904, 0.89280818,
@@ -117,7 +117,8 @@ Element batch_of(const std::vector<float>& x) {
 
 std::string layer_error(const std::string& keys, const std::string& input = "[3, 4, 4]") {
   try {
-    test::model_from("[model]\ninput_shape = " + input + "\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n" + keys);
+    test::model_from("[model]\ninput_shape = " + input + "\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n" +
+                     keys);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -153,10 +154,11 @@ TEST_CASE("batch_norm_forward on (N, F) input matches PyTorch's BatchNorm1d, by 
   Forward f = run_reference(BatchNormAttrs{5, 2, 1, 1e-3f, 0.3f, true}, x, {1.f, 1.f}, {0.f, 0.f}, {0, 0}, {1, 1});
   check_close(f.mean, {1.3, 0.5}, 1e-6);
   check_close(f.rstd, {1.0 / std::sqrt(2.76 + 1e-3), 1.0 / std::sqrt(2.6 + 1e-3)}, 1e-6);
-  check_close(f.running_mean, {0.39, 0.15}, 1e-6);  // 0.7 * 0 + 0.3 * mean
+  check_close(f.running_mean, {0.39, 0.15}, 1e-6);   // 0.7 * 0 + 0.3 * mean
   check_close(f.running_var, {1.735, 1.675}, 1e-6);  // 0.7 * 1 + 0.3 * 3.45; 0.7 + 0.3 * 3.25
-  check_close(f.y, {-0.18054607, -1.55013611, 0.42127417, 0.0, 1.62491467, 0.31002722, -1.38418657, 1.55013611,
-                    -0.4814562, -0.31002722},
+  check_close(f.y,
+              {-0.18054607, -1.55013611, 0.42127417, 0.0, 1.62491467, 0.31002722, -1.38418657, 1.55013611, -0.4814562,
+               -0.31002722},
               1e-6);
 }
 
@@ -186,12 +188,14 @@ TEST_CASE("batch_norm_backward: dgamma and dbeta are the channel sums, dx sums t
   }
 }
 
-TEST_CASE("the batch_norm layer: buffers for the running statistics, evaluation graphs use them, the optimizer never "
-          "touches them",
-          "[batch_norm]") {
+TEST_CASE(
+    "the batch_norm layer: buffers for the running statistics, evaluation graphs use them, the optimizer never "
+    "touches them",
+    "[batch_norm]") {
   ModelSpec m = test::model_from(
       "[model]\ninput_shape = [3, 4, 4]\n"
-      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = false\n"
+      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = "
+      "false\n"
       "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\nmomentum = 0.2\nepsilon = 1e-3\n"
       "[[model.layers]]\nname = \"flat\"\ntype = \"flatten\"\n"
       "[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 3\n");
@@ -237,13 +241,16 @@ TEST_CASE("the batch_norm layer: buffers for the running statistics, evaluation 
   for (const Node& n : e.nodes())
     if (n.kind == OpKind::BatchNormForward) CHECK_FALSE(std::get<BatchNormAttrs>(n.attrs).training);
   // affine = false: gamma and beta are constant buffers.
-  ModelSpec na = test::model_from("[model]\ninput_shape = [6]\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\naffine = false\n");
+  ModelSpec na = test::model_from(
+      "[model]\ninput_shape = [6]\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\naffine = false\n");
   const Graph gn = build_graph(na, go);
   for (const auto& t : gn.tensors()) CHECK(t.role != TensorRole::parameter);
 }
 
-TEST_CASE("batch_norm keys out of range, unknown keys, a non-boolean sync and unsupported ranks are config errors naming the key",
-          "[batch_norm][config]") {
+TEST_CASE(
+    "batch_norm keys out of range, unknown keys, a non-boolean sync and unsupported ranks are config errors naming the "
+    "key",
+    "[batch_norm][config]") {
   CHECK_THAT(layer_error("momentum = 1.5\n"), Catch::Contains("model.layers[0].momentum") && Catch::Contains("[0, 1]"));
   CHECK_THAT(layer_error("epsilon = 0\n"), Catch::Contains("model.layers[0].epsilon"));
   CHECK_THAT(layer_error("epsilon = -1e-5\n"), Catch::Contains("model.layers[0].epsilon"));
@@ -255,19 +262,23 @@ TEST_CASE("batch_norm keys out of range, unknown keys, a non-boolean sync and un
   CHECK(layer_error("momentum = 0\nepsilon = 1e-3\naffine = false\n").empty());
   CHECK(layer_error("", "[6]").empty());
 
-  ModelSpec seq = test::model_from("[model]\ninput_shape = [4, 6]\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n");
+  ModelSpec seq =
+      test::model_from("[model]\ninput_shape = [4, 6]\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n");
   GraphOptions go;
   go.batch = 2;
-  CHECK_THROWS_WITH(build_graph(seq, go), Catch::Contains("layer 'bn'") && Catch::Contains("(batch, channels, height, width)"));
+  CHECK_THROWS_WITH(build_graph(seq, go),
+                    Catch::Contains("layer 'bn'") && Catch::Contains("(batch, channels, height, width)"));
   // Training on one value per channel is refused, as PyTorch refuses it.
-  ModelSpec flat = test::model_from("[model]\ninput_shape = [6]\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n");
+  ModelSpec flat =
+      test::model_from("[model]\ninput_shape = [6]\n[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n");
   go.batch = 1;
   CHECK_THROWS_WITH(build_graph(flat, go), Catch::Contains("more than one value per channel"));
 }
 
-TEST_CASE("batch norm on the CPU backend: PyTorch's running statistics after two steps, evaluation reads them, and a "
-          "checkpoint restores them",
-          "[batch_norm]") {
+TEST_CASE(
+    "batch norm on the CPU backend: PyTorch's running statistics after two steps, evaluation reads them, and a "
+    "checkpoint restores them",
+    "[batch_norm]") {
   auto& reg = test::registry();
   auto backend = reg.backend("cpu")(BackendOptions::parse("threads = 1"));
   auto dev = backend->open(0);
@@ -317,7 +328,8 @@ TEST_CASE("a conv + batch-norm model learns on every backend present, and its ru
           "[batch_norm][backends]") {
   ModelSpec m = test::model_from(
       "[model]\ninput_shape = [2, 6, 6]\n"
-      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = false\n"
+      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = "
+      "false\n"
       "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n"
       "[[model.layers]]\nname = \"act\"\ntype = \"activation\"\nfunction = \"relu\"\n"
       "[[model.layers]]\nname = \"flat\"\ntype = \"flatten\"\n"
@@ -352,12 +364,14 @@ TEST_CASE("a conv + batch-norm model learns on every backend present, and its ru
   if (ran < 2) WARN("only the cpu backend has a device here: batch norm trained on it alone");
 }
 
-TEST_CASE("data_parallel batch norm: each replica normalizes with its own rows, replica 0's running statistics are "
-          "saved, evaluation and checkpoints work",
-          "[batch_norm][parallel]") {
+TEST_CASE(
+    "data_parallel batch norm: each replica normalizes with its own rows, replica 0's running statistics are "
+    "saved, evaluation and checkpoints work",
+    "[batch_norm][parallel]") {
   ModelSpec m = test::model_from(
       "[model]\ninput_shape = [2, 6, 6]\n"
-      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = false\n"
+      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = "
+      "false\n"
       "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n"
       "[[model.layers]]\nname = \"flat\"\ntype = \"flatten\"\n"
       "[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 3\n");

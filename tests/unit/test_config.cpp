@@ -24,8 +24,9 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 // The keys the malformed --set cases below address: [train] epochs and two dense layers.
-const std::string kModel = "[train]\nepochs = 3\n[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\n"
-                           "units = 2\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n";
+const std::string kModel =
+    "[train]\nepochs = 3\n[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense\"\n"
+    "units = 2\n[[model.layers]]\ntype = \"dense\"\nunits = 3\n";
 
 std::string set_error(const std::string& set) {
   try {
@@ -136,8 +137,8 @@ TEST_CASE("config reports a wrong type with what was given and expected", "[conf
 // A whole float reads as an integer; one outside int64's range, inf and nan are refused with the key, never
 // converted (that conversion is undefined behaviour: found by fuzz_session, a filters = 1e+24).
 TEST_CASE("config reads whole floats as integers and refuses ones no int64 holds", "[config]") {
-  auto c = Config::load_string("a = 3.0\nb = 1e24\nc = inf\nd = nan\ne = -9.3e18\nf = 2.5\ng = -9223372036854775808.0\n",
-                               "i.toml");
+  auto c = Config::load_string(
+      "a = 3.0\nb = 1e24\nc = inf\nd = nan\ne = -9.3e18\nf = 2.5\ng = -9223372036854775808.0\n", "i.toml");
   CHECK(c.root().get_int("a") == 3);
   CHECK(c.root().get_int("g") == std::numeric_limits<int64_t>::min());
   auto b = error_of([&] { c.root().get_int("b"); });
@@ -194,12 +195,15 @@ TEST_CASE("session rejects unknown sections, bad layer keys and impossible value
   CHECK_THAT(msg, Catch::Contains("train.epochs"));
   msg = error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nvisible = [0, 0]\n", "r.toml"), reg); });
   CHECK_THAT(msg, Catch::Contains("listed twice"));
-  msg = error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nvisible = [0, -1, 1]\n", "r.toml"), reg); });
+  msg =
+      error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nvisible = [0, -1, 1]\n", "r.toml"), reg); });
   CHECK_THAT(msg, Catch::Contains("-1"));
-  msg = error_of([&] { kiln::Session s(Config::load_string(base + "[device]\nmemory_limit = \"12 parsecs\"\n", "r.toml"), reg); });
+  msg = error_of(
+      [&] { kiln::Session s(Config::load_string(base + "[device]\nmemory_limit = \"12 parsecs\"\n", "r.toml"), reg); });
   CHECK_THAT(msg, Catch::Contains("device.memory_limit"));
   msg = error_of([&] {
-    kiln::Session s(Config::load_string("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense3d\"\n", "r.toml"), reg);
+    kiln::Session s(Config::load_string("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"dense3d\"\n", "r.toml"),
+                    reg);
   });
   CHECK_THAT(msg, Catch::Contains("unknown layer type \"dense3d\""));
   CHECK_THAT(msg, Catch::Contains("dense"));
@@ -207,25 +211,29 @@ TEST_CASE("session rejects unknown sections, bad layer keys and impossible value
 
 TEST_CASE("a DAG layer whose output nothing uses is a config error naming the layer and its line", "[hardening][dag]") {
   const std::string dag =
-      "[model]\ninput_shape = [4]\n"          // lines 1-2
-      "[[model.layers]]\nname = \"a\"\ntype = \"dense\"\nunits = 3\n"  // lines 3-6
+      "[model]\ninput_shape = [4]\n"                                                         // lines 1-2
+      "[[model.layers]]\nname = \"a\"\ntype = \"dense\"\nunits = 3\n"                        // lines 3-6
       "[[model.layers]]\nname = \"b\"\ntype = \"dense\"\nunits = 3\ninputs = [\"input\"]\n"  // lines 7-11
-      "[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 2\ninputs = [\"b\"]\n";  // lines 12-16
+      "[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 2\ninputs = [\"b\"]\n";   // lines 12-16
   const std::string m = config_error(dag);
   CHECK_THAT(m, Catch::Contains("run.toml:3: key 'model.layers[0]'") && Catch::Contains("layer \"a\" (type dense)") &&
                     Catch::Contains("nothing uses its output") && Catch::Contains("the last layer, \"out\""));
   // Used by a later layer, or listed as an output: fine.
-  CHECK(config_error(dag + "[[model.layers]]\nname = \"join\"\ntype = \"concat\"\ninputs = [\"a\", \"out\"]\n") == "<ok>");
+  CHECK(config_error(dag + "[[model.layers]]\nname = \"join\"\ntype = \"concat\"\ninputs = [\"a\", \"out\"]\n") ==
+        "<ok>");
   CHECK(config_error("[model]\ninput_shape = [4]\n"
                      "[[model.layers]]\nname = \"a\"\ntype = \"dense\"\nunits = 2\n"
                      "[[model.layers]]\nname = \"b\"\ntype = \"dense\"\nunits = 2\ninputs = [\"input\"]\n"
                      "[[model.layers]]\nname = \"sum\"\ntype = \"add\"\ninputs = [\"a\", \"b\"]\n") == "<ok>");
   // With [[model.outputs]], an output that no layer reads is used.
-  const std::string heads = "[model]\ninput_shape = [4]\n"
-                            "[[model.layers]]\nname = \"trunk\"\ntype = \"dense\"\nunits = 3\n"
-                            "[[model.layers]]\nname = \"h1\"\ntype = \"dense\"\nunits = 2\ninputs = [\"trunk\"]\n"
-                            "[[model.layers]]\nname = \"h2\"\ntype = \"dense\"\nunits = 2\ninputs = [\"trunk\"]\n";
-  CHECK(config_error(heads + "[[model.outputs]]\nlayer = \"h1\"\n[[model.outputs]]\nlayer = \"h2\"\nloss = \"mse\"\n") == "<ok>");
+  const std::string heads =
+      "[model]\ninput_shape = [4]\n"
+      "[[model.layers]]\nname = \"trunk\"\ntype = \"dense\"\nunits = 3\n"
+      "[[model.layers]]\nname = \"h1\"\ntype = \"dense\"\nunits = 2\ninputs = [\"trunk\"]\n"
+      "[[model.layers]]\nname = \"h2\"\ntype = \"dense\"\nunits = 2\ninputs = [\"trunk\"]\n";
+  CHECK(
+      config_error(heads + "[[model.outputs]]\nlayer = \"h1\"\n[[model.outputs]]\nlayer = \"h2\"\nloss = \"mse\"\n") ==
+      "<ok>");
   const std::string one = config_error(heads + "[[model.outputs]]\nlayer = \"h2\"\n");
   CHECK_THAT(one, Catch::Contains("run.toml:7: key 'model.layers[1]'") && Catch::Contains("layer \"h1\"") &&
                       Catch::Contains("nothing uses its output") && Catch::Contains("[[model.outputs]]"));

@@ -37,9 +37,9 @@ struct Opened {
 
 Opened open_cpu(int threads, int virtual_devices = 1, int index = 0, bool winograd = true) {
   Opened r;
-  r.backend = test::registry().backend("cpu")(
-      BackendOptions::parse("threads = " + std::to_string(threads) + "\nvirtual_devices = " +
-                            std::to_string(virtual_devices) + "\nwinograd = " + (winograd ? "true" : "false")));
+  r.backend = test::registry().backend("cpu")(BackendOptions::parse(
+      "threads = " + std::to_string(threads) + "\nvirtual_devices = " + std::to_string(virtual_devices) +
+      "\nwinograd = " + (winograd ? "true" : "false")));
   r.device = r.backend->open(index);
   return r;
 }
@@ -156,7 +156,8 @@ TEST_CASE("a thread pool that cannot start its threads is a DeviceError, not std
       ::_exit(11);  // the threads started after all: the limit did not bite (checked below)
     } catch (const kiln::DeviceError& e) {
       const std::string m = e.what();
-      ::_exit(m.find("[device] threads = " + std::to_string(threads)) != std::string::npos && m.find("worker thread") != std::string::npos
+      ::_exit(m.find("[device] threads = " + std::to_string(threads)) != std::string::npos &&
+                      m.find("worker thread") != std::string::npos
                   ? 0
                   : 12);
     } catch (...) {
@@ -293,8 +294,10 @@ TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals
         CHECK(max_rel_diff(fused, unfused) < 1e-5);
         // The comparison has teeth: without the ReLU some outputs would be negative, and the bias is far above 1e-5.
         const auto negatives = std::count_if(fused.begin(), fused.end(), [](float v) { return v < 0.f; });
-        if (relu) CHECK(negatives == 0);
-        else CHECK(negatives > 0);
+        if (relu)
+          CHECK(negatives == 0);
+        else
+          CHECK(negatives > 0);
         // The planner's layout without [memory] inplace: the bias writes another buffer y1 and the ReLU writes
         // back over y0. Both must end as the unfused ops leave them.
         if (relu) {
@@ -341,18 +344,19 @@ TEST_CASE("cpu fuses conv2d + in-place bias [+ relu] into one kernel that equals
       }
 }
 
-TEST_CASE("cpu fuses max-pool backward + in-place relu backward [+ bias gradient], equal bit for bit to the ops, ties "
-          "at 0 included",
-          "[cpu][fusion]") {
+TEST_CASE(
+    "cpu fuses max-pool backward + in-place relu backward [+ bias gradient], equal bit for bit to the ops, ties "
+    "at 0 included",
+    "[cpu][fusion]") {
   struct G {
     const char* name;
     PoolAttrs a;
   };
   const G geoms[] = {
-      {"3x4x7x9.k2.s2", PoolAttrs{3, 4, 7, 9, 2, 2, 2, 2, 0, 0, 3, 4}},          // the 2x2 fast path, odd edges
-      {"2x3x7x9.k3.s2.p1", PoolAttrs{2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5}},      // overlapping windows
-      {"2x3x9x37.k2.s2", PoolAttrs{2, 3, 9, 37, 2, 2, 2, 2, 0, 0, 4, 18}},      // 8 windows at a time, and the rest
-      {"3x5x14x14.k2.s2", PoolAttrs{3, 5, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7}},     // rows of 7 windows (masked)
+      {"3x4x7x9.k2.s2", PoolAttrs{3, 4, 7, 9, 2, 2, 2, 2, 0, 0, 3, 4}},      // the 2x2 fast path, odd edges
+      {"2x3x7x9.k3.s2.p1", PoolAttrs{2, 3, 7, 9, 3, 3, 2, 2, 1, 1, 4, 5}},   // overlapping windows
+      {"2x3x9x37.k2.s2", PoolAttrs{2, 3, 9, 37, 2, 2, 2, 2, 0, 0, 4, 18}},   // 8 windows at a time, and the rest
+      {"3x5x14x14.k2.s2", PoolAttrs{3, 5, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7}},  // rows of 7 windows (masked)
   };
   for (int threads : {1, 2})
     for (const G& g : geoms) {
@@ -492,9 +496,10 @@ TEST_CASE("cpu fuses max-pool backward, relu, bias gradient and the backward con
 // pass over the slices that reorders each slice's dy once for both, after the pool's backward (five calls) or alone
 // (two calls), in backward filter's workspace (the planner's one workspace region: both calls' views start at the
 // same place). dx, dw and the pool's outputs must be bit for bit the ops' own.
-TEST_CASE("cpu fuses backward data and backward filter of one convolution, after the pool's backward or alone, bit for "
-          "bit",
-          "[cpu][fusion]") {
+TEST_CASE(
+    "cpu fuses backward data and backward filter of one convolution, after the pool's backward or alone, bit for "
+    "bit",
+    "[cpu][fusion]") {
 #ifndef KILN_CPU_HAS_DNNL
   KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev): no pair to fuse");
 #else
@@ -546,7 +551,8 @@ TEST_CASE("cpu fuses backward data and backward filter of one convolution, after
     };
     poison({3, 4, 7, 8});
     CHECK(fused_runner(d).run_fused(calls) == 5);
-    for (int k = 0; k < 4; ++k) CHECK(same_bits(read(d, v(std::array{3, 4, 7, 8}[static_cast<size_t>(k)])), want[static_cast<size_t>(k)]));
+    for (int k = 0; k < 4; ++k)
+      CHECK(same_bits(read(d, v(std::array{3, 4, 7, 8}[static_cast<size_t>(k)])), want[static_cast<size_t>(k)]));
     CHECK(std::any_of(want[3].begin(), want[3].end(), [](float f) { return f != 0.f; }));
 
     // The two convolutions alone, dy already there.
@@ -675,9 +681,10 @@ TEST_CASE("cpu convolutions through oneDNN start no threads of their own", "[cpu
 // kernels where oneDNN has them for this CPU (AVX-512); their rounding differs from direct convolution's, within
 // f32 accuracy. Both settings must give the reference result, each deterministically; with Winograd the workspace
 // holds its scratchpad (several MiB), which is how this test sees that Winograd, not direct, ran.
-TEST_CASE("cpu 3x3 convolutions through oneDNN's Winograd kernels give the reference result, and winograd = false "
-          "keeps direct convolution, exact on integers",
-          "[cpu]") {
+TEST_CASE(
+    "cpu 3x3 convolutions through oneDNN's Winograd kernels give the reference result, and winograd = false "
+    "keeps direct convolution, exact on integers",
+    "[cpu]") {
 #ifndef KILN_CPU_HAS_DNNL
   KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev)");
 #else
@@ -707,8 +714,8 @@ TEST_CASE("cpu 3x3 convolutions through oneDNN's Winograd kernels give the refer
         if (threads == 2) ws[wino ? 1 : 0][i++] = cpu.device->workspace_bytes(c);
       }
     }
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")))
     KILN_SKIP("oneDNN 2.x has Winograd kernels for AVX-512 CPUs only; this CPU ran direct convolution both ways");
   for (int i = 0; i < 3; ++i) {
     CAPTURE(i, ws[0][i], ws[1][i]);
@@ -742,8 +749,10 @@ TEST_CASE("cpu convolutions through oneDNN over more slices than threads equal t
           for (float& v : in1) v = static_cast<float>(small(gen));
         }
         const Vec want = reference_conv_op(kind, a, in0, in1), got = run_conv_op(*cpu.device, kind, a, in0, in1);
-        if (wino) CHECK(max_rel_diff(got, want) < 1e-4);
-        else CHECK(got == want);
+        if (wino)
+          CHECK(max_rel_diff(got, want) < 1e-4);
+        else
+          CHECK(got == want);
         CHECK(run_conv_op(*cpu.device, kind, a, in0, in1) == got);
       }
     }
@@ -777,8 +786,9 @@ TEST_CASE("cpu fuses batch norm with the ReLU next to it, forward and backward, 
       CAPTURE(in_place);
       // Forward: z is y itself (in place) or its own buffer.
       const BufferView z = in_place ? v(3) : v(8);
-      const std::vector<OpCall> fwd{{OpKind::BatchNormForward, a, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
-                                    {OpKind::ActivationForward, relu, {v(3)}, {z}, {}}};
+      const std::vector<OpCall> fwd{
+          {OpKind::BatchNormForward, a, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
+          {OpKind::ActivationForward, relu, {v(3)}, {z}, {}}};
       auto run_fwd = [&](bool fused) {
         d.copy_from_host(zeros.data(), v(6));
         d.copy_from_host(ones.data(), v(7));
@@ -797,8 +807,9 @@ TEST_CASE("cpu fuses batch norm with the ReLU next to it, forward and backward, 
       // Backward: the ReLU's gradient over dz (in place) or into dy, the batch norm's dx over dy or its own buffer.
       const Vec zv = read(d, z);
       const BufferView dy = in_place ? v(13) : v(9), dx = in_place ? dy : v(10);
-      const std::vector<OpCall> bwd{{OpKind::ActivationBackward, relu, {z, v(13)}, {dy}, {}},
-                                    {OpKind::BatchNormBackward, a, {v(0), v(1), v(4), v(5), dy}, {dx, v(11), v(12)}, {}}};
+      const std::vector<OpCall> bwd{
+          {OpKind::ActivationBackward, relu, {z, v(13)}, {dy}, {}},
+          {OpKind::BatchNormBackward, a, {v(0), v(1), v(4), v(5), dy}, {dx, v(11), v(12)}, {}}};
       auto run_bwd = [&](bool fused) {
         d.copy_from_host(dz.data(), v(13));
         d.copy_from_host(zv.data(), z);
@@ -823,8 +834,9 @@ TEST_CASE("cpu fuses batch norm with the ReLU next to it, forward and backward, 
     // A synchronized batch norm is the data-parallel strategy's to run: never fused.
     BatchNormAttrs s = a;
     s.sync = true;
-    const std::vector<OpCall> sync_fwd{{OpKind::BatchNormForward, s, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
-                                       {OpKind::ActivationForward, relu, {v(3)}, {v(3)}, {}}};
+    const std::vector<OpCall> sync_fwd{
+        {OpKind::BatchNormForward, s, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
+        {OpKind::ActivationForward, relu, {v(3)}, {v(3)}, {}}};
     CHECK(fused_runner(d).run_fused(sync_fwd) == 0);
   }
 }

@@ -169,8 +169,9 @@ class ScriptedGroup final : public ProcessGroup {
 };
 }  // namespace
 
-TEST_CASE("nccl across processes: a rank without CUDA devices tells the group before it stops, naming itself and its host",
-          "[cuda]") {
+TEST_CASE(
+    "nccl across processes: a rank without CUDA devices tells the group before it stops, naming itself and its host",
+    "[cuda]") {
   if (!test::registry().has_group_communicator("nccl")) {
     KILN_SKIP("this build has no NCCL communicator");
   }
@@ -216,7 +217,8 @@ TEST_CASE("the cuda plugin itself links no CUDA library, its runtime part does, 
   const std::string plugin = needed_libraries(kc::plugin_path()), impl = needed_libraries(kc::impl_path());
   INFO("plugin needs:\n" << plugin << "runtime part needs:\n" << impl);
   REQUIRE_FALSE(plugin.empty());  // readelf ran
-  for (const char* lib : {"libcudart", "libcublas", "libcudnn", "libnccl"}) CHECK(plugin.find(lib) == std::string::npos);
+  for (const char* lib : {"libcudart", "libcublas", "libcudnn", "libnccl"})
+    CHECK(plugin.find(lib) == std::string::npos);
   CHECK(impl.find("libcudart") != std::string::npos);
   CHECK(impl.find("libcudnn") != std::string::npos);
 }

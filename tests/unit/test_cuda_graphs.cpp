@@ -28,12 +28,30 @@ struct ToyStep {
   static size_t f(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
   explicit ToyStep(Device& dev)
-      : d(dev), x(dev, rnd(N * D, 1)), x_alt(dev, rnd(N * D, 2)), labels(dev, std::vector<float>{0, 1, 2, 3, 4, 0, 1, 2}),
-        w1(dev, rnd(D * H, 3)), b1(dev, rnd(H, 4)), w2(dev, rnd(H * C, 5)), v1(dev, std::vector<float>(D * H, 0.f)),
-        m2(dev, std::vector<float>(H * C, 0.f)), v2(dev, std::vector<float>(H * C, 0.f)), shadow(dev, rnd(D * H, 3)),
-        z(dev, f(N * H)), h(dev, f(N * H)), hd(dev, f(N * H)), logits(dev, f(N * C)), loss(dev, f(1)),
-        dlogits(dev, f(N * C)), dw2(dev, f(H * C)), dhd(dev, f(N * H)), dh(dev, f(N * H)), dz(dev, f(N * H)),
-        db1(dev, f(H)), dw1(dev, f(D * H)), ws(dev, size_t{64} << 20) {
+      : d(dev),
+        x(dev, rnd(N * D, 1)),
+        x_alt(dev, rnd(N * D, 2)),
+        labels(dev, std::vector<float>{0, 1, 2, 3, 4, 0, 1, 2}),
+        w1(dev, rnd(D * H, 3)),
+        b1(dev, rnd(H, 4)),
+        w2(dev, rnd(H * C, 5)),
+        v1(dev, std::vector<float>(D * H, 0.f)),
+        m2(dev, std::vector<float>(H * C, 0.f)),
+        v2(dev, std::vector<float>(H * C, 0.f)),
+        shadow(dev, rnd(D * H, 3)),
+        z(dev, f(N * H)),
+        h(dev, f(N * H)),
+        hd(dev, f(N * H)),
+        logits(dev, f(N * C)),
+        loss(dev, f(1)),
+        dlogits(dev, f(N * C)),
+        dw2(dev, f(H * C)),
+        dhd(dev, f(N * H)),
+        dh(dev, f(N * H)),
+        dz(dev, f(N * H)),
+        db1(dev, f(H)),
+        dw1(dev, f(D * H)),
+        ws(dev, size_t{64} << 20) {
     auto op = [&](OpKind k, OpAttrs a, std::vector<BufferView> in, std::vector<BufferView> out) {
       calls.push_back(OpCall{k, std::move(a), std::move(in), std::move(out), ws.view()});
     };
@@ -77,8 +95,8 @@ struct ToyStep {
   }
 
   std::vector<std::vector<float>> state() const {
-    return {w1.download(), b1.download(), w2.download(), v1.download(), m2.download(), v2.download(),
-            shadow.download()};
+    return {w1.download(), b1.download(), w2.download(),    v1.download(),
+            m2.download(), v2.download(), shadow.download()};
   }
 };
 
@@ -97,8 +115,8 @@ TEST_CASE("cuda graph replay of a training step gives the eager bits (skipped wi
   }
   const std::string report = static_cast<const char*>(graph_dev->extension("cuda.graph_report"));
   INFO(report);
-  CHECK_THAT(report, Catch::Contains("captures=1") && Catch::Contains("replays=4") &&
-                         Catch::Contains("mismatches=0") && Catch::Contains("capture_failures=0"));
+  CHECK_THAT(report, Catch::Contains("captures=1") && Catch::Contains("replays=4") && Catch::Contains("mismatches=0") &&
+                         Catch::Contains("capture_failures=0"));
   CHECK(graphed.losses == eager.losses);
   CHECK(graphed.state() == eager.state());
   CHECK(eager.losses.front() != eager.losses.back());  // training moved the weights

@@ -2,7 +2,6 @@
 // the reason there is none), and device buffers that free themselves.
 #pragma once
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -15,7 +14,9 @@ namespace kiln::test::cuda {
 
 inline std::filesystem::path plugin_path() { return std::filesystem::path(KILN_PLUGIN_DIR) / "libkiln_cuda.so"; }
 // The plugin's runtime part (everything that links CUDA), loaded by the plugin on first use.
-inline std::filesystem::path impl_path() { return std::filesystem::path(KILN_PLUGIN_DIR) / "cuda" / "libkiln_cuda_impl.so"; }
+inline std::filesystem::path impl_path() {
+  return std::filesystem::path(KILN_PLUGIN_DIR) / "cuda" / "libkiln_cuda_impl.so";
+}
 
 // The "cuda" backend, or null with `why` set when this build has no CUDA plugin.
 inline std::unique_ptr<Backend> backend_or_reason(std::string& why) {

@@ -120,10 +120,9 @@ TEST_CASE("flip_horizontal mirrors the width with the given probability", "[data
 
 TEST_CASE("map random ops give the same elements for 1, 2 and 4 workers and differ across epochs", "[data]") {
   auto make = [](int workers) {
-    return build(
-        "stages = [" + kSynth + R"(, {type = "map", workers = )" + std::to_string(workers) +
-        R"(, ops = [{op = "random_crop", size = [4, 4], padding = 1}, {op = "flip_horizontal"},)"
-        R"( {op = "one_hot", classes = 10}]}])");
+    return build("stages = [" + kSynth + R"(, {type = "map", workers = )" + std::to_string(workers) +
+                 R"(, ops = [{op = "random_crop", size = [4, 4], padding = 1}, {op = "flip_horizontal"},)"
+                 R"( {op = "one_hot", classes = 10}]}])");
   };
   auto p1 = make(1), p2 = make(2), p4 = make(4);
   auto e1 = epoch(*p1, 0), e2 = epoch(*p2, 0), e4 = epoch(*p4, 0);
@@ -228,7 +227,9 @@ TEST_CASE("a batch larger than the largest tensor is refused when the pipeline i
   o.global_batch = kHuge;
   std::string m = error_of([&] { kiln::test::data::build("stages = [" + source + R"(, {type = "batch"}])", o); });
   CHECK_THAT(m, Catch::Contains("[train] batch_size = " + std::to_string(kHuge)) && Catch::Contains("256 TiB"));
-  m = error_of([&] { kiln::test::data::build("stages = [" + source + ", {type = \"batch\", size = " + std::to_string(kHuge) + "}]"); });
+  m = error_of([&] {
+    kiln::test::data::build("stages = [" + source + ", {type = \"batch\", size = " + std::to_string(kHuge) + "}]");
+  });
   CHECK_THAT(m, Catch::Contains("stages[1].size") && Catch::Contains("256 TiB"));
   // A large but possible batch is accepted (nothing is allocated until it is pulled).
   o.global_batch = int64_t{1} << 20;
@@ -317,8 +318,9 @@ TEST_CASE("center_crop takes the window at the centre, deterministically, and ch
       for (int y = 0; y < 3; ++y)
         for (int x = 0; x < 2; ++x)  // offset ((5 - 3) / 2, (6 - 2) / 2) = (1, 2)
           REQUIRE(s[i].x.data[(c * 3 + y) * 2 + x] == raw[i].x.data[(c * 5 + y + 1) * 6 + x + 2]);
-  CHECK_THROWS_WITH(build("stages = [" + synth + R"(, {type = "map", ops = [{op = "center_crop", size = [6, 2]}]}])"),
-                    Catch::Contains("pipeline.toml:") && Catch::Contains("size") && Catch::Contains("does not fit in the 5 x 6"));
+  CHECK_THROWS_WITH(
+      build("stages = [" + synth + R"(, {type = "map", ops = [{op = "center_crop", size = [6, 2]}]}])"),
+      Catch::Contains("pipeline.toml:") && Catch::Contains("size") && Catch::Contains("does not fit in the 5 x 6"));
   CHECK_THROWS_WITH(build("stages = [" + synth + R"(, {type = "map", ops = [{op = "center_crop"}]}])"),
                     Catch::Contains("size") && Catch::Contains("is missing"));
 }
@@ -326,17 +328,23 @@ TEST_CASE("center_crop takes the window at the centre, deterministically, and ch
 TEST_CASE("random augmentation in a test pipeline is a config error that says what to write instead", "[data]") {
   PipelineOptions test;
   test.pipeline = "test";
-  CHECK_THROWS_WITH(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [3, 3]}]}])", test),
-                    Catch::Contains("pipeline.toml:") && Catch::Contains("op") && Catch::Contains("[data.test]") &&
-                        Catch::Contains("op = \"center_crop\", size = [3, 3]"));
   CHECK_THROWS_WITH(
-      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [4, 4], padding = 2}]}])", test),
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [3, 3]}]}])", test),
+      Catch::Contains("pipeline.toml:") && Catch::Contains("op") && Catch::Contains("[data.test]") &&
+          Catch::Contains("op = \"center_crop\", size = [3, 3]"));
+  CHECK_THROWS_WITH(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [4, 4], padding = 2}]}])",
+            test),
       Catch::Contains("remove the op here"));
-  CHECK_THROWS_WITH(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal"}]}])", test),
-                    Catch::Contains("flip_horizontal is a training augmentation") && Catch::Contains("remove the op here"));
+  CHECK_THROWS_WITH(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "flip_horizontal"}]}])", test),
+      Catch::Contains("flip_horizontal is a training augmentation") && Catch::Contains("remove the op here"));
   // The evaluation form is accepted there; the augmentation is accepted in training.
-  CHECK_NOTHROW(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "center_crop", size = [3, 3]}]}])", test));
+  CHECK_NOTHROW(
+      build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "center_crop", size = [3, 3]}]}])", test));
   PipelineOptions train;
   train.pipeline = "train";
-  CHECK_NOTHROW(build("stages = [" + kSynth + R"(, {type = "map", ops = [{op = "random_crop", size = [3, 3]}, {op = "flip_horizontal"}]}])", train));
+  CHECK_NOTHROW(build("stages = [" + kSynth +
+                          R"(, {type = "map", ops = [{op = "random_crop", size = [3, 3]}, {op = "flip_horizontal"}]}])",
+                      train));
 }

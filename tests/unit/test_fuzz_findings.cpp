@@ -36,8 +36,8 @@ std::string write_checkpoint(const fs::path& p, std::string bytes) {
 // offsets of its fields.
 struct Layout {
   std::string bytes;
-  size_t data_state_len = 8 + 8 + 8;             // after magic, epoch, step
-  size_t dims = 24 + 8 + 5 + 8 + 4 + 1 + 4;      // ... data state, count, name length, "w", rank
+  size_t data_state_len = 8 + 8 + 8;         // after magic, epoch, step
+  size_t dims = 24 + 8 + 5 + 8 + 4 + 1 + 4;  // ... data state, count, name length, "w", rank
 };
 
 Layout valid_checkpoint(const fs::path& dir) {

@@ -164,14 +164,16 @@ TEST_CASE("the liveness plan never overlaps tensors that are alive at the same t
     for (size_t b = a + 1; b < nt; ++b) {
       if (p.region[b] != Region::arena || g.tensors()[b].alias_of != kNoTensor) continue;
       bool live_together = !(last[a] < first[b] || last[b] < first[a]);
-      bool overlap = p.offset[a] < p.offset[b] + g.tensors()[b].bytes() && p.offset[b] < p.offset[a] + g.tensors()[a].bytes();
+      bool overlap =
+          p.offset[a] < p.offset[b] + g.tensors()[b].bytes() && p.offset[b] < p.offset[a] + g.tensors()[a].bytes();
       INFO("tensors " << a << " and " << b);
       CHECK_FALSE((live_together && overlap));
     }
   }
   // Every parameter has exactly one gradient in the gradient region, and Adam keeps two states per parameter.
   CHECK(p.gradients == p.persistent_by_tag[size_t(MemoryTag::parameters)]);
-  CHECK(p.persistent_by_tag[size_t(MemoryTag::optimizer_state)] == 2 * p.persistent_by_tag[size_t(MemoryTag::parameters)]);
+  CHECK(p.persistent_by_tag[size_t(MemoryTag::optimizer_state)] ==
+        2 * p.persistent_by_tag[size_t(MemoryTag::parameters)]);
 }
 
 TEST_CASE("measured peak of a training step matches the plan", "[graph]") {
@@ -253,12 +255,14 @@ TEST_CASE("learning-rate schedules follow their formulas", "[graph]") {
 }
 
 TEST_CASE("layer shape errors name the layer and the shapes", "[graph]") {
-  ModelSpec m = model_from("[model]\ninput_shape = [1, 4, 4]\n[[model.layers]]\nname = \"fc\"\ntype = \"dense\"\nunits = 3\n");
+  ModelSpec m =
+      model_from("[model]\ninput_shape = [1, 4, 4]\n[[model.layers]]\nname = \"fc\"\ntype = \"dense\"\nunits = 3\n");
   OptimizerSpec o;
   GraphOptions go;
   go.optimizer = &o;
   CHECK_THROWS_WITH(build_graph(m, go), Catch::Contains("layer 'fc'") && Catch::Contains("flatten"));
-  ModelSpec m2 = model_from("[model]\ninput_shape = [1, 2, 2]\n[[model.layers]]\nname = \"c\"\ntype = \"conv2d\"\nfilters = 2\nkernel = 3\n");
+  ModelSpec m2 = model_from(
+      "[model]\ninput_shape = [1, 2, 2]\n[[model.layers]]\nname = \"c\"\ntype = \"conv2d\"\nfilters = 2\nkernel = 3\n");
   CHECK_THROWS_WITH(build_graph(m2, go), Catch::Contains("layer 'c'") && Catch::Contains("(32, 1, 2, 2)"));
 }
 
@@ -292,11 +296,12 @@ TEST_CASE("Shape::numel refuses an element count that overflows 64 bits, and fit
           "[hardening][sizes]") {
   CHECK(Shape{1 << 20, 1 << 20}.numel() == int64_t{1} << 40);
   CHECK_THROWS_AS(Shape({kHuge, 4}).numel(), ConfigError);
-  CHECK_THROWS_WITH(Shape({int64_t{1} << 40, int64_t{1} << 40}).numel(), Catch::Contains("(1099511627776, 1099511627776)"));
+  CHECK_THROWS_WITH(Shape({int64_t{1} << 40, int64_t{1} << 40}).numel(),
+                    Catch::Contains("(1099511627776, 1099511627776)"));
   CHECK(Shape{32, 1, 28, 28}.fits());
-  CHECK(Shape{int64_t{1} << 46}.fits());          // exactly 2^48 bytes
+  CHECK(Shape{int64_t{1} << 46}.fits());  // exactly 2^48 bytes
   CHECK_FALSE(Shape{(int64_t{1} << 46) + 1}.fits());
-  CHECK_FALSE(Shape{kHuge, kHuge}.fits());         // the product overflows: not a small wrapped value
+  CHECK_FALSE(Shape{kHuge, kHuge}.fits());  // the product overflows: not a small wrapped value
   CHECK_FALSE(Shape{int64_t{1} << 31, int64_t{1} << 31, 4}.fits());
 }
 

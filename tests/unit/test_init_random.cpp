@@ -1,7 +1,6 @@
 // Parameter initialization's random numbers (core/src/engine/init_random.hpp) are the standard library's, bit for bit:
 // a checkpoint or a result recorded before the faster initialization still describes the same initial weights.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,9 +35,20 @@ TEST_CASE("The initializer's engine gives std::mt19937_64's outputs, across refi
 }
 
 TEST_CASE("The initializer's integer to double conversion rounds as the compiler's does", "[init]") {
-  std::vector<uint64_t> xs{0, 1, (uint64_t{1} << 53) - 1, uint64_t{1} << 53, (uint64_t{1} << 53) + 1,
-                           (uint64_t{1} << 53) + 3, 0xffffffffull, 0x100000000ull, ~uint64_t{0}, ~uint64_t{0} - 1024,
-                           ~uint64_t{0} - 1025, 0x8000000000000400ull, 0x8000000000000401ull, 0x8000000000000c00ull};
+  std::vector<uint64_t> xs{0,
+                           1,
+                           (uint64_t{1} << 53) - 1,
+                           uint64_t{1} << 53,
+                           (uint64_t{1} << 53) + 1,
+                           (uint64_t{1} << 53) + 3,
+                           0xffffffffull,
+                           0x100000000ull,
+                           ~uint64_t{0},
+                           ~uint64_t{0} - 1024,
+                           ~uint64_t{0} - 1025,
+                           0x8000000000000400ull,
+                           0x8000000000000401ull,
+                           0x8000000000000c00ull};
   std::mt19937_64 g(3);
   for (int i = 0; i < 100000; ++i) xs.push_back(g() >> (g() % 64));
   for (uint64_t x : xs) REQUIRE(kiln::detail::u64_to_double(x) == static_cast<double>(x));
@@ -47,7 +57,8 @@ TEST_CASE("The initializer's integer to double conversion rounds as the compiler
   CHECK(kiln::detail::canonical(0) == 0.0);
 }
 
-TEST_CASE("Uniform and normal initial values equal std::uniform_real_distribution's and std::normal_distribution's", "[init]") {
+TEST_CASE("Uniform and normal initial values equal std::uniform_real_distribution's and std::normal_distribution's",
+          "[init]") {
   for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{311}, int64_t{312}, int64_t{313}, int64_t{10007}}) {
     for (uint64_t seed : {uint64_t{7}, uint64_t{123456789}}) {
       {
@@ -72,17 +83,19 @@ TEST_CASE("Uniform and normal initial values equal std::uniform_real_distributio
   }
 }
 
-TEST_CASE("A model's initial weights, filled on every core straight into device memory, are the standard library's draws",
-          "[init]") {
-  // 2.1M parameters: above the size where initialization uses threads. init_std is held as a float. Each tensor's stream is mt19937_64 seeded with
-  // FNV-1a of its name xor the run seed.
+TEST_CASE(
+    "A model's initial weights, filled on every core straight into device memory, are the standard library's draws",
+    "[init]") {
+  // 2.1M parameters: above the size where initialization uses threads. init_std is held as a float. Each tensor's
+  // stream is mt19937_64 seeded with FNV-1a of its name xor the run seed.
   auto cfg = kiln::Config::load_string(
       "[run]\nseed = 5\n[device]\nbackend = \"cpu\"\n[model]\ninput_shape = [1024]\nloss = \"softmax_cross_entropy\"\n"
       "[[model.layers]]\nname = \"a\"\ntype = \"dense\"\nunits = 1024\n"
       "[[model.layers]]\nname = \"b\"\ntype = \"dense\"\nunits = 1000\ninit_std = 0.02\n"
       "[[model.layers]]\nname = \"c\"\ntype = \"dense\"\nunits = 3\n"
       "[optimizer]\ntype = \"adam\"\nema = 0.99\n[train]\nbatch_size = 4\n"
-      "[data.train]\nstages = [{ type = \"synthetic\", shape = [1024], classes = 3, examples = 8, seed = 3 }, { type = \"batch\" }]\n",
+      "[data.train]\nstages = [{ type = \"synthetic\", shape = [1024], classes = 3, examples = 8, seed = 3 }, { type = "
+      "\"batch\" }]\n",
       "init.toml");
   kiln::Session s(cfg, kiln::test::registry());
   s.open_devices();
@@ -98,8 +111,9 @@ TEST_CASE("A model's initial weights, filled on every core straight into device 
     double limit_or_std;
     bool normal;
   };
-  for (const Want& w : {Want{"a.kernel", std::sqrt(6.0 / (1024 + 1024)), false}, Want{"b.kernel", static_cast<double>(0.02f), true},
-                        Want{"c.kernel", std::sqrt(6.0 / (1000 + 3)), false}}) {
+  for (const Want& w :
+       {Want{"a.kernel", std::sqrt(6.0 / (1024 + 1024)), false}, Want{"b.kernel", static_cast<double>(0.02f), true},
+        Want{"c.kernel", std::sqrt(6.0 / (1000 + 3)), false}}) {
     INFO(w.name);
     REQUIRE(state.count(w.name));
     const auto& got = state.at(w.name).data;

@@ -93,7 +93,8 @@ TEST_CASE("growth = false that cannot reserve its limit fails at construction an
   CHECK(ok.stats().blocks == 4);
 }
 
-TEST_CASE("fault injection at every k over a mixed workload keeps the statistics exact and the device usable", "[memory]") {
+TEST_CASE("fault injection at every k over a mixed workload keeps the statistics exact and the device usable",
+          "[memory]") {
   auto dev = cpu_device();
   auto workload = [](Allocator& a, std::vector<Allocation>& held, int& failures) {
     std::mt19937 rng(3);
@@ -162,7 +163,8 @@ std::string config_error(const std::string& toml) {
 
 }  // namespace
 
-TEST_CASE("fault_injection_block beyond the single reservation of growth = false is refused", "[hardening][fault_injection]") {
+TEST_CASE("fault_injection_block beyond the single reservation of growth = false is refused",
+          "[hardening][fault_injection]") {
   const std::string m = config_error("[device]\ngrowth = false\nfault_injection_block = 2\n" + kModel);
   CHECK_THAT(m, Catch::Contains("run.toml:3: key 'device.fault_injection_block'") && Catch::Contains("is 2") &&
                     Catch::Contains("growth = false") && Catch::Contains("1 block request") &&
@@ -186,8 +188,9 @@ TEST_CASE("a training run makes no more block requests than the bound fault_inje
           "[hardening][fault_injection]") {
   auto dir = test::temp_dir("never-fires-count");
   std::ostringstream toml;
-  toml << "[device]\nbackend = \"cpu\"\nmemory_limit = \"64MiB\"\nfault_injection_block = 564\n" << kModel
-       << "[train]\nepochs = 2\nbatch_size = 3\nprogress = \"none\"\noutput_dir = \"" << (dir / "out").string() << "\"\n"
+  toml << "[device]\nbackend = \"cpu\"\nmemory_limit = \"64MiB\"\nfault_injection_block = 564\n"
+       << kModel << "[train]\nepochs = 2\nbatch_size = 3\nprogress = \"none\"\noutput_dir = \""
+       << (dir / "out").string() << "\"\n"
        << "[data.train]\nstages = [{type = \"synthetic\", shape = [4], classes = 2, examples = 10}]\n"
        << "[data.test]\nstages = [{type = \"synthetic\", shape = [4], classes = 2, examples = 7}]\n";
   Session s(Config::load_string(toml.str(), (dir / "run.toml").string()), test::registry());
@@ -205,9 +208,7 @@ TEST_CASE("reset_peak starts a new measurement window and OOM advice comes from 
   AllocatorOptions o;
   o.limit = 4 * MiB;
   Allocator a(*dev, o);
-  {
-    auto x = a.allocate(3 * MiB, {MemoryTag::activations, "x"});
-  }
+  { auto x = a.allocate(3 * MiB, {MemoryTag::activations, "x"}); }
   auto y = a.allocate(MiB, {MemoryTag::gradients, "y"});
   CHECK(a.stats().peak_in_use == 3 * MiB);
   a.reset_peak();

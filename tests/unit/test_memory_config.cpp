@@ -1,6 +1,5 @@
 // Validation of every memory and device key: each bad value is a ConfigError naming the file, key and value.
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 
 #include "kiln/config.hpp"
@@ -30,12 +29,16 @@ class EnvVar {
  public:
   EnvVar(const char* name, const char* value) : name_(name) {
     if (const char* v = std::getenv(name)) had_ = true, old_ = v;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
   }
   ~EnvVar() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:
@@ -78,7 +81,8 @@ TEST_CASE("every [device] memory key is validated with the key and value named",
     CHECK_THAT(m, Catch::Contains(c.says));
     CHECK_THAT(m, Catch::Contains("mem.toml"));
   }
-  CHECK(config_error("[device]\nmemory_limit = \"60%\"\ngrowth = false\nselect = \"most_free_memory\"\n", true) == "<ok>");
+  CHECK(config_error("[device]\nmemory_limit = \"60%\"\ngrowth = false\nselect = \"most_free_memory\"\n", true) ==
+        "<ok>");
   CHECK(config_error("[device]\nmemory_limit = 1048576\n[train]\nmemory_policy = \"fit\"\n", true) == "<ok>");
 }
 
@@ -90,9 +94,11 @@ TEST_CASE("every [memory] key is validated with the key and value named", "[memo
       {"[memory]\ninplace = 1\n", "memory.inplace", ""},
       {"[memory]\nrecompute = \"some\"\n", "memory.recompute", "\"auto\""},
       {"[memory]\nrecompute = \"layers\"\n", "memory.recompute_layers", "needs the layers"},
-      {"[memory]\nrecompute_layers = [\"dense_9\"]\n", "memory.recompute_layers", "\"dense_9\" is not a layer of the model; layers: \"fc\""},
+      {"[memory]\nrecompute_layers = [\"dense_9\"]\n", "memory.recompute_layers",
+       "\"dense_9\" is not a layer of the model; layers: \"fc\""},
       {"[memory]\nrecompute_layers = [\"fc\", \"fc\"]\n", "memory.recompute_layers", "listed twice"},
-      {"[memory]\nrecompute = \"auto\"\nrecompute_layers = [\"fc\"]\n", "memory.recompute_layers", "only used with recompute = \"layers\""},
+      {"[memory]\nrecompute = \"auto\"\nrecompute_layers = [\"fc\"]\n", "memory.recompute_layers",
+       "only used with recompute = \"layers\""},
       {"[memory]\nrecompute = \"auto\"\ncheckpoint_every = 1\n", "memory.checkpoint_every", ">= 2"},
       {"[memory]\ncheckpoint_every = 3\n", "memory.checkpoint_every", "only used with recompute = \"auto\""},
       {"[memory]\nsweep_batches = [1, 0]\n", "memory.sweep_batches", "positive"},
@@ -104,7 +110,8 @@ TEST_CASE("every [memory] key is validated with the key and value named", "[memo
     CHECK_THAT(m, Catch::Contains(c.key));
     CHECK_THAT(m, Catch::Contains(c.says));
   }
-  Session s(Config::load_string(kBase + "[memory]\ninplace = true\nrecompute_layers = [\"fc\"]\nsweep_batches = [1, 8]\n", "m.toml"),
+  Session s(Config::load_string(
+                kBase + "[memory]\ninplace = true\nrecompute_layers = [\"fc\"]\nsweep_batches = [1, 8]\n", "m.toml"),
             test::registry());
   CHECK(s.model().savers.inplace);
   CHECK(s.model().savers.recompute == RecomputeMode::layers);
@@ -246,8 +253,9 @@ TEST_CASE("limits of logical CPU devices sharing the host's memory must fit it t
   EnvVar off("KILN_RESERVATION_DIR", "off");
   const std::string dp = "[strategy]\ntype = \"data_parallel\"\n";
   auto open = [&](const std::string& device, const std::string& strategy) {
-    auto s = std::make_unique<Session>(Config::load_string(kBase + "[device]\nvirtual_devices = 2\n" + device + strategy, "mem.toml"),
-                                       test::registry());
+    auto s = std::make_unique<Session>(
+        Config::load_string(kBase + "[device]\nvirtual_devices = 2\n" + device + strategy, "mem.toml"),
+        test::registry());
     s->open_devices(false);
     return s;
   };
@@ -270,7 +278,8 @@ TEST_CASE("limits of logical CPU devices sharing the host's memory must fit it t
   }
   // Bytes likewise: two limits of 0.6 x the host each.
   const std::string bytes = std::to_string(host / 10 * 6);
-  CHECK_THROWS_WITH(open("memory_limit = " + bytes + "\n", dp), Catch::Contains("device.memory_limit") && Catch::Contains("120% of it"));
+  CHECK_THROWS_WITH(open("memory_limit = " + bytes + "\n", dp),
+                    Catch::Contains("device.memory_limit") && Catch::Contains("120% of it"));
   // 50% each fits exactly.
   auto half = open("memory_limit = \"50%\"\n", dp);
   REQUIRE(half->devices().size() == 2);

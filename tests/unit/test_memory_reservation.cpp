@@ -1,9 +1,9 @@
 // Cooperative reservations: lock files per device, refusal naming the holders, stale files cleaned up.
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -78,14 +78,16 @@ TEST_CASE("a reservation file nobody holds is stale and removed", "[memory]") {
   fs::path dir = fs::path(root) / "GPU-1234_abcd";
   fs::create_directories(dir);
   // What a killed process leaves behind: the file, without its lock.
-  std::ofstream(dir / "999999-0.json") << "{\"pid\": 999999, \"user\": \"ghost\", \"command\": \"kiln train x.toml\", \"bytes\": 8589934592}\n";
+  std::ofstream(dir / "999999-0.json")
+      << "{\"pid\": 999999, \"user\": \"ghost\", \"command\": \"kiln train x.toml\", \"bytes\": 8589934592}\n";
   CHECK(live_reservations(d.hardware_id, root).empty());
   CHECK_FALSE(fs::exists(dir / "999999-0.json"));
   // And so the whole device can be reserved again.
   CHECK(Reservation::acquire(d, d.total_memory, d.total_memory, root));
 }
 
-TEST_CASE("a held reservation stays live even when its content is unreadable, and requests above capacity are refused", "[memory]") {
+TEST_CASE("a held reservation stays live even when its content is unreadable, and requests above capacity are refused",
+          "[memory]") {
   const std::string root = test::temp_dir("resv-held").string();
   const DeviceInfo d = fake_gpu();
   fs::path dir = fs::path(root) / "GPU-1234_abcd";

@@ -124,7 +124,7 @@ TEST_CASE("in-place ops and recomputation train bit for bit like the plain plan"
       INFO(name);
       CHECK(t.state.at(name).data == h.data);  // exact: same arithmetic on the same values
     }
-    if (s->inplace) CHECK(t.plan.arena < plain.plan.arena);  // sharing storage saves activation memory
+    if (s->inplace) CHECK(t.plan.arena < plain.plan.arena);        // sharing storage saves activation memory
     if (s == &automatic) CHECK(t.plan.arena <= plain.plan.arena);  // auto never plans a larger arena
   }
   CHECK(plain.losses[2] < plain.losses[0]);  // the steps did train (same batch each step)
@@ -169,7 +169,8 @@ TEST_CASE("in-place planning shares storage only along dead inputs and never ove
     for (size_t b = a + 1; b < nt; ++b) {
       if (p.region[b] != Region::arena || g.tensors()[b].alias_of != kNoTensor || size_t(live.rep[b]) != b) continue;
       bool together = !(last[a] < first[b] || last[b] < first[a]);
-      bool overlap = p.offset[a] < p.offset[b] + g.tensors()[b].bytes() && p.offset[b] < p.offset[a] + g.tensors()[a].bytes();
+      bool overlap =
+          p.offset[a] < p.offset[b] + g.tensors()[b].bytes() && p.offset[b] < p.offset[a] + g.tensors()[a].bytes();
       INFO("classes " << a << " and " << b);
       CHECK_FALSE((together && overlap));
     }

@@ -1,5 +1,5 @@
-// The layers a Transformer-style MLP needs: gelu / silu activations, layer norm, global average pooling, AdamW with its decay rule,
-// and nanoGPT's schedule (linear warmup, cosine to a floor).
+// The layers a Transformer-style MLP needs: gelu / silu activations, layer norm, global average pooling, AdamW with its
+// decay rule, and nanoGPT's schedule (linear warmup, cosine to a floor).
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -38,7 +38,8 @@ const Node* find_update(const Graph& g, const std::string& param_name) {
 TEST_CASE("nanoGPT's learning-rate schedule: linear warmup, then cosine to min_learning_rate", "[schedule]") {
   // shakespeare_char: lr 1e-3, warmup_iters 100, lr_decay_iters 2000, min_lr 1e-4 (decay_steps = 2000 - 100).
   const OptimizerSpec o = optimizer_from(
-      "[optimizer]\ntype = \"adamw\"\nlearning_rate = 1e-3\n[optimizer.schedule]\ntype = \"cosine\"\nwarmup_steps = 100\n"
+      "[optimizer]\ntype = \"adamw\"\nlearning_rate = 1e-3\n[optimizer.schedule]\ntype = \"cosine\"\nwarmup_steps = "
+      "100\n"
       "decay_steps = 1900\nmin_learning_rate = 1e-4\n");
   auto nanogpt = [](int64_t it) {  // nanoGPT train.py get_lr
     const double lr = 1e-3, min_lr = 1e-4;
@@ -67,11 +68,12 @@ TEST_CASE("AdamW: PyTorch's defaults, decoupled decay, and the rule for which pa
 
   ModelSpec m = test::model_from(
       "[model]\ninput_shape = [6]\n[[model.layers]]\nname = \"fc\"\ntype = \"dense\"\nunits = 4\n"
-      "[[model.layers]]\nname = \"ln\"\ntype = \"layer_norm\"\n[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 3\n");
+      "[[model.layers]]\nname = \"ln\"\ntype = \"layer_norm\"\n[[model.layers]]\nname = \"out\"\ntype = "
+      "\"dense\"\nunits = 3\n");
   for (const char* rule : {"all", "matrices"}) {
     INFO(rule);
-    const OptimizerSpec o = optimizer_from(std::string("[optimizer]\ntype = \"adamw\"\nweight_decay = 0.1\ndecay_params = \"") +
-                                           rule + "\"\n");
+    const OptimizerSpec o = optimizer_from(
+        std::string("[optimizer]\ntype = \"adamw\"\nweight_decay = 0.1\ndecay_params = \"") + rule + "\"\n");
     GraphOptions go;
     go.batch = 2;
     go.optimizer = &o;
@@ -102,14 +104,18 @@ TEST_CASE("AdamW: PyTorch's defaults, decoupled decay, and the rule for which pa
 TEST_CASE("schedule and AdamW keys out of range are config errors naming the key", "[schedule][config]") {
   CHECK_THAT(optimizer_error("[optimizer]\n[optimizer.schedule]\nwarmup_steps = -1\n"),
              Catch::Contains("run.toml") && Catch::Contains("warmup_steps"));
-  CHECK_THAT(optimizer_error("[optimizer]\nlearning_rate = 1e-3\n[optimizer.schedule]\ntype = \"cosine\"\nmin_learning_rate = 1e-2\n"),
-             Catch::Contains("min_learning_rate") && Catch::Contains("learning_rate"));
-  CHECK_THAT(optimizer_error("[optimizer]\n[optimizer.schedule]\ntype = \"cosine\"\nmin_learning_rate = 1e-5\nalpha = 0.1\n"),
-             Catch::Contains("min_learning_rate") && Catch::Contains("once"));
+  CHECK_THAT(
+      optimizer_error(
+          "[optimizer]\nlearning_rate = 1e-3\n[optimizer.schedule]\ntype = \"cosine\"\nmin_learning_rate = 1e-2\n"),
+      Catch::Contains("min_learning_rate") && Catch::Contains("learning_rate"));
+  CHECK_THAT(
+      optimizer_error("[optimizer]\n[optimizer.schedule]\ntype = \"cosine\"\nmin_learning_rate = 1e-5\nalpha = 0.1\n"),
+      Catch::Contains("min_learning_rate") && Catch::Contains("once"));
   CHECK_THAT(optimizer_error("[optimizer]\ntype = \"adamw\"\ndecay_params = \"weights\"\n"),
              Catch::Contains("decay_params") && Catch::Contains("matrices"));
-  CHECK(optimizer_error("[optimizer]\ntype = \"adamw\"\ndecay_params = \"matrices\"\n[optimizer.schedule]\ntype = \"cosine\"\n"
-                        "warmup_steps = 100\nmin_learning_rate = 1e-4\n") == "");
+  CHECK(optimizer_error(
+            "[optimizer]\ntype = \"adamw\"\ndecay_params = \"matrices\"\n[optimizer.schedule]\ntype = \"cosine\"\n"
+            "warmup_steps = 100\nmin_learning_rate = 1e-4\n") == "");
 }
 
 TEST_CASE("gelu, silu, layer_norm and global_avg_pool2d build the ops PyTorch users expect", "[graph][layers]") {
@@ -152,10 +158,12 @@ TEST_CASE("gelu, silu, layer_norm and global_avg_pool2d build the ops PyTorch us
   CHECK(gelu_tanh);
   CHECK(silu);
   CHECK(silu_back_reads_x);
-  CHECK_THROWS_WITH(test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"layer_norm\"\nepsilon = 0.0\n"),
-                    Catch::Contains("epsilon"));
-  CHECK_THROWS_WITH(test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"gelu\"\napproximate = \"erf\"\n"),
-                    Catch::Contains("approximate"));
+  CHECK_THROWS_WITH(
+      test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"layer_norm\"\nepsilon = 0.0\n"),
+      Catch::Contains("epsilon"));
+  CHECK_THROWS_WITH(
+      test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"gelu\"\napproximate = \"erf\"\n"),
+      Catch::Contains("approximate"));
 }
 
 TEST_CASE("embedding, positional_embedding and dense over positions build a GPT's input and projection",
@@ -190,18 +198,24 @@ TEST_CASE("embedding, positional_embedding and dense over positions build a GPT'
   CHECK(embed);
   CHECK(pos);
   CHECK(head);
-  CHECK_THROWS_WITH(test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 0\ndim = 4\n"),
-                    Catch::Contains("vocab"));
-  CHECK_THROWS_WITH(test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 20000000\ndim = 4\n"),
-                    Catch::Contains("2^24"));
+  CHECK_THROWS_WITH(
+      test::model_from("[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 0\ndim = 4\n"),
+      Catch::Contains("vocab"));
+  CHECK_THROWS_WITH(
+      test::model_from(
+          "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 20000000\ndim = 4\n"),
+      Catch::Contains("2^24"));
 }
 
-TEST_CASE("tie shares an embedding table with a dense layer's transposed kernel (nanoGPT's lm_head)", "[graph][layers]") {
+TEST_CASE("tie shares an embedding table with a dense layer's transposed kernel (nanoGPT's lm_head)",
+          "[graph][layers]") {
   const std::string base =
       "[model]\ninput_shape = [5]\n"
       "[[model.layers]]\nname = \"wte\"\ntype = \"embedding\"\nvocab = 11\ndim = 8\ninit_std = 0.02\n";
-  ModelSpec m = test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"wte\"\nuse_bias = false\n"
-                                        "[[model.layers]]\ntype = \"flatten\"\n");
+  ModelSpec m =
+      test::model_from(base +
+                       "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"wte\"\nuse_bias = false\n"
+                       "[[model.layers]]\ntype = \"flatten\"\n");
   OptimizerSpec o;
   GraphOptions go;
   go.batch = 3;
@@ -226,8 +240,12 @@ TEST_CASE("tie shares an embedding table with a dense layer's transposed kernel 
   CHECK(tied_gemm);
   CHECK(table_updates == 1);
   CHECK(table_grad_parts >= 1);
-  CHECK_THROWS_WITH(build_graph(test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"nope\"\n"), go),
-                    Catch::Contains("tie") && Catch::Contains("nope.table"));
-  CHECK_THROWS_WITH(build_graph(test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"wte\"\nunits = 12\n"), go),
-                    Catch::Contains("units = 12") && Catch::Contains("11 rows"));
+  CHECK_THROWS_WITH(
+      build_graph(test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"nope\"\n"), go),
+      Catch::Contains("tie") && Catch::Contains("nope.table"));
+  CHECK_THROWS_WITH(
+      build_graph(
+          test::model_from(base + "[[model.layers]]\nname = \"head\"\ntype = \"dense\"\ntie = \"wte\"\nunits = 12\n"),
+          go),
+      Catch::Contains("units = 12") && Catch::Contains("11 rows"));
 }

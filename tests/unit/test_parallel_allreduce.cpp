@@ -19,7 +19,8 @@ TEST_CASE("host all-reduce is exact on integer-valued data across 2 to 4 devices
     std::vector<float> expect(count, 0.f);
     for (int r = 0; r < n; ++r) {
       std::vector<float> host(count);
-      for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(static_cast<int>((i * 7919 + r * 104729) % 2001) - 1000);
+      for (size_t i = 0; i < count; ++i)
+        host[i] = static_cast<float>(static_cast<int>((i * 7919 + r * 104729) % 2001) - 1000);
       for (size_t i = 0; i < count; ++i) expect[i] += host[i];
       mem.push_back(cd.allocs[size_t(r)]->allocate(count * sizeof(float), {MemoryTag::gradients, "grad"}));
       views.push_back(mem.back().view());

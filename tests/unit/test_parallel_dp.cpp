@@ -42,7 +42,8 @@ constexpr double kTol = 1e-6;
 
 }  // namespace
 
-TEST_CASE("data_parallel on 2 and 4 CPU devices gives the weights of one device on the same global batch", "[parallel]") {
+TEST_CASE("data_parallel on 2 and 4 CPU devices gives the weights of one device on the same global batch",
+          "[parallel]") {
   ModelSpec m = model_from(kConvNet);
   for (const char* opt : {kSgd, kAdam}) {
     OptimizerSpec o = optimizer_from(opt);
@@ -62,16 +63,19 @@ TEST_CASE("data_parallel on 2 and 4 CPU devices gives the weights of one device 
   }
 }
 
-TEST_CASE("data_parallel results do not depend on overlap, bucket size or running replicas one after another", "[parallel]") {
+TEST_CASE("data_parallel results do not depend on overlap, bucket size or running replicas one after another",
+          "[parallel]") {
   ModelSpec m = model_from(kConvNet);
   OptimizerSpec o = optimizer_from(kAdam);
   CpuDevices devs(3);
-  auto base = strategy("[strategy]\ntype = \"data_parallel\"\nbucket_size = 64\n")->create(context(m, o, devs.ctx(0, 3), 12));
+  auto base =
+      strategy("[strategy]\ntype = \"data_parallel\"\nbucket_size = 64\n")->create(context(m, o, devs.ctx(0, 3), 12));
   auto ref = train(*base, m, 12, 3, 3);
   for (const char* variant : {"overlap = false\n", "concurrent = false\n", "bucket_size = \"64MiB\"\n"}) {
     CAPTURE(variant);
     CpuDevices fresh(3);
-    auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + variant)->create(context(m, o, fresh.ctx(), 12));
+    auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + variant)
+                 ->create(context(m, o, fresh.ctx(), 12));
     CHECK(max_abs_diff(train(*r, m, 12, 3, 3), ref) == 0.0);  // same sums in the same order: bit-identical
   }
 }
@@ -83,7 +87,8 @@ TEST_CASE("data_parallel with one replica is exactly the single-device run", "[p
   for (const char* extra : {"", "optimizer_state = \"sharded\"\n", "concurrent = false\n"}) {
     CAPTURE(extra);
     CpuDevices one(1);
-    auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + extra)->create(context(m, o, one.ctx(), 8));
+    auto r =
+        strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + extra)->create(context(m, o, one.ctx(), 8));
     CHECK(max_abs_diff(train(*r, m, 8, 3, 3), ref) == 0.0);
   }
 }
@@ -112,8 +117,8 @@ TEST_CASE("data_parallel refuses a global batch that does not split evenly unles
     s->create(ctx);
     FAIL("expected a ConfigError");
   } catch (const ConfigError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("batch_size = 10 does not split evenly over 4 replicas") && Catch::Contains("uneven = true") &&
-                             Catch::Contains("strategy.toml"));
+    CHECK_THAT(e.what(), Catch::Contains("batch_size = 10 does not split evenly over 4 replicas") &&
+                             Catch::Contains("uneven = true") && Catch::Contains("strategy.toml"));
   }
   CHECK(devs.allocs[0]->stats().in_use == 0);  // refused before anything was allocated
 }
@@ -149,11 +154,13 @@ TEST_CASE("data_parallel evaluation splits the batch and returns what one device
     REQUIRE(c.outputs.size() == 1);
     REQUIRE(c.outputs[0].shape == a.outputs[0].shape);
     CHECK(c.losses[0] == Approx(a.losses[0]).epsilon(1e-4));
-    for (size_t i = 0; i < a.outputs[0].data.size(); ++i) CHECK(c.outputs[0].data[i] == Approx(a.outputs[0].data[i]).margin(1e-4));
+    for (size_t i = 0; i < a.outputs[0].data.size(); ++i)
+      CHECK(c.outputs[0].data[i] == Approx(a.outputs[0].data[i]).margin(1e-4));
   }
 }
 
-TEST_CASE("sharded optimizer state trains like replicated state and splits its memory over the replicas", "[parallel]") {
+TEST_CASE("sharded optimizer state trains like replicated state and splits its memory over the replicas",
+          "[parallel]") {
   ModelSpec m = model_from(kConvNet);
   OptimizerSpec o = optimizer_from(kAdam);
   auto ref = single_device(m, o, 16, 4);
@@ -197,7 +204,8 @@ units = 3
 )");
   OptimizerSpec o = optimizer_from(kAdam);
   CpuDevices devs(4);
-  auto plans = strategy("[strategy]\ntype = \"data_parallel\"\noptimizer_state = \"sharded\"\n")->plan(context(m, o, devs.ctx(), 8));
+  auto plans = strategy("[strategy]\ntype = \"data_parallel\"\noptimizer_state = \"sharded\"\n")
+                   ->plan(context(m, o, devs.ctx(), 8));
   // 300x64 + 64 + 64x3 + 3 = 19459 weights; Adam keeps 2 floats each: about 38.9 KB per replica, not all on one.
   for (const auto& p : plans) {
     CHECK(p.optimizer_state >= 2 * 4 * (19459 / 4 - 64));
@@ -223,14 +231,18 @@ TEST_CASE("a data_parallel checkpoint restores into a fresh runner and training 
   CHECK_THROWS_WITH(second->load_state(saved), Catch::Contains("no_such_layer.kernel"));
 }
 
-TEST_CASE("data_parallel device lists: a device listed twice or not opened is a config error before any step", "[parallel]") {
+TEST_CASE("data_parallel device lists: a device listed twice or not opened is a config error before any step",
+          "[parallel]") {
   ModelSpec m = model_from(kConvNet);
   OptimizerSpec o = optimizer_from(kSgd);
   CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [0, 1, 0]\n"),
                     Catch::Contains("strategy.devices") && Catch::Contains("listed twice"));
-  CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [\"cpu:1\", \"cpu:1\"]\n"), Catch::Contains("listed twice"));
-  CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [0, \"cpu:1\"]\n"), Catch::Contains("not a mix"));
-  CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\nbucket_size = 0\n"), Catch::Contains("bucket_size"));
+  CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [\"cpu:1\", \"cpu:1\"]\n"),
+                    Catch::Contains("listed twice"));
+  CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [0, \"cpu:1\"]\n"),
+                    Catch::Contains("not a mix"));
+  CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\nbucket_size = 0\n"),
+                    Catch::Contains("bucket_size"));
   CHECK_THROWS_WITH(strategy("[strategy]\ntype = \"data_parallel\"\nreplicas = 2\n"), Catch::Contains("replicas"));
   CpuDevices devs(2);
   auto ctx = context(m, o, devs.ctx(), 8);
@@ -264,21 +276,23 @@ TEST_CASE("a device that fails mid-step stops every replica with one error namin
   ModelSpec m = model_from(kConvNet);
   OptimizerSpec o = optimizer_from(kAdam);
   for (const char* extra : {"", "concurrent = false\n"})
-  for (int fail_in : {3, 14, 30}) {  // forward, backward (while buckets are being reduced), update
-    CAPTURE(extra, fail_in);
-    CpuDevices devs(4);
-    FailingDevice* failing = wrap_failing(devs, 2);
-    auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\nbucket_size = 128\n") + extra)->create(context(m, o, devs.ctx(), 16));
-    auto b = random_batch(16, m.input_shape, 3, 1);
-    r->train_step(b, {0, 0.01f});
-    failing->fail_after(fail_in);
-    try {
-      r->train_step(b, {1, 0.01f});
-      FAIL("expected a DeviceError");
-    } catch (const DeviceError& e) {
-      CHECK_THAT(e.what(), Catch::Contains("replica 2 (cpu:2)") && Catch::Contains("failed") && Catch::Contains("injected launch failure"));
+    for (int fail_in : {3, 14, 30}) {  // forward, backward (while buckets are being reduced), update
+      CAPTURE(extra, fail_in);
+      CpuDevices devs(4);
+      FailingDevice* failing = wrap_failing(devs, 2);
+      auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\nbucket_size = 128\n") + extra)
+                   ->create(context(m, o, devs.ctx(), 16));
+      auto b = random_batch(16, m.input_shape, 3, 1);
+      r->train_step(b, {0, 0.01f});
+      failing->fail_after(fail_in);
+      try {
+        r->train_step(b, {1, 0.01f});
+        FAIL("expected a DeviceError");
+      } catch (const DeviceError& e) {
+        CHECK_THAT(e.what(), Catch::Contains("replica 2 (cpu:2)") && Catch::Contains("failed") &&
+                                 Catch::Contains("injected launch failure"));
+      }
     }
-  }
 }
 
 TEST_CASE("data_parallel with prefetched batches gives exactly the weights of copying each batch in the step",
@@ -296,7 +310,8 @@ TEST_CASE("data_parallel with prefetched batches gives exactly the weights of co
       ctx.input_slots = slots;
       auto r = strategy("[strategy]\ntype = \"data_parallel\"\nbucket_size = 600\n")->create(ctx);
       for (size_t k = 0; k < batches.size(); ++k) {
-        if (prefetch && k + 1 < batches.size() && k != 1) r->prefetch(batches[k + 1]);  // step 2's batch is copied in the step
+        if (prefetch && k + 1 < batches.size() && k != 1)
+          r->prefetch(batches[k + 1]);  // step 2's batch is copied in the step
         losses.push_back(r->train_step(batches[k], {int64_t(k), 0.05f}).total_loss);
       }
       auto st = r->save_state();

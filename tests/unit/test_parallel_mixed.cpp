@@ -59,8 +59,9 @@ TEST_CASE("data_parallel with one CPU and one Vulkan replica trains like one CPU
   auto ref = on_cpu(m, o, 4);
   CpuDevices cpu(1);
   // [device] opened only cpu:0; the strategy opens vulkan:0 through the registry.
-  auto r = strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [\"cpu:0\", \"vulkan:0\"]\nmemory_limit = \"256MiB\"\n")
-               ->create(context(m, o, cpu.ctx(), 8));
+  auto r =
+      strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [\"cpu:0\", \"vulkan:0\"]\nmemory_limit = \"256MiB\"\n")
+          ->create(context(m, o, cpu.ctx(), 8));
   auto plans = r->plan();
   REQUIRE(plans.size() == 2);
   CHECK(plans[1].device == "vulkan:0");
@@ -77,7 +78,8 @@ TEST_CASE("model_parallel with layers on a CPU and a Vulkan device trains like o
   CpuDevices cpu(1);
   for (const char* extra : {"", "micro_batches = 2\n"}) {
     CAPTURE(extra);
-    auto r = strategy(std::string("[strategy]\ntype = \"model_parallel\"\n") + extra)->create(context(m, o, cpu.ctx(), 8));
+    auto r =
+        strategy(std::string("[strategy]\ntype = \"model_parallel\"\n") + extra)->create(context(m, o, cpu.ctx(), 8));
     auto plans = r->plan();
     REQUIRE(plans.size() == 2);
     CHECK(plans[1].device == "vulkan:0");
@@ -91,7 +93,8 @@ TEST_CASE("batch_norm sync = true with one CPU and one Vulkan replica trains lik
   if (!have_vulkan()) KILN_SKIP("no Vulkan backend or device in this build: mixed-backend data parallel needs one");
   ModelSpec m = model_from(
       "[model]\ninput_shape = [2, 6, 6]\n"
-      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = false\n"
+      "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = "
+      "false\n"
       "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\nsync = true\n"
       "[[model.layers]]\nname = \"act\"\ntype = \"activation\"\nfunction = \"tanh\"\n"
       "[[model.layers]]\nname = \"flat\"\ntype = \"flatten\"\n"
@@ -99,8 +102,9 @@ TEST_CASE("batch_norm sync = true with one CPU and one Vulkan replica trains lik
   OptimizerSpec o = optimizer_from("[optimizer]\ntype = \"sgd\"\nlearning_rate = 0.05\nmomentum = 0.9\n");
   auto ref = on_cpu(m, o, 4);
   CpuDevices cpu(1);
-  auto r = strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [\"cpu:0\", \"vulkan:0\"]\nmemory_limit = \"256MiB\"\n")
-               ->create(context(m, o, cpu.ctx(), 8));
+  auto r =
+      strategy("[strategy]\ntype = \"data_parallel\"\ndevices = [\"cpu:0\", \"vulkan:0\"]\nmemory_limit = \"256MiB\"\n")
+          ->create(context(m, o, cpu.ctx(), 8));
   // Weights within the mixed-backend tolerance of one CPU device on all 8 rows, running statistics included.
   CHECK(max_abs_diff(train(*r, m, 8, 4, 3), ref) < kMixedTol);
 }

@@ -87,7 +87,8 @@ const std::string kMp = "[strategy]\ntype = \"model_parallel\"\n";
 
 }  // namespace
 
-TEST_CASE("model_parallel of a two-branch model over three devices gives exactly the unsplit model's weights", "[parallel]") {
+TEST_CASE("model_parallel of a two-branch model over three devices gives exactly the unsplit model's weights",
+          "[parallel]") {
   for (const char* model : {kTwoBranch, kChain}) {
     ModelSpec m = model_from(model);
     for (const char* opt : {kSgd, kAdam}) {
@@ -119,7 +120,8 @@ TEST_CASE("model_parallel with pipeline micro-batches matches the unsplit model 
       for (const char* extra : {"", "concurrent = false\n"}) {
         CAPTURE(opt, micro, extra);
         CpuDevices devs(3);
-        auto r = strategy(kMp + "micro_batches = " + std::to_string(micro) + "\n" + extra)->create(context(m, o, devs.ctx(), 8));
+        auto r = strategy(kMp + "micro_batches = " + std::to_string(micro) + "\n" + extra)
+                     ->create(context(m, o, devs.ctx(), 8));
         std::vector<float> losses;
         // Micro-batch gradients are summed with share weights (exact powers of two here); only the order of the
         // batch sums differs from one device. Adam divides by sqrt(v), which magnifies the rounding of small
@@ -145,7 +147,8 @@ TEST_CASE("model_parallel evaluation and checkpoints work across the devices", "
     auto x = single->eval_batch(b, ema), y = mp->eval_batch(b, ema);
     CHECK(y.losses[0] == Approx(x.losses[0]).epsilon(1e-5));
     REQUIRE(y.outputs[0].shape == x.outputs[0].shape);
-    for (size_t i = 0; i < x.outputs[0].data.size(); ++i) CHECK(y.outputs[0].data[i] == Approx(x.outputs[0].data[i]).margin(1e-5));
+    for (size_t i = 0; i < x.outputs[0].data.size(); ++i)
+      CHECK(y.outputs[0].data[i] == Approx(x.outputs[0].data[i]).margin(1e-5));
   }
   auto saved = mp->save_state();
   CHECK(saved.count("a.kernel/adam_m") == 1);  // state of every device is gathered
@@ -182,8 +185,8 @@ TEST_CASE("the model_parallel placement report names each layer's device, its op
   for (const auto& n : piped[0].notes) all += n + "\n";
   // Three stages (encoder, branches, merge) and two micro-batches: (3-1)/(2+3-1).
   CHECK_THAT(all, Catch::Contains("2 micro-batches of 4 rows over 3 stage(s); ideal bubble (K-1)/(M+K-1) = 0.500"));
-  CHECK(piped[1].gradients == 2 * plans[1].gradients);   // each micro-batch in flight has its own gradients
-  CHECK(piped[1].parameters == plans[1].parameters);     // the weights are not duplicated
+  CHECK(piped[1].gradients == 2 * plans[1].gradients);  // each micro-batch in flight has its own gradients
+  CHECK(piped[1].parameters == plans[1].parameters);    // the weights are not duplicated
 }
 
 TEST_CASE("placement = auto splits the layers so every device's planned peak fits its limit", "[parallel]") {
@@ -212,7 +215,8 @@ units = 3
   const size_t limit = whole * 6 / 10;  // the model needs two of these devices, and fits on three
   CpuDevices devs(3, limit);
   auto ctx = context(m, o, devs.ctx(), 8);
-  CHECK_THROWS_WITH(strategy(kMp)->create(ctx), Catch::Contains("does not fit") && Catch::Contains("cpu:0: planned peak"));
+  CHECK_THROWS_WITH(strategy(kMp)->create(ctx),
+                    Catch::Contains("does not fit") && Catch::Contains("cpu:0: planned peak"));
   auto s = strategy(kMp + "placement = \"auto\"\n");
   auto plans = s->plan(ctx);
   int used = 0;
@@ -248,19 +252,20 @@ TEST_CASE("a device that fails mid-step stops every model-parallel device with o
   ModelSpec m = model_from(kTwoBranch);
   OptimizerSpec o = optimizer_from(kSgd);
   for (const char* extra : {"", "concurrent = false\n"})
-  for (int fail_in : {2, 9}) {
-    CAPTURE(extra, fail_in);
-    CpuDevices devs(3);
-    FailingDevice* failing = wrap_failing(devs, 1);
-    auto r = strategy(kMp + "micro_batches = 2\n" + extra)->create(context(m, o, devs.ctx(), 8));
-    auto b = random_batch(8, m.input_shape, 3, 1);
-    r->train_step(b, {0, 0.01f});
-    failing->fail_after(fail_in);
-    try {
-      r->train_step(b, {1, 0.01f});
-      FAIL("expected a DeviceError");
-    } catch (const DeviceError& e) {
-      CHECK_THAT(e.what(), Catch::Contains("device cpu:1 (slot 1) failed") && Catch::Contains("injected launch failure"));
+    for (int fail_in : {2, 9}) {
+      CAPTURE(extra, fail_in);
+      CpuDevices devs(3);
+      FailingDevice* failing = wrap_failing(devs, 1);
+      auto r = strategy(kMp + "micro_batches = 2\n" + extra)->create(context(m, o, devs.ctx(), 8));
+      auto b = random_batch(8, m.input_shape, 3, 1);
+      r->train_step(b, {0, 0.01f});
+      failing->fail_after(fail_in);
+      try {
+        r->train_step(b, {1, 0.01f});
+        FAIL("expected a DeviceError");
+      } catch (const DeviceError& e) {
+        CHECK_THAT(e.what(),
+                   Catch::Contains("device cpu:1 (slot 1) failed") && Catch::Contains("injected launch failure"));
+      }
     }
-  }
 }

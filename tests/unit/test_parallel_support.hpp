@@ -49,8 +49,8 @@ struct CpuDevices {
   }
 };
 
-inline RunnerContext context(const ModelSpec& m, const OptimizerSpec& o, std::vector<DeviceContext> devices, int64_t batch,
-                             uint32_t seed = 11) {
+inline RunnerContext context(const ModelSpec& m, const OptimizerSpec& o, std::vector<DeviceContext> devices,
+                             int64_t batch, uint32_t seed = 11) {
   RunnerContext c;
   c.model = &m;
   c.optimizer = &o;
@@ -75,7 +75,8 @@ inline double max_abs_diff(const std::map<std::string, HostTensor>& a, const std
   for (const auto& [name, t] : a) {
     auto it = b.find(name);
     if (it == b.end() || it->second.shape != t.shape) return INFINITY;
-    for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, double(std::fabs(t.data[i] - it->second.data[i])));
+    for (size_t i = 0; i < t.data.size(); ++i)
+      worst = std::max(worst, double(std::fabs(t.data[i] - it->second.data[i])));
   }
   return worst;
 }
@@ -93,8 +94,8 @@ inline std::map<std::string, HostTensor> train(Runner& r, const ModelSpec& m, in
 
 // The same training on one logical CPU device with the single strategy: the reference data-parallel runs are
 // compared with.
-inline std::map<std::string, HostTensor> single_device(const ModelSpec& m, const OptimizerSpec& o, int64_t batch, int steps,
-                                                       std::vector<float>* losses = nullptr) {
+inline std::map<std::string, HostTensor> single_device(const ModelSpec& m, const OptimizerSpec& o, int64_t batch,
+                                                       int steps, std::vector<float>* losses = nullptr) {
   CpuDevices one(1);
   auto r = strategy("[strategy]\ntype = \"single\"\n")->create(context(m, o, one.ctx(), batch));
   return train(*r, m, batch, steps, 3, losses);
@@ -122,7 +123,8 @@ class FailingDevice final : public Device {
     return inner_->supports(kind, attrs);
   }
   bool do_run(const OpCall& c) override {
-    if (++runs_ == fail_at_) throw DeviceError(info().label() + " op " + std::string(op_name(c.kind)) + ": injected launch failure");
+    if (++runs_ == fail_at_)
+      throw DeviceError(info().label() + " op " + std::string(op_name(c.kind)) + ": injected launch failure");
     inner_->run(c);
     return true;
   }

@@ -1,8 +1,8 @@
 // Planning a model with very many layers is near-linear. No timings (house rule): the planner
 // counts the work its arena placement does, and the tests check how that count grows with depth, and that the
 // placement stays correct (no two tensors live at once share bytes) and tight.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <map>
 #include <sstream>
 
@@ -49,7 +49,8 @@ std::vector<Span> arena_spans(const Planned& p) {
   std::vector<Span> s;
   for (size_t t = 0; t < p.g.tensors().size(); ++t)
     if (p.plan.region[t] == Region::arena && p.g.tensors()[t].alias_of == kNoTensor && size_t(L.rep[t]) == t)
-      s.push_back({L.first[t] == SIZE_MAX ? 0 : L.first[t], L.last[t], p.plan.offset[t], aligned_size(p.g.tensors()[t].bytes())});
+      s.push_back({L.first[t] == SIZE_MAX ? 0 : L.first[t], L.last[t], p.plan.offset[t],
+                   aligned_size(p.g.tensors()[t].bytes())});
   return s;
 }
 

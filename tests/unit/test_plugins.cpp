@@ -77,7 +77,8 @@ TEST_CASE("plugins with a null entry, null functions, a null descriptor or no na
 TEST_CASE("a missing plugin library is an error naming the path", "[plugins]") {
   kiln::PluginLoader loader;
   kiln::Registry reg;
-  CHECK_THROWS_WITH(loader.load("/nowhere/libkiln_ghost.so", reg), Catch::Contains("/nowhere/libkiln_ghost.so") && Catch::Contains("not found"));
+  CHECK_THROWS_WITH(loader.load("/nowhere/libkiln_ghost.so", reg),
+                    Catch::Contains("/nowhere/libkiln_ghost.so") && Catch::Contains("not found"));
 }
 
 TEST_CASE("load_dir records failures instead of throwing", "[plugins]") {

@@ -17,13 +17,15 @@ namespace {
 std::string conv_bn_net(bool sync, bool with_1d = true) {
   const std::string s = sync ? "sync = true\n" : "";
   return "[model]\ninput_shape = [2, 6, 6]\n"
-         "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias = false\n"
-         "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n" + s +
+         "[[model.layers]]\nname = \"conv\"\ntype = \"conv2d\"\nfilters = 4\nkernel = 3\npadding = \"same\"\nuse_bias "
+         "= false\n"
+         "[[model.layers]]\nname = \"bn\"\ntype = \"batch_norm\"\n" +
+         s +
          "[[model.layers]]\nname = \"act\"\ntype = \"activation\"\nfunction = \"tanh\"\n"
          "[[model.layers]]\nname = \"pool\"\ntype = \"max_pool2d\"\npool = 2\n"
          "[[model.layers]]\nname = \"flat\"\ntype = \"flatten\"\n"
-         "[[model.layers]]\nname = \"fc\"\ntype = \"dense\"\nunits = 8\nuse_bias = false\n"
-         + (with_1d ? "[[model.layers]]\nname = \"bn1d\"\ntype = \"batch_norm\"\nmomentum = 0.3\n" + s : std::string()) +
+         "[[model.layers]]\nname = \"fc\"\ntype = \"dense\"\nunits = 8\nuse_bias = false\n" +
+         (with_1d ? "[[model.layers]]\nname = \"bn1d\"\ntype = \"batch_norm\"\nmomentum = 0.3\n" + s : std::string()) +
          "[[model.layers]]\nname = \"act2\"\ntype = \"activation\"\nfunction = \"tanh\"\n"
          "[[model.layers]]\nname = \"out\"\ntype = \"dense\"\nunits = 3\n";
 }
@@ -38,9 +40,10 @@ constexpr double kTol = 5e-6;
 
 }  // namespace
 
-TEST_CASE("batch_norm sync = true: data_parallel on 2 and 4 devices trains as one device on the global batch, where "
-          "per-replica statistics do not",
-          "[batch_norm][parallel][sync_bn]") {
+TEST_CASE(
+    "batch_norm sync = true: data_parallel on 2 and 4 devices trains as one device on the global batch, where "
+    "per-replica statistics do not",
+    "[batch_norm][parallel][sync_bn]") {
   const ModelSpec m = model_from(conv_bn_net(true));
   for (const char* opt : {kSgd, kAdam}) {
     const OptimizerSpec o = optimizer_from(opt);
@@ -50,7 +53,8 @@ TEST_CASE("batch_norm sync = true: data_parallel on 2 and 4 devices trains as on
       for (const char* extra : {"", "concurrent = false\nbucket_size = 300\n"}) {
         CAPTURE(opt, n, extra);
         CpuDevices devs(n);
-        auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + extra)->create(context(m, o, devs.ctx(), 16));
+        auto r = strategy(std::string("[strategy]\ntype = \"data_parallel\"\n") + extra)
+                     ->create(context(m, o, devs.ctx(), 16));
         std::vector<float> losses;
         const auto got = train(*r, m, 16, 4, 3, &losses);
         REQUIRE(got.size() == ref.size());  // parameters, running statistics, optimizer state and EMA
@@ -91,7 +95,8 @@ TEST_CASE("batch_norm sync = true with uneven shares, with a replica left withou
     auto r = strategy("[strategy]\ntype = \"data_parallel\"\n")->create(context(m, o, devs.ctx(), 8));
     for (int64_t rows : {8, 3, 8}) {
       const auto b = random_batch(rows, m.input_shape, 3, 40u + uint32_t(rows));
-      CHECK(r->train_step(b, {0, 0.05f}).total_loss == Approx(single->train_step(b, {0, 0.05f}).total_loss).epsilon(1e-5));
+      CHECK(r->train_step(b, {0, 0.05f}).total_loss ==
+            Approx(single->train_step(b, {0, 0.05f}).total_loss).epsilon(1e-5));
     }
     // save_state refuses replicas whose tensors differ: it succeeding is the check that all four agree.
     CHECK(max_abs_diff(r->save_state(), single->save_state()) < kTol);

@@ -11,9 +11,9 @@
 #include "kiln/executor.hpp"
 #include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
-#include "kiln/text_generation.hpp"
 #include "kiln/session.hpp"
 #include "kiln/single_runner.hpp"
+#include "kiln/text_generation.hpp"
 #include "test_data_support.hpp"
 #include "test_support.hpp"
 
@@ -80,8 +80,9 @@ TEST_CASE("text source: nanoGPT's shakespeare_char vocabulary (65 sorted charact
   // The val split starts at int(n * 0.9); [data.test] reads it by default.
   td::PipelineOptions test_pipeline;
   test_pipeline.pipeline = "test";
-  auto val = td::build("stages = [{type = \"text\", path = \"" + kShakespeare + "\", block_size = 8, sampling = \"sequential\"}]",
-                       test_pipeline);
+  auto val = td::build(
+      "stages = [{type = \"text\", path = \"" + kShakespeare + "\", block_size = 8, sampling = \"sequential\"}]",
+      test_pipeline);
   CHECK(val->size_hint() == (int64_t(text.size()) - cut - 1) / 8);
   val->reset(0);
   auto first = val->next();
@@ -94,7 +95,8 @@ TEST_CASE("text source: random windows are seeded, aligned with their next-token
   std::string text;
   for (int i = 0; i < 300; ++i) text += static_cast<char>('a' + (i * 7) % 26);
   const std::string path = write_text("text_random", text);
-  const std::string cfg = "stages = [{type = \"text\", path = \"" + path + "\", block_size = 5, examples_per_epoch = 40}]";
+  const std::string cfg =
+      "stages = [{type = \"text\", path = \"" + path + "\", block_size = 5, examples_per_epoch = 40}]";
   td::PipelineOptions seven;
   seven.seed = 7;
   auto a = td::build(cfg), b = td::build(cfg), other = td::build(cfg, seven);
@@ -136,7 +138,8 @@ TEST_CASE("text source: random windows are seeded, aligned with their next-token
 TEST_CASE("text source: UTF-8 characters, a byte vocabulary, and the tokens source round trip", "[text]") {
   const std::string text = "héllo wörld, ça va? " + std::string(40, 'x');
   const std::string path = write_text("text_utf8", text);
-  auto chars = td::build("stages = [{type = \"text\", path = \"" + path + "\", block_size = 4, sampling = \"sequential\"}]");
+  auto chars =
+      td::build("stages = [{type = \"text\", path = \"" + path + "\", block_size = 4, sampling = \"sequential\"}]");
   const Vocabulary v = parse_vocabulary(chars->vocabulary(), "vocab");
   CHECK(v.tokens.size() == 15);  // distinct characters (h é l o space w ö r d , ç a v ? x), not bytes
   std::string decoded;
@@ -146,10 +149,11 @@ TEST_CASE("text source: UTF-8 characters, a byte vocabulary, and the tokens sour
   for (float id : e->x.data) decoded += v.decode(static_cast<int64_t>(id));
   CHECK(decoded == "héll");
   CHECK(v.encode("wörld", "prompt").size() == 5);
-  CHECK_THROWS_WITH(v.encode("hola Z", "--prompt"), Catch::Contains("--prompt") && Catch::Contains("'Z'") &&
-                                                         Catch::Contains("position 5"));
+  CHECK_THROWS_WITH(v.encode("hola Z", "--prompt"),
+                    Catch::Contains("--prompt") && Catch::Contains("'Z'") && Catch::Contains("position 5"));
 
-  auto bytes = td::build("stages = [{type = \"text\", path = \"" + path + "\", vocab = \"bytes\", block_size = 4, "
+  auto bytes = td::build("stages = [{type = \"text\", path = \"" + path +
+                         "\", vocab = \"bytes\", block_size = 4, "
                          "sampling = \"sequential\"}]");
   bytes->reset(0);
   e = bytes->next();
@@ -177,7 +181,8 @@ TEST_CASE("text source: UTF-8 characters, a byte vocabulary, and the tokens sour
       CHECK(all[k].y.data[j] == float(ids[k * 6 + j + 1]));
     }
   // An id at or above vocab_size names the file and the token.
-  auto small = td::build("stages = [{type = \"tokens\", path = \"" + bin.string() + "\", vocab_size = 1000, block_size = 6, "
+  auto small = td::build("stages = [{type = \"tokens\", path = \"" + bin.string() +
+                         "\", vocab_size = 1000, block_size = 6, "
                          "sampling = \"sequential\"}]");
   small->reset(0);
   CHECK_THROWS_WITH(td::drain(*small), Catch::Contains(bin.string()) && Catch::Contains("vocab_size = 1000"));
@@ -187,7 +192,8 @@ TEST_CASE("text and tokens sources refuse bad keys, values and files, naming the
   const std::string path = write_text("text_errors", "abcdefghij");
   const std::string src = "stages = [{type = \"text\", path = \"" + path + "\"";
   CHECK_THAT(stage_error(src + "}]"), Catch::Contains("block_size"));
-  CHECK_THAT(stage_error(src + ", block_size = 0}]"), Catch::Contains("pipeline.toml:1") && Catch::Contains("block_size"));
+  CHECK_THAT(stage_error(src + ", block_size = 0}]"),
+             Catch::Contains("pipeline.toml:1") && Catch::Contains("block_size"));
   CHECK_THAT(stage_error(src + ", block_size = 4, vocab = \"words\"}]"), Catch::Contains("vocab"));
   CHECK_THAT(stage_error(src + ", block_size = 4, split = \"test\"}]"), Catch::Contains("split"));
   CHECK_THAT(stage_error(src + ", block_size = 4, val_fraction = 1.5}]"), Catch::Contains("val_fraction"));
@@ -201,7 +207,10 @@ TEST_CASE("text and tokens sources refuse bad keys, values and files, naming the
              Catch::Contains("examples_per_epoch") && Catch::Contains("sequential windows"));
   CHECK_THAT(stage_error("stages = [{type = \"text\", path = \"/nonexistent/input.txt\", block_size = 4}]"),
              Catch::StartsWith("data: text: /nonexistent/input.txt"));
-  const std::string bad = write_text("text_bad_utf8", "abc\xff" "def" + std::string(30, 'x'));
+  const std::string bad = write_text("text_bad_utf8",
+                                     "abc\xff"
+                                     "def" +
+                                         std::string(30, 'x'));
   CHECK_THAT(stage_error("stages = [{type = \"text\", path = \"" + bad + "\", block_size = 4}]"),
              Catch::Contains(bad) && Catch::Contains("byte offset 3"));
   CHECK_THAT(stage_error("stages = [{type = \"text\", path = \"" + bad + "\", block_size = 4}]"),
@@ -214,8 +223,8 @@ TEST_CASE("text and tokens sources refuse bad keys, values and files, naming the
              Catch::Contains("vocab_size"));
   CHECK_THAT(stage_error("stages = [{type = \"tokens\", path = \"" + odd + "\", vocab_size = 70000, block_size = 1}]"),
              Catch::Contains("vocab_size") && Catch::Contains("65536"));
-  CHECK_THAT(stage_error("stages = [{type = \"synthetic\", shape = [2], examples = 4}, {type = \"text\", path = \"" + path +
-                         "\", block_size = 4}]"),
+  CHECK_THAT(stage_error("stages = [{type = \"synthetic\", shape = [2], examples = 4}, {type = \"text\", path = \"" +
+                         path + "\", block_size = 4}]"),
              Catch::Contains("source"));
 }
 
@@ -282,9 +291,10 @@ Element char_batch() {
 //   norm = torch.nn.utils.clip_grad_norm_([table, kernel, bias], 0.2)
 //   with torch.no_grad(): for p in (table, kernel, bias): p -= 0.1 * p.grad
 // -> loss 1.72370815, norm 0.421713948 (clipped to 0.2), weights after the SGD step as listed.
-TEST_CASE("clip_norm and per-position cross-entropy match PyTorch's clip_grad_norm_ and F.cross_entropy on a tiny "
-          "character model",
-          "[clip_norm][text]") {
+TEST_CASE(
+    "clip_norm and per-position cross-entropy match PyTorch's clip_grad_norm_ and F.cross_entropy on a tiny "
+    "character model",
+    "[clip_norm][text]") {
   Rig rig;
   ModelSpec m = test::model_from(kCharModel);
   m.label_shape = Shape{4};
@@ -321,14 +331,15 @@ TEST_CASE("clip_norm and per-position cross-entropy match PyTorch's clip_grad_no
   CHECK(r.total_loss == Approx(1.72370815).epsilon(1e-6));
   CHECK(r.grad_norm == Approx(0.421713948).epsilon(1e-5));
   const auto st = runner.save_state();
-  const std::vector<float> table = {0.416393995f,  0.454644203f, 0.0748989433f, -0.381401002f, -0.476801962f,
-                                    -0.135198802f, 0.325823158f, 0.491546601f,  0.206952229f,  -0.269941449f,
-                                    -0.500327528f, -0.270544171f, 0.211761117f, 0.492217302f,  0.321715355f};
-  const std::vector<float> kernel = {-0.294481248f,  -0.688420951f, -0.460412323f, 0.202428505f, 0.66972065f,
-                                     0.52340883f,    -0.0961082801f, -0.642130315f, -0.580406129f, -0.000925835688f,
-                                     0.589205027f,   0.636843443f,  0.0938889608f, -0.528142869f, -0.672311246f};
+  const std::vector<float> table = {0.416393995f,  0.454644203f,  0.0748989433f, -0.381401002f, -0.476801962f,
+                                    -0.135198802f, 0.325823158f,  0.491546601f,  0.206952229f,  -0.269941449f,
+                                    -0.500327528f, -0.270544171f, 0.211761117f,  0.492217302f,  0.321715355f};
+  const std::vector<float> kernel = {-0.294481248f, -0.688420951f,  -0.460412323f, 0.202428505f,  0.66972065f,
+                                     0.52340883f,   -0.0961082801f, -0.642130315f, -0.580406129f, -0.000925835688f,
+                                     0.589205027f,  0.636843443f,   0.0938889608f, -0.528142869f, -0.672311246f};
   const std::vector<float> bias = {-0.202102065f, -0.0963836908f, 0.00230264361f, 0.101587884f, 0.194595233f};
-  for (auto [name, want] : {std::pair{"wte.table", &table}, std::pair{"head.kernel", &kernel}, std::pair{"head.bias", &bias}})
+  for (auto [name, want] :
+       {std::pair{"wte.table", &table}, std::pair{"head.kernel", &kernel}, std::pair{"head.bias", &bias}})
     for (size_t i = 0; i < want->size(); ++i) {
       INFO(name << "[" << i << "]");
       CHECK(st.at(name).data[i] == Approx((*want)[i]).margin(1e-6));
@@ -380,8 +391,9 @@ TEST_CASE("a test text source with another vocabulary than the training one is a
   const auto dir = test::temp_dir("text_vocab_mismatch");
   std::ofstream(dir / "a.txt") << std::string(200, 'a') + "bcd";
   std::ofstream(dir / "b.txt") << std::string(200, 'a') + "xyz";
-  const std::string model = "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 4\ndim = 2\n"
-                            "[[model.layers]]\ntype = \"dense\"\nunits = 4\n";
+  const std::string model =
+      "[model]\ninput_shape = [4]\n[[model.layers]]\ntype = \"embedding\"\nvocab = 4\ndim = 2\n"
+      "[[model.layers]]\ntype = \"dense\"\nunits = 4\n";
   auto session_error = [&](const std::string& test_file) {
     const std::string toml = model + "[data.train]\nstages = [{type = \"text\", path = \"" + (dir / "a.txt").string() +
                              "\", block_size = 4}]\n[data.test]\nstages = [{type = \"text\", path = \"" +
@@ -393,6 +405,7 @@ TEST_CASE("a test text source with another vocabulary than the training one is a
     }
     return std::string();
   };
-  CHECK_THAT(session_error("b.txt"), Catch::Contains("run.toml:13") && Catch::Contains("data.test.stages[0].path") && Catch::Contains("vocabulary differs"));
+  CHECK_THAT(session_error("b.txt"), Catch::Contains("run.toml:13") && Catch::Contains("data.test.stages[0].path") &&
+                                         Catch::Contains("vocabulary differs"));
   CHECK(session_error("a.txt") == "");
 }

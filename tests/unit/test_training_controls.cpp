@@ -28,11 +28,11 @@ TEST_CASE("ema_warmup patches the EMA decay to min(decay, (1 + n) / (10 + n)) ea
     d.patch(a, s);
     return std::get<EmaAttrs>(a).decay;
   };
-  CHECK(decay_at(0) == Approx(0.1f));           // (1 + 0) / (10 + 0)
+  CHECK(decay_at(0) == Approx(0.1f));  // (1 + 0) / (10 + 0)
   CHECK(decay_at(90) == Approx(91.f / 100.f));
-  CHECK(decay_at(8990) == Approx(0.999f));      // (1 + n) / (10 + n) reaches 0.999 at n = 8990
+  CHECK(decay_at(8990) == Approx(0.999f));  // (1 + n) / (10 + n) reaches 0.999 at n = 8990
   CHECK(decay_at(1000000) == Approx(0.999f));
-  OpAttrs plain = EmaAttrs{16, 0.99f};          // without warmup the decay is left alone
+  OpAttrs plain = EmaAttrs{16, 0.99f};  // without warmup the decay is left alone
   StepScalars s;
   s.step = 3;
   d.patch(plain, s);

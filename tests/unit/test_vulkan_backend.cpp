@@ -1,9 +1,8 @@
 // The Vulkan backend on the machine's Vulkan devices (lavapipe in CI), with the validation layer on:
 // enumeration, memory limits, batching, the pipeline cache, unaligned views, errors, and the validation
 // message counter the conformance suite relies on.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -11,12 +10,12 @@
 #include <vector>
 
 #include "kiln/allocator.hpp"
-#include "kiln/model.hpp"
-#include "kiln/single_runner.hpp"
 #include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
+#include "kiln/model.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/reference.hpp"
+#include "kiln/single_runner.hpp"
 #include "test_support.hpp"
 
 using namespace kiln;
@@ -213,7 +212,7 @@ TEST_CASE("vulkan conv2d_backward_filter gives the reference result with and wit
   v.device->copy_from_host(dy.data(), dyb.view());
   OpCall call{OpKind::Conv2dBackwardFilter, a, {xb.view(), dyb.view()}, {dwb.view()}, {}};
   const size_t ws = v.device->workspace_bytes(call);
-  CHECK(ws > 0);  // 2304 reduction steps over one output tile: split
+  CHECK(ws > 0);        // 2304 reduction steps over one output tile: split
   v.device->run(call);  // no workspace given: one pass
   CHECK(download(*v.device, dwb.view()) == want);
   Allocation wsb = v.alloc->allocate(ws, {});
@@ -331,8 +330,8 @@ TEST_CASE("vulkan gemm and batched_gemm give the reference result on both llvmpi
     }
     for (const S& s : shapes)
       for (size_t shift : {size_t(0), size_t(4)}) {  // a view 4 bytes past an aligned offset: the tile
-        INFO("lvp " << lvp << " batch " << s.batch << " " << s.m << "x" << s.n << "x" << s.k << " ta " << s.ta
-                    << " tb " << s.tb << " shift " << shift);
+        INFO("lvp " << lvp << " batch " << s.batch << " " << s.m << "x" << s.n << "x" << s.k << " ta " << s.ta << " tb "
+                    << s.tb << " shift " << shift);
         const GemmAttrs a{s.m, s.n, s.k, s.ta, s.tb, s.alpha, s.beta, s.batch};
         const OpKind kind = s.batch > 1 ? OpKind::BatchedGemm : OpKind::Gemm;
         std::vector<float> x(s.batch * s.m * s.k), w(s.batch * s.k * s.n), y(s.batch * s.m * s.n), want;
@@ -370,12 +369,12 @@ TEST_CASE("vulkan convolutions give the reference result through im2col + gemm_l
   struct S {
     int64_t n, c, h, w, k, r, s, sh, pad;
   };
-  const S shapes[] = {{3, 4, 10, 10, 5, 3, 3, 1, 1},     // c*r*s = 36, oh*ow = 100
-                      {2, 4, 16, 16, 7, 3, 3, 2, 1},     // stride 2: oh*ow = 64
-                      {2, 4, 12, 12, 3, 4, 4, 2, 1},     // even filter, stride 2: taps that skip rows
-                      {2, 64, 64, 64, 3, 3, 3, 1, 1},    // 9.4 MB of patches per image: one image per chunk
-                      {2, 3, 8, 8, 4, 3, 3, 1, 1},       // c*r*s = 27: the tile
-                      {1, 4, 5, 5, 6, 1, 1, 1, 0}};      // oh*ow = 25: the tile
+  const S shapes[] = {{3, 4, 10, 10, 5, 3, 3, 1, 1},   // c*r*s = 36, oh*ow = 100
+                      {2, 4, 16, 16, 7, 3, 3, 2, 1},   // stride 2: oh*ow = 64
+                      {2, 4, 12, 12, 3, 4, 4, 2, 1},   // even filter, stride 2: taps that skip rows
+                      {2, 64, 64, 64, 3, 3, 3, 1, 1},  // 9.4 MB of patches per image: one image per chunk
+                      {2, 3, 8, 8, 4, 3, 3, 1, 1},     // c*r*s = 27: the tile
+                      {1, 4, 5, 5, 6, 1, 1, 1, 0}};    // oh*ow = 25: the tile
   for (const S& s : shapes)
     for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
       ConvAttrs a;
@@ -386,9 +385,12 @@ TEST_CASE("vulkan convolutions give the reference result through im2col + gemm_l
                    << " stride " << s.sh);
       const int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
       std::vector<int64_t> sizes_in, sizes_out;
-      if (kind == OpKind::Conv2dForward) sizes_in = {nx, nw}, sizes_out = {ny};
-      else if (kind == OpKind::Conv2dBackwardData) sizes_in = {ny, nw}, sizes_out = {nx};
-      else sizes_in = {nx, ny}, sizes_out = {nw};
+      if (kind == OpKind::Conv2dForward)
+        sizes_in = {nx, nw}, sizes_out = {ny};
+      else if (kind == OpKind::Conv2dBackwardData)
+        sizes_in = {ny, nw}, sizes_out = {nx};
+      else
+        sizes_in = {nx, ny}, sizes_out = {nw};
       std::vector<std::vector<float>> in(2);
       for (int t = 0; t < 2; ++t) {
         in[t].resize(sizes_in[t]);

@@ -16,7 +16,16 @@
 
 namespace kiln {
 
-enum class MemoryTag : uint8_t { parameters, gradients, optimizer_state, activations, workspace, input_data, other, Count_ };
+enum class MemoryTag : uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  workspace,
+  input_data,
+  other,
+  Count_
+};
 inline constexpr size_t kMemoryTagCount = static_cast<size_t>(MemoryTag::Count_);
 const char* memory_tag_name(MemoryTag t);
 
@@ -33,21 +42,21 @@ bool shares_host_memory(const DeviceInfo& d);
 std::string shared_memory_overcommit(const std::vector<std::pair<const DeviceInfo*, size_t>>& limits);
 
 struct AllocatorOptions {
-  size_t limit = 0;               // hard cap on bytes reserved from the device; 0 = device total
-  bool growth = true;             // take blocks on demand; false reserves `limit` at start
-  size_t min_block = 2u << 20;    // smallest block requested when growing
-  size_t alignment = 256;         // of every allocation
-  size_t max_block = 0;           // the device's largest single allocation (0 = no limit)
-  size_t max_blocks = 0;          // the device's allocation count limit (0 = no limit)
-  int fail_block_request = 0;     // fault injection: the k-th block request (1-based) fails; 0 = off
+  size_t limit = 0;             // hard cap on bytes reserved from the device; 0 = device total
+  bool growth = true;           // take blocks on demand; false reserves `limit` at start
+  size_t min_block = 2u << 20;  // smallest block requested when growing
+  size_t alignment = 256;       // of every allocation
+  size_t max_block = 0;         // the device's largest single allocation (0 = no limit)
+  size_t max_blocks = 0;        // the device's allocation count limit (0 = no limit)
+  int fail_block_request = 0;   // fault injection: the k-th block request (1-based) fails; 0 = off
 };
 
 struct MemoryStats {
-  size_t reserved = 0;             // bytes taken from the device in blocks
-  size_t in_use = 0;               // bytes handed out
+  size_t reserved = 0;  // bytes taken from the device in blocks
+  size_t in_use = 0;    // bytes handed out
   size_t peak_in_use = 0;
   size_t peak_reserved = 0;
-  size_t largest_free = 0;         // the largest free range inside reserved blocks
+  size_t largest_free = 0;  // the largest free range inside reserved blocks
   size_t blocks = 0;
   size_t block_requests = 0;
   std::array<size_t, kMemoryTagCount> in_use_by_tag{};

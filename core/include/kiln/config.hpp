@@ -20,7 +20,7 @@ class ConfigNode {
 
   bool has(const std::string& key) const;
   bool is_list(const std::string& key) const;  // the key is present and holds an array (does not mark it read)
-  std::string path() const { return path_; }  // dotted path of this table, "model.layers[2]"
+  std::string path() const { return path_; }   // dotted path of this table, "model.layers[2]"
   std::string where(const std::string& key = {}) const;  // "run.toml:12: key 'model.layers[2].units'"
 
   // Typed getters; a missing required key or a wrong type throws ConfigError.
@@ -44,7 +44,7 @@ class ConfigNode {
   std::pair<int64_t, int64_t> get_pair(const std::string& key, std::pair<int64_t, int64_t> dflt) const;
   // Either a string or an integer, returned as text ("1200MiB", "60%", 1048576).
   std::string get_size_text(const std::string& key, const std::string& dflt) const;
-  std::optional<ConfigNode> table(const std::string& key) const;  // a sub-table, if present
+  std::optional<ConfigNode> table(const std::string& key) const;      // a sub-table, if present
   std::vector<ConfigNode> table_array(const std::string& key) const;  // [[key]] or key = [{...}, ...]
   // Throws ConfigError naming every key of this table that no getter read.
   void finish() const;

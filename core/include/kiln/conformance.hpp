@@ -37,10 +37,10 @@ struct CaseResult {
   std::string id;  // "gemm/tn.17x33x65.int"
   std::string op;  // op_name, or "oom" for fault-injection checks
   CaseStatus status = CaseStatus::pass;
-  std::string detail;       // failure or unsupported reason; the check applied when passing
-  std::string relaxation;   // the tolerance-file entry applied, if any
-  double max_abs_err = 0;   // against the reference
-  double nse = 0;           // normalized squared error
+  std::string detail;      // failure or unsupported reason; the check applied when passing
+  std::string relaxation;  // the tolerance-file entry applied, if any
+  double max_abs_err = 0;  // against the reference
+  double nse = 0;          // normalized squared error
   double seconds = 0;
 };
 
@@ -49,9 +49,9 @@ struct BackendResult {
   bool available = false;  // had a device to run on
   std::string reason;      // why not available
   DeviceInfo device;
-  std::string tolerance_file;  // the file read, empty when none
+  std::string tolerance_file;                    // the file read, empty when none
   std::vector<std::string> relaxations_applied;  // "op gemm: nse <= 1e-08 (reason)", printed by the run
-  bool validation_checked = false;  // the device answered kValidationMessagesExtension
+  bool validation_checked = false;               // the device answered kValidationMessagesExtension
   uint64_t validation_messages = 0;
   std::vector<CaseResult> cases;
   int count(CaseStatus s) const;

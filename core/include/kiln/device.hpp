@@ -55,16 +55,16 @@ std::string_view device_type_name(DeviceType t);  // "cpu", "gpu", "integrated_g
 
 // A device as its backend describes it. Kiln decides by these fields, never by a backend's or a driver's name.
 struct DeviceInfo {
-  std::string backend;      // the backend's name: "cpu", "vulkan", "cuda", a plugin's
-  int index = 0;            // index within its backend
-  std::string name;         // "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.7, 256 bits)"
+  std::string backend;  // the backend's name: "cpu", "vulkan", "cuda", a plugin's
+  int index = 0;        // index within its backend
+  std::string name;     // "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.7, 256 bits)"
   DeviceType type = DeviceType::other;
   // Block::ptr of this device's blocks is host memory the host may read and write directly, also while the
   // device's ops run on other blocks (the CPU backend). False: only copy_to_host/copy_from_host reach the data.
   bool host_addressable = false;
-  std::string hardware_id;  // PCI bus id or UUID; stable across backends for the same hardware
-  size_t total_memory = 0;  // bytes, as the driver reports
-  size_t free_memory = 0;   // bytes, as the driver reports (other processes included)
+  std::string hardware_id;             // PCI bus id or UUID; stable across backends for the same hardware
+  size_t total_memory = 0;             // bytes, as the driver reports
+  size_t free_memory = 0;              // bytes, as the driver reports (other processes included)
   std::vector<std::string> processes;  // processes using the device, where the driver tells
 
   std::string label() const { return backend + ":" + std::to_string(index); }

@@ -1,8 +1,8 @@
 // Memory planning and execution of a static graph on one device.
 #pragma once
 #include <algorithm>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,14 +21,14 @@ struct OpDesc;
 enum class Region : uint8_t { none, persistent, gradients, arena, input, workspace };
 
 struct MemoryPlan {
-  std::vector<Region> region;   // per tensor (aliases: their root's)
-  std::vector<size_t> offset;   // per tensor root: offset inside its region
+  std::vector<Region> region;  // per tensor (aliases: their root's)
+  std::vector<size_t> offset;  // per tensor root: offset inside its region
   size_t persistent_by_tag[kMemoryTagCount] = {};
-  size_t gradients = 0;         // one region holding every parameter gradient, in backward order
-  size_t arena = 0;             // activations and backward intermediates, overlapped by liveness
-  size_t input = 0;             // the batch's features and labels, all input slots
-  size_t input_slot = 0;        // one slot (input = input_slots x input_slot)
-  size_t workspace = 0;         // the largest per-op scratch the device asks for
+  size_t gradients = 0;              // one region holding every parameter gradient, in backward order
+  size_t arena = 0;                  // activations and backward intermediates, overlapped by liveness
+  size_t input = 0;                  // the batch's features and labels, all input slots
+  size_t input_slot = 0;             // one slot (input = input_slots x input_slot)
+  size_t workspace = 0;              // the largest per-op scratch the device asks for
   size_t activations_unplanned = 0;  // sum of arena tensors without reuse (what liveness saved against)
   // Work the arena placement did (tensor comparisons and free-list updates): tests check it grows near-linearly
   // with the model's depth, without timing anything.
@@ -40,7 +40,7 @@ struct PlanOptions {
   int device = 0;                    // plan only tensors and nodes of this device index
   std::vector<TensorId> keep_alive;  // tensors whose storage must survive to the end of the step
   size_t alignment = 256;
-  int input_slots = 1;               // 2: double-buffered input, the next batch uploads while this step runs
+  int input_slots = 1;  // 2: double-buffered input, the next batch uploads while this step runs
 };
 
 // Arena tensors up to this count are placed greedily by size (tightest, quadratic); more by a sweep in step order.
@@ -103,7 +103,7 @@ class Executor {
   // Runs nodes [begin, end) (strategies that interleave communication with compute).
   void run_range(size_t begin, size_t end, const StepScalars& s, int slot = 0);
   int input_slots() const { return opts_.input_slots; }
-  size_t first_node_of(Phase p) const;     // index of the first node of a phase (size() when none)
+  size_t first_node_of(Phase p) const;  // index of the first node of a phase (size() when none)
   size_t size() const { return node_index_.size(); }
   float read_scalar(TensorId t);
   HostTensor read(TensorId t);
@@ -122,9 +122,9 @@ class Executor {
   PlanOptions opts_;
   MemoryPlan plan_;
   void check_batch(const Element& b) const;
-  std::vector<std::vector<OpCall>> calls_;  // per input slot
-  size_t input_stride_ = 0;                 // bytes between input slots (set by bind())
-  std::vector<size_t> node_index_;  // calls_[i] runs g_.nodes()[node_index_[i]]
+  std::vector<std::vector<OpCall>> calls_;                 // per input slot
+  size_t input_stride_ = 0;                                // bytes between input slots (set by bind())
+  std::vector<size_t> node_index_;                         // calls_[i] runs g_.nodes()[node_index_[i]]
   std::vector<std::pair<size_t, const OpDesc*>> patches_;  // calls whose op reads per-step scalars
   uint64_t bound_generation_ = ~0ull;
   int64_t patched_step_ = -1;

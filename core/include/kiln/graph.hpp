@@ -16,16 +16,16 @@ using TensorId = int32_t;
 inline constexpr TensorId kNoTensor = -1;
 
 enum class TensorRole : uint8_t {
-  input,        // a batch of features, copied in each step
-  label,        // a batch of labels
-  parameter,    // trainable weights (persistent)
-  gradient,     // gradient of a parameter (lives through the step)
+  input,            // a batch of features, copied in each step
+  label,            // a batch of labels
+  parameter,        // trainable weights (persistent)
+  gradient,         // gradient of a parameter (lives through the step)
   optimizer_state,  // persistent
-  ema,          // exponential moving average of a parameter (persistent)
-  activation,   // forward outputs and backward intermediates (planned in the arena)
-  loss,         // a scalar loss (planned, read back each step)
-  buffer,       // persistent state that is not trained (batch norm's running statistics): checkpointed, never
-                // given to the optimizer; under data_parallel each replica keeps its own (replica 0's is saved)
+  ema,              // exponential moving average of a parameter (persistent)
+  activation,       // forward outputs and backward intermediates (planned in the arena)
+  loss,             // a scalar loss (planned, read back each step)
+  buffer,           // persistent state that is not trained (batch norm's running statistics): checkpointed, never
+                    // given to the optimizer; under data_parallel each replica keeps its own (replica 0's is saved)
 };
 MemoryTag role_tag(TensorRole r);
 bool role_persistent(TensorRole r);
@@ -40,11 +40,11 @@ struct Init {
 struct TensorInfo {
   Shape shape;
   TensorRole role = TensorRole::activation;
-  std::string name;     // persistent tensors: unique key ("dense_1.kernel", "dense_1.kernel/adam_m")
-  std::string layer;    // the layer that produced it
+  std::string name;               // persistent tensors: unique key ("dense_1.kernel", "dense_1.kernel/adam_m")
+  std::string layer;              // the layer that produced it
   TensorId alias_of = kNoTensor;  // a reshape view shares its root's storage
   Init init;
-  int device = 0;       // index into the strategy's device list
+  int device = 0;  // index into the strategy's device list
   size_t bytes() const { return static_cast<size_t>(shape.numel()) * sizeof(float); }
 };
 
@@ -77,8 +77,8 @@ class Graph {
   // Named roles of the step.
   TensorId input = kNoTensor;
   TensorId label = kNoTensor;
-  std::vector<TensorId> losses;            // one per model output
-  std::vector<TensorId> outputs;           // model outputs (logits/predictions), per head
+  std::vector<TensorId> losses;   // one per model output
+  std::vector<TensorId> outputs;  // model outputs (logits/predictions), per head
   std::vector<std::string> output_names;
   std::vector<std::pair<TensorId, TensorId>> param_grads;  // (parameter, gradient)
   // clip_norm: the sum of squares of every gradient, (1), written in the update phase and alive to the step's end
@@ -104,10 +104,14 @@ class Graph {
 // What layers use to emit their forward ops.
 class GraphBuilder {
  public:
-  GraphBuilder(Graph& g, int64_t batch, bool training, uint32_t seed) : g_(g), batch_(batch), training_(training), seed_(seed) {}
+  GraphBuilder(Graph& g, int64_t batch, bool training, uint32_t seed)
+      : g_(g), batch_(batch), training_(training), seed_(seed) {}
 
   // Sets the layer subsequent calls belong to.
-  void begin_layer(const std::string& name, int device) { layer_ = name; device_ = device; }
+  void begin_layer(const std::string& name, int device) {
+    layer_ = name;
+    device_ = device;
+  }
   const std::string& layer() const { return layer_; }
   // A trainable parameter named "<layer>.<name>".
   TensorId param(const std::string& name, Shape shape, Init init);

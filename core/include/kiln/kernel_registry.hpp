@@ -26,7 +26,7 @@ struct HostKernel {
 // buffers at set 0, bindings 0.. = the call's inputs then its outputs; the push-constant block starts with the
 // eight binding offsets (base0..base7), then the 32-bit words params() returns (at most 24).
 struct ShaderKernel {
-  std::string name;                // unique among kernels, e.g. "example.swish_forward"
+  std::string name;  // unique among kernels, e.g. "example.swish_forward"
   std::vector<uint32_t> spirv;
   std::function<std::vector<uint32_t>(const OpCall&)> params;
   std::function<std::array<uint32_t, 3>(const OpCall&)> groups;  // workgroups to dispatch

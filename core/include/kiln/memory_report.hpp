@@ -32,8 +32,8 @@ std::string format_device_plan(const DevicePlan& p, size_t limit, const std::str
 struct PlanCheck {
   std::vector<DevicePlan> plans;
   std::vector<size_t> limits;  // per plan
-  bool fits = true;             // every plan fits its limit and every limit fits beside others' reservations
-  bool blocked = false;         // some limit does not fit beside other Kiln jobs' reservations (train would refuse)
+  bool fits = true;            // every plan fits its limit and every limit fits beside others' reservations
+  bool blocked = false;        // some limit does not fit beside other Kiln jobs' reservations (train would refuse)
   size_t worst_need = 0;       // the largest plan total that exceeds its limit (0 when everything fits)
   std::string report;          // layer table, per-device breakdown and verdict, largest batch, advice
 };
@@ -50,15 +50,16 @@ void enforce_memory_plan(Session& s, std::ostream& out);
 // against batch size.
 struct SweepPoint {
   int64_t batch = 0;
-  size_t predicted = 0;   // plan total (largest over devices)
-  size_t measured = 0;    // allocator peak_in_use after one training step (0 when not measured)
+  size_t predicted = 0;  // plan total (largest over devices)
+  size_t measured = 0;   // allocator peak_in_use after one training step (0 when not measured)
   size_t limit = 0;
   bool fits = false;
   double step_seconds = 0;
 };
 // Powers of two times `unit` up to the largest batch that fits, that batch, and one point past it.
 std::vector<int64_t> default_sweep_batches(int64_t largest_fit, int64_t unit = 1);
-std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure, std::ostream* progress);
+std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure,
+                                     std::ostream* progress);
 std::string sweep_csv(const std::vector<SweepPoint>& points);
 std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& title);
 

@@ -51,7 +51,7 @@ struct OptimizerSpec {
   bool nesterov = false;
   DecayParams decay_params = DecayParams::all;
   ScheduleSpec schedule;
-  double ema_decay = 0;  // 0 = no EMA
+  double ema_decay = 0;     // 0 = no EMA
   bool ema_warmup = false;  // decay = min(ema_decay, (1 + step) / (10 + step)), TensorFlow's num_updates form
   // Gradient clipping by global L2 norm over every parameter (PyTorch's clip_grad_norm_, Keras' global_clipnorm),
   // computed on the device before the update; 0 = off.
@@ -78,8 +78,8 @@ OptimizerSpec parse_optimizer(const ConfigNode& opt);
 
 struct GraphOptions {
   int64_t batch = 32;
-  bool training = true;      // false: forward + losses only, dropout off
-  bool use_ema = false;      // eval: read the EMA shadow instead of the parameters
+  bool training = true;                      // false: forward + losses only, dropout off
+  bool use_ema = false;                      // eval: read the EMA shadow instead of the parameters
   const OptimizerSpec* optimizer = nullptr;  // training: append update nodes
   // Model-parallel placement: the device index (into the strategy's list) of each layer; null = all on 0.
   std::function<int(const LayerSpec&)> place;

@@ -48,8 +48,8 @@ class GradContext {
 enum StepScalar : uint8_t { kStepNone = 0, kStepLearningRate = 1, kStepCount = 2, kStepDropoutCounter = 4 };
 
 struct OpDesc {
-  std::string name;           // stable, lower-case: reports, repro lines, tolerance files
-  size_t attrs_index = 0;     // the OpAttrs alternative this op takes (variant index)
+  std::string name;        // stable, lower-case: reports, repro lines, tolerance files
+  size_t attrs_index = 0;  // the OpAttrs alternative this op takes (variant index)
   // Element count of every input and output; throws Error naming the op for attributes out of range.
   std::function<OpArity(const OpAttrs&)> arity;
   // (output, input): that output may be exactly that input's buffer (the op then runs in place).
@@ -81,7 +81,7 @@ inline constexpr size_t kBuiltinOpCount = static_cast<size_t>(OpKind::Count_);
 // The descriptor of `k`; throws Error for a kind nothing registered.
 const OpDesc& op_desc(OpKind k);
 bool op_known(OpKind k);
-size_t op_count();                                  // built-in ops plus registered ones
+size_t op_count();  // built-in ops plus registered ones
 std::optional<OpKind> find_op(std::string_view name);
 // Adds a plugin's op to the process-wide table and returns its kind (>= OpKind::Count_). Registering an equal
 // name again from the same plugin returns the existing kind (a plugin loaded twice); from another plugin, or
@@ -97,8 +97,8 @@ void check_builtin_ops();
 // kernel-independent parts included (arity, aliasing, gradient rule, reference, conformance cases), and any layer
 // of its own (add_core_layer), when libkiln_core loads:
 //   KILN_CORE_OPS(layer_norm) { register_op(OpKind::LayerNormForward, ...); add_core_layer("layer_norm", ...); }
-#define KILN_CORE_OPS(family)                                                                    \
-  static void kiln_core_ops_##family();                                                          \
+#define KILN_CORE_OPS(family)                                                                                \
+  static void kiln_core_ops_##family();                                                                      \
   [[maybe_unused]] static const bool kiln_core_ops_##family##_registered = (kiln_core_ops_##family(), true); \
   static void kiln_core_ops_##family()
 

@@ -194,8 +194,8 @@ struct SoftmaxAttrs {
 };
 struct LossAttrs {
   int64_t rows = 0, cols = 0;
-  float scale = 1.f;  // loss weight / batch size
-  bool from_logits = true;  // BinaryCrossEntropy only
+  float scale = 1.f;         // loss weight / batch size
+  bool from_logits = true;   // BinaryCrossEntropy only
   bool soft_labels = false;  // SoftmaxCrossEntropy only: labels are (rows, cols) class probabilities, not indices
 };
 // Add, Mul, Axpby, Scale, Fill, Copy, SumSquares, ClipByGlobalNorm.
@@ -224,7 +224,7 @@ struct SgdAttrs {
 struct AdamAttrs {
   int64_t count = 0;
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-7f, weight_decay = 0.f;
-  int64_t step = 1;  // t, set by the executor
+  int64_t step = 1;             // t, set by the executor
   float decoupled_decay = 0.f;  // AdamW's weight decay: w *= 1 - lr * decoupled_decay before the Adam step
 };
 struct RmspropAttrs {
@@ -269,9 +269,10 @@ struct CustomAttrs {
   std::vector<float> floats;
 };
 
-using OpAttrs = std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs,
-                             ElementwiseAttrs, ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs,
-                             RmspropAttrs, EmaAttrs, EmbeddingAttrs, LayerNormAttrs, PermuteAttrs, BatchNormAttrs, CustomAttrs>;
+using OpAttrs =
+    std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs, ElementwiseAttrs,
+                 ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs, RmspropAttrs, EmaAttrs, EmbeddingAttrs,
+                 LayerNormAttrs, PermuteAttrs, BatchNormAttrs, CustomAttrs>;
 
 // Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
 // (op_table.hpp holds every op's descriptor; these are lookups into it).

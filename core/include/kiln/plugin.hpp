@@ -16,7 +16,14 @@
 namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
-inline constexpr int kApiVersion = 8;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels, StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5: BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group, Registry::add_process_group, Stage::label_names, GroupCommunicatorFactory, Registry::add_group_communicator; 7: BatchNormAttrs::sync, Executor::write, the kRunFused device extension (FusedRunner); 8: Device's copies, upload_async, supports and run are checked once in the core and call the backend's protected do_copy_from_host, do_copy_to_host, do_copy_on_device, do_upload_async, runs_kernel, do_supports and do_run
+inline constexpr int kApiVersion =
+    8;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels,
+        // StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5:
+        // BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group,
+        // Registry::add_process_group, Stage::label_names, GroupCommunicatorFactory, Registry::add_group_communicator;
+        // 7: BatchNormAttrs::sync, Executor::write, the kRunFused device extension (FusedRunner); 8: Device's copies,
+        // upload_async, supports and run are checked once in the core and call the backend's protected
+        // do_copy_from_host, do_copy_to_host, do_copy_on_device, do_upload_async, runs_kernel, do_supports and do_run
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif
@@ -24,9 +31,11 @@ inline constexpr int kApiVersion = 8;  // 2: the op table (custom ops and kernel
 #define KILN_BUILD_FINGERPRINT_STR2(x) #x
 #define KILN_BUILD_FINGERPRINT_STR(x) KILN_BUILD_FINGERPRINT_STR2(x)
 #if defined(__clang__)
-#define KILN_BUILD_FINGERPRINT "clang-" KILN_BUILD_FINGERPRINT_STR(__clang_major__) "/libstdc++" KILN_BUILD_FINGERPRINT_STR(_GLIBCXX_RELEASE)
+#define KILN_BUILD_FINGERPRINT \
+  "clang-" KILN_BUILD_FINGERPRINT_STR(__clang_major__) "/libstdc++" KILN_BUILD_FINGERPRINT_STR(_GLIBCXX_RELEASE)
 #elif defined(__GNUC__)
-#define KILN_BUILD_FINGERPRINT "gcc-" KILN_BUILD_FINGERPRINT_STR(__GNUC__) "/libstdc++" KILN_BUILD_FINGERPRINT_STR(_GLIBCXX_RELEASE)
+#define KILN_BUILD_FINGERPRINT \
+  "gcc-" KILN_BUILD_FINGERPRINT_STR(__GNUC__) "/libstdc++" KILN_BUILD_FINGERPRINT_STR(_GLIBCXX_RELEASE)
 #else
 #define KILN_BUILD_FINGERPRINT "unknown"
 #endif
@@ -116,8 +125,8 @@ struct PluginEntry {
 #include <boost/dll/alias.hpp>
 
 // Defines the plugin's exported entry `kiln_plugin` (Boost.DLL alias).
-#define KILN_PLUGIN(DESCRIPTOR_FN, REGISTER_FN)                                   \
-  namespace kiln_plugin_entry_ns {                                                \
+#define KILN_PLUGIN(DESCRIPTOR_FN, REGISTER_FN)                                            \
+  namespace kiln_plugin_entry_ns {                                                         \
   extern "C" const ::kiln::PluginEntry kiln_plugin_entry_v = {DESCRIPTOR_FN, REGISTER_FN}; \
-  }                                                                               \
+  }                                                                                        \
   BOOST_DLL_ALIAS(kiln_plugin_entry_ns::kiln_plugin_entry_v, kiln_plugin)

@@ -19,11 +19,11 @@ namespace kiln {
 struct ReservationHolder {
   int64_t pid = 0;
   std::string user;
-  std::string command;      // the holder's command line (shortened)
-  std::string run;          // the holder's [run] name, when it recorded one
-  std::string device;       // label when it reserved, e.g. "cuda:1"
+  std::string command;  // the holder's command line (shortened)
+  std::string run;      // the holder's [run] name, when it recorded one
+  std::string device;   // label when it reserved, e.g. "cuda:1"
   size_t bytes = 0;
-  int64_t start_time = 0;   // seconds since the epoch
+  int64_t start_time = 0;  // seconds since the epoch
   // "pid 4242 (alice, run \"big\", `kiln train big.toml`, 2.00 GiB of cuda:0 since 2024-05-01 12:00:03)"
   std::string describe() const;
 };
@@ -33,7 +33,8 @@ std::string reservation_root();
 
 // Every live reservation on the device with this hardware id (this process's own included). Stale files are
 // removed on the way.
-std::vector<ReservationHolder> live_reservations(const std::string& hardware_id, const std::string& root = reservation_root());
+std::vector<ReservationHolder> live_reservations(const std::string& hardware_id,
+                                                 const std::string& root = reservation_root());
 size_t total_bytes(const std::vector<ReservationHolder>& holders);
 
 // One reservation held by this process (RAII: the file is unlocked and removed on destruction).
@@ -43,7 +44,8 @@ class Reservation {
   // (normally the device's total memory), then records it with the run's name `run` (may be empty). Throws
   // DeviceError naming the holders otherwise.
   static std::unique_ptr<Reservation> acquire(const DeviceInfo& device, size_t bytes, size_t capacity,
-                                              const std::string& root = reservation_root(), const std::string& run = "");
+                                              const std::string& root = reservation_root(),
+                                              const std::string& run = "");
   ~Reservation();
   Reservation(const Reservation&) = delete;
   Reservation& operator=(const Reservation&) = delete;

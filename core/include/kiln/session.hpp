@@ -17,14 +17,14 @@
 namespace kiln {
 
 struct DeviceSettings {
-  std::string backend = "cpu";          // "auto" | "cpu" | "vulkan" | "cuda" | any registered backend
-  std::vector<int64_t> visible;         // indices within the backend; empty = all
-  std::string memory_limit;             // "1200MiB", "60%", "" = the whole device
+  std::string backend = "cpu";   // "auto" | "cpu" | "vulkan" | "cuda" | any registered backend
+  std::vector<int64_t> visible;  // indices within the backend; empty = all
+  std::string memory_limit;      // "1200MiB", "60%", "" = the whole device
   bool growth = true;
-  std::string fallback = "error";       // "error" | "cpu": the highest-priority backend with a host CPU device
-  std::string select = "first";         // "first" | "most_free_memory"
-  int64_t count = 0;                    // how many devices to open (0 = 1 for single, all visible otherwise)
-  int fail_block_request = 0;           // fault injection for tests
+  std::string fallback = "error";  // "error" | "cpu": the highest-priority backend with a host CPU device
+  std::string select = "first";    // "first" | "most_free_memory"
+  int64_t count = 0;               // how many devices to open (0 = 1 for single, all visible otherwise)
+  int fail_block_request = 0;      // fault injection for tests
 };
 
 // [train] early_stopping (Keras's EarlyStopping callback).
@@ -33,24 +33,25 @@ struct EarlyStopping {
   std::string metric = "test_loss";  // "test_loss" | "test_accuracy" | "train_loss"
   int64_t patience = 3;              // epochs without an improvement larger than min_delta
   double min_delta = 0;
-  bool restore_best = true;          // end with the best epoch's weights (kept in output_dir/checkpoint-best.kiln)
+  bool restore_best = true;  // end with the best epoch's weights (kept in output_dir/checkpoint-best.kiln)
 };
 
 struct TrainSettings {
   int64_t epochs = 1;
   int64_t batch_size = 32;
-  int64_t steps_per_epoch = 0;    // 0 = the whole pipeline
-  bool evaluate = true;           // evaluate on [data.test] after every epoch
-  std::string progress = "auto";  // "auto" | "bar" | "lines" | "none"
-  std::string output_dir;         // metrics.jsonl and checkpoints; default runs/<name>
-  int64_t checkpoint_every = 1;   // epochs; 0 = never
-  int64_t checkpoint_every_steps = 0;     // also a mid-epoch checkpoint every this many steps (0 = off)
-  double checkpoint_every_minutes = 0;    // also one when this many minutes passed since the last (0 = off)
-  int64_t keep_checkpoints = 1;   // the newest this many step/epoch checkpoints stay on disk (older: <stem>-step<N>.kiln)
+  int64_t steps_per_epoch = 0;          // 0 = the whole pipeline
+  bool evaluate = true;                 // evaluate on [data.test] after every epoch
+  std::string progress = "auto";        // "auto" | "bar" | "lines" | "none"
+  std::string output_dir;               // metrics.jsonl and checkpoints; default runs/<name>
+  int64_t checkpoint_every = 1;         // epochs; 0 = never
+  int64_t checkpoint_every_steps = 0;   // also a mid-epoch checkpoint every this many steps (0 = off)
+  double checkpoint_every_minutes = 0;  // also one when this many minutes passed since the last (0 = off)
+  int64_t keep_checkpoints =
+      1;  // the newest this many step/epoch checkpoints stay on disk (older: <stem>-step<N>.kiln)
   EarlyStopping early_stopping;
-  int64_t max_steps = 0;          // stop after this many global steps, mid-epoch if need be, with a checkpoint (0 = no cap)
-  bool resume = false;            // continue from output_dir/checkpoint.kiln if it exists
-  bool overwrite = false;         // start over in an output_dir that holds an earlier run (else refused)
+  int64_t max_steps = 0;   // stop after this many global steps, mid-epoch if need be, with a checkpoint (0 = no cap)
+  bool resume = false;     // continue from output_dir/checkpoint.kiln if it exists
+  bool overwrite = false;  // start over in an output_dir that holds an earlier run (else refused)
   // "strict": refuse up front if the plan does not fit; "fit": turn on memory savers (recomputation) until it
   // fits, else refuse; "none": no up-front check (an allocation that does not fit fails with OutOfMemory).
   std::string memory_policy = "strict";
@@ -138,7 +139,7 @@ class Session {
   std::vector<std::unique_ptr<Reservation>> reservations_;  // released after the allocators
   MemorySettings memory_;
   std::vector<std::string> warnings_;
-  mutable std::string vocab_;  // recorded when the train pipeline is first built
+  mutable std::string vocab_;                     // recorded when the train pipeline is first built
   mutable std::vector<std::string> label_names_;  // the train source's named labels (likewise)
 };
 

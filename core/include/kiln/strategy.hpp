@@ -27,8 +27,8 @@ struct StepResult {
 };
 
 struct EvalResult {
-  std::vector<float> losses;                  // per output, summed over the batch's examples (not averaged)
-  std::vector<HostTensor> outputs;            // per output: predictions/logits (N, ...)
+  std::vector<float> losses;        // per output, summed over the batch's examples (not averaged)
+  std::vector<HostTensor> outputs;  // per output: predictions/logits (N, ...)
 };
 
 // Executes steps. Parameters are identical on every replica after each step.

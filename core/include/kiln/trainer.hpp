@@ -18,10 +18,10 @@ struct EpochMetrics {
   double seconds = 0;
   double examples_per_s = 0;
   double s_per_batch = 0;
-  double input_wait_fraction = 0;  // share of the epoch's time spent waiting for the input pipeline
-  double grad_norm = -1;           // [optimizer] clip_norm: mean global gradient norm (before clipping) of the epoch
-  std::vector<double> train_losses;     // per output (several heads), weighted as in the total
-  std::vector<double> test_losses;      // per output
+  double input_wait_fraction = 0;    // share of the epoch's time spent waiting for the input pipeline
+  double grad_norm = -1;             // [optimizer] clip_norm: mean global gradient norm (before clipping) of the epoch
+  std::vector<double> train_losses;  // per output (several heads), weighted as in the total
+  std::vector<double> test_losses;   // per output
   std::vector<double> test_accuracies;  // per output; -1 for an mse head
 };
 

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "conformance_impl.hpp"
-#include "kiln/op_table.hpp"
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln {
 
@@ -42,9 +42,12 @@ using namespace conformance;
 
 const char* status_word(CaseStatus s) {
   switch (s) {
-    case CaseStatus::pass: return "PASS";
-    case CaseStatus::fail: return "FAIL";
-    case CaseStatus::unsupported: return "UNSUPPORTED";
+    case CaseStatus::pass:
+      return "PASS";
+    case CaseStatus::fail:
+      return "FAIL";
+    case CaseStatus::unsupported:
+      return "UNSUPPORTED";
   }
   return "?";
 }
@@ -209,7 +212,8 @@ void validate(const ConformanceOptions& o, const std::vector<OpCase>& all) {
       known |= op_name(static_cast<OpKind>(k)) == o.op;
       names += (names.empty() ? "" : ", ") + std::string(op_name(static_cast<OpKind>(k)));
     }
-    if (!known) throw ConfigError("conformance: unknown op \"" + o.op + "\"; ops: " + names + ", oom (fault injection)");
+    if (!known)
+      throw ConfigError("conformance: unknown op \"" + o.op + "\"; ops: " + names + ", oom (fault injection)");
   }
   if (!o.case_id.empty() && !find_case(all, o.case_id))
     throw ConfigError("conformance: unknown case \"" + o.case_id +
@@ -235,8 +239,8 @@ void gradient_checks(const std::vector<OpCase>& all, const ConformanceOptions& o
     }
     cr.status = cr.detail.empty() ? CaseStatus::pass : CaseStatus::fail;
     cr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    out << status_word(cr.status) << " reference " << cr.id << (cr.detail.empty() ? "" : " -- " + cr.detail)
-        << " (" << static_cast<int>(cr.seconds * 1000) << " ms)\n";
+    out << status_word(cr.status) << " reference " << cr.id << (cr.detail.empty() ? "" : " -- " + cr.detail) << " ("
+        << static_cast<int>(cr.seconds * 1000) << " ms)\n";
     report.gradients.push_back(std::move(cr));
   }
   if (!report.gradients.empty()) {
@@ -288,16 +292,17 @@ ConformanceReport run_conformance_suite(Registry& registry, const ConformanceOpt
         << "\n";
     BackendRun run(*dev, r, opts, out, all);
     run.run_table(tols);
-    if (opts.fault_injection && opts.case_id.empty() && (opts.op.empty() || opts.op == "oom")) run.fault_injection(tols);
+    if (opts.fault_injection && opts.case_id.empty() && (opts.op.empty() || opts.op == "oom"))
+      run.fault_injection(tols);
     dev->synchronize();
     if (void* p = dev->extension(kValidationMessagesExtension)) {
       r.validation_checked = true;
       r.validation_messages = static_cast<std::atomic<uint64_t>*>(p)->load();
-      out << (r.validation_messages ? "FAIL " : "PASS ") << r.device.label() << " validation layer: "
-          << r.validation_messages << " warnings/errors\n";
+      out << (r.validation_messages ? "FAIL " : "PASS ") << r.device.label()
+          << " validation layer: " << r.validation_messages << " warnings/errors\n";
     }
-    out << "== " << name << ": " << r.count(CaseStatus::pass) << " passed, " << r.count(CaseStatus::fail)
-        << " failed, " << r.count(CaseStatus::unsupported) << " unsupported, " << r.relaxations_applied.size()
+    out << "== " << name << ": " << r.count(CaseStatus::pass) << " passed, " << r.count(CaseStatus::fail) << " failed, "
+        << r.count(CaseStatus::unsupported) << " unsupported, " << r.relaxations_applied.size()
         << " relaxations applied\n";
     report.backends.push_back(std::move(r));
   }

@@ -34,20 +34,21 @@ std::vector<OpCase> all_cases();
 
 struct Tolerance {
   bool exact = false;
-  double rtol = 0, atol = 0;    // elementwise: |got - ref| <= atol + rtol * |ref|
-  double nse = 0, max_rel = 0;  // reduction: sum (got-ref)^2 / sum ref^2 <= nse, max |got-ref| <= max_rel * max(1, max|ref|)
+  double rtol = 0, atol = 0;  // elementwise: |got - ref| <= atol + rtol * |ref|
+  double nse = 0,
+         max_rel = 0;  // reduction: sum (got-ref)^2 / sum ref^2 <= nse, max |got-ref| <= max_rel * max(1, max|ref|)
 };
 // The strict defaults every backend starts from.
 Tolerance default_tolerance(const OpCase& c);
 
 // One reviewed loosening from a backend's tolerance file.
 struct Relaxation {
-  std::string op;            // op name
-  std::string case_prefix;   // only cases whose id starts with this (empty: every case of the op)
+  std::string op;           // op name
+  std::string case_prefix;  // only cases whose id starts with this (empty: every case of the op)
   std::optional<bool> exact;
   std::optional<double> rtol, atol, nse, max_rel;
   std::string reason;
-  std::string where;         // "vulkan.toml:12"
+  std::string where;             // "vulkan.toml:12"
   std::string describe() const;  // "softmax_forward: nse <= 1e-08 (reason) [vulkan.toml:12]"
 };
 struct ToleranceSet {

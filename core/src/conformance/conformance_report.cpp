@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "conformance_impl.hpp"
-#include "kiln/op_table.hpp"
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln {
 namespace {
@@ -15,10 +15,18 @@ std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -68,8 +76,8 @@ void write_conformance_json(const ConformanceReport& report, const std::string& 
       << ", \"name\": " << json_str(r.device.name) << ", \"hardware_id\": " << json_str(r.device.hardware_id)
       << "},\n      \"tolerance_file\": " << json_str(r.tolerance_file)
       << ",\n      \"validation_checked\": " << (r.validation_checked ? "true" : "false")
-      << ",\n      \"validation_messages\": " << r.validation_messages << ",\n      \"summary\": {\"pass\": "
-      << r.count(CaseStatus::pass) << ", \"fail\": " << r.count(CaseStatus::fail)
+      << ",\n      \"validation_messages\": " << r.validation_messages
+      << ",\n      \"summary\": {\"pass\": " << r.count(CaseStatus::pass) << ", \"fail\": " << r.count(CaseStatus::fail)
       << ", \"unsupported\": " << r.count(CaseStatus::unsupported) << "},\n      \"relaxations_applied\": [";
     for (size_t i = 0; i < r.relaxations_applied.size(); ++i)
       j << (i ? ", " : "") << json_str(r.relaxations_applied[i]);
@@ -130,11 +138,16 @@ void write_support_matrix(const ConformanceReport& report, const std::string& pa
         }
       }
       const std::string counts = std::to_string(pass) + "/" + std::to_string(total);
-      if (total == 0) m << " not run |";
-      else if (fail) m << " **FAIL** (" << counts << " passed) |";
-      else if (unsup == total) m << " no " << note(md_escape(why)) << " |";
-      else if (unsup) m << " partial (" << counts << ") " << note(md_escape(why)) << " |";
-      else m << " yes (" << total << ") |";
+      if (total == 0)
+        m << " not run |";
+      else if (fail)
+        m << " **FAIL** (" << counts << " passed) |";
+      else if (unsup == total)
+        m << " no " << note(md_escape(why)) << " |";
+      else if (unsup)
+        m << " partial (" << counts << ") " << note(md_escape(why)) << " |";
+      else
+        m << " yes (" << total << ") |";
     }
     m << "\n";
   }

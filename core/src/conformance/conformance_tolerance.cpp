@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "conformance_impl.hpp"
-#include "kiln/op_table.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln::conformance {
 namespace {
@@ -83,12 +83,14 @@ ToleranceSet load_tolerances(const std::string& dir, const std::string& backend)
   const Config cfg = Config::load_file(set.path);
   const ConfigNode root = cfg.root();
   const std::string declared = root.get_string("backend");
-  if (declared != backend) root.fail("backend", "this file is for backend \"" + backend + "\", found \"" + declared + "\"");
+  if (declared != backend)
+    root.fail("backend", "this file is for backend \"" + backend + "\", found \"" + declared + "\"");
   const std::string file = std::filesystem::path(set.path).filename().string();
   for (const ConfigNode& r : root.table_array("relax")) {
     Relaxation x;
     x.op = r.get_string("op");
-    if (!known_op(x.op)) r.fail("op", "expected an op name of ops.hpp (\"gemm\", \"conv2d_forward\", ...), found \"" + x.op + "\"");
+    if (!known_op(x.op))
+      r.fail("op", "expected an op name of ops.hpp (\"gemm\", \"conv2d_forward\", ...), found \"" + x.op + "\"");
     x.case_prefix = r.get_string("case", "");
     if (!x.case_prefix.empty() && x.case_prefix.rfind(x.op + "/", 0) != 0)
       r.fail("case", "expected a case id prefix starting with \"" + x.op + "/\", found \"" + x.case_prefix + "\"");

@@ -49,7 +49,8 @@ void generate_case_data(const Gen& g, std::vector<float>& v, std::mt19937& rng, 
         v[j] = static_cast<float>(g.lo + (double(g.hi) - g.lo) * (static_cast<double>(perm[j]) + 0.5) / n);
       return;
     }
-    case Gen::max_pool_y: return;  // filled from input 0 by the caller
+    case Gen::max_pool_y:
+      return;  // filled from input 0 by the caller
   }
 }
 
@@ -124,8 +125,9 @@ std::string check_gradient(const OpCase& c, double eps, double rtol, double atol
   const OpDesc& d = op_desc(c.kind);
   if (!d.grad) return "op " + d.name + " has no gradient rule";
   const OpArity ar = d.arity(c.attrs);
-  if (c.in.size() != ar.in.size()) return "the case has " + std::to_string(c.in.size()) + " input generators, the op " +
-                                          std::to_string(ar.in.size()) + " inputs";
+  if (c.in.size() != ar.in.size())
+    return "the case has " + std::to_string(c.in.size()) + " input generators, the op " + std::to_string(ar.in.size()) +
+           " inputs";
   std::mt19937 rng(id_seed(c.id));
   const size_t ni = ar.in.size(), no = ar.out.size();
   // Buffers: inputs [0, ni), outputs [ni, ni+no), output weights [ni+no, ni+2no); rule's tensors after.
@@ -138,7 +140,8 @@ std::string check_gradient(const OpCase& c, double eps, double rtol, double atol
   std::uniform_real_distribution<float> wd(-1.f, 1.f);
   for (size_t o = 0; o < no; ++o) {
     bufs.emplace_back(static_cast<size_t>(ar.out[o]));
-    const bool saved = std::find(d.saved_outputs.begin(), d.saved_outputs.end(), static_cast<int>(o)) != d.saved_outputs.end();
+    const bool saved =
+        std::find(d.saved_outputs.begin(), d.saved_outputs.end(), static_cast<int>(o)) != d.saved_outputs.end();
     for (auto& w : bufs.back()) w = saved ? 0.f : wd(rng);
   }
   auto forward = [&](std::vector<std::vector<float>>& b) {

@@ -29,7 +29,7 @@ class Differentiator {
     }
     needs_ = &needs;
     for (size_t i = n_forward; i-- > 0;) {
-      Node n = g_.nodes()[i];  // copy: emitting nodes may reallocate the vector
+      Node n = g_.nodes()[i];         // copy: emitting nodes may reallocate the vector
       if (op_desc(n.kind).is_loss) {  // where backward starts: the fused loss holds its own gradient
         rule(n, {});
         continue;
@@ -65,7 +65,6 @@ class Differentiator {
   }
 
  private:
-
   TensorId new_tensor(const Shape& s, const Node& like) {
     TensorInfo t;
     t.shape = s;

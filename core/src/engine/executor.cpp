@@ -32,15 +32,23 @@ void fill_initial(const TensorInfo& t, uint32_t seed, float* out) {
   const int64_t n = t.shape.numel();
   detail::Mt19937_64 rng(name_hash(t.name, seed));
   switch (in.kind) {
-    case InitKind::zeros: std::fill(out, out + n, 0.f); break;
-    case InitKind::ones: std::fill(out, out + n, 1.f); break;
-    case InitKind::constant: std::fill(out, out + n, in.value); break;
+    case InitKind::zeros:
+      std::fill(out, out + n, 0.f);
+      break;
+    case InitKind::ones:
+      std::fill(out, out + n, 1.f);
+      break;
+    case InitKind::constant:
+      std::fill(out, out + n, in.value);
+      break;
     case InitKind::glorot_uniform: {
       double limit = std::sqrt(6.0 / static_cast<double>(std::max<int64_t>(in.fan_in + in.fan_out, 1)));
       detail::fill_uniform(out, n, rng, -limit, limit);
       break;
     }
-    case InitKind::normal: detail::fill_normal(out, n, rng, static_cast<double>(in.value)); break;
+    case InitKind::normal:
+      detail::fill_normal(out, n, rng, static_cast<double>(in.value));
+      break;
     case InitKind::he_normal:
       detail::fill_normal(out, n, rng, std::sqrt(2.0 / static_cast<double>(std::max<int64_t>(in.fan_in, 1))));
       break;
@@ -101,7 +109,8 @@ void DeviceState::ensure_persistent(const Graph& g, int device_index) {
       e.shape = t.shape;
       e.mem = ctx_.allocator->allocate(t.bytes(), AllocationSite{role_tag(t.role), "layer " + t.layer + " " + t.name});
       const std::string suffix = "/ema";
-      if (t.role == TensorRole::ema && t.name.size() > suffix.size() && persistent_.count(t.name.substr(0, t.name.size() - suffix.size()))) {
+      if (t.role == TensorRole::ema && t.name.size() > suffix.size() &&
+          persistent_.count(t.name.substr(0, t.name.size() - suffix.size()))) {
         const Entry* src = &persistent_.at(t.name.substr(0, t.name.size() - suffix.size()));
         copies.emplace_back(&persistent_.emplace(t.name, std::move(e)).first->second, src);
       } else {
@@ -145,17 +154,23 @@ void DeviceState::reserve_regions(const MemoryPlan& p) {
 const BufferView& DeviceState::persistent(const std::string& name) const {
   if (owner_) return owner_->persistent(name);
   auto it = persistent_.find(name);
-  if (it == persistent_.end()) throw Error("no persistent tensor named '" + name + "' on " + ctx_.device->info().label());
+  if (it == persistent_.end())
+    throw Error("no persistent tensor named '" + name + "' on " + ctx_.device->info().label());
   return it->second.mem.view();
 }
 
 BufferView DeviceState::region(Region r) const {
   switch (r) {
-    case Region::gradients: return gradients_.view();
-    case Region::arena: return arena_.view();
-    case Region::input: return input_.view();
-    case Region::workspace: return owner_ ? owner_->region(r) : workspace_.view();
-    default: return {};
+    case Region::gradients:
+      return gradients_.view();
+    case Region::arena:
+      return arena_.view();
+    case Region::input:
+      return input_.view();
+    case Region::workspace:
+      return owner_ ? owner_->region(r) : workspace_.view();
+    default:
+      return {};
   }
 }
 
@@ -175,7 +190,8 @@ void DeviceState::write(const std::string& name, const HostTensor& t) {
   auto it = persistent_.find(name);
   if (it == persistent_.end()) throw Error("checkpoint tensor '" + name + "' does not exist in this model");
   if (it->second.shape != t.shape)
-    throw Error("checkpoint tensor '" + name + "' has shape " + t.shape.str() + ", the model has " + it->second.shape.str());
+    throw Error("checkpoint tensor '" + name + "' has shape " + t.shape.str() + ", the model has " +
+                it->second.shape.str());
   ctx_.device->copy_from_host(t.data.data(), it->second.mem.view());
 }
 
@@ -220,8 +236,9 @@ void Executor::bind() {
   const size_t slots = static_cast<size_t>(std::max(1, opts_.input_slots));
   input_stride_ = state_.region(Region::input).bytes / slots / opts_.alignment * opts_.alignment;
   if (slots > 1 && input_stride_ < plan_.input_slot)
-    throw Error("executor: the input region (" + std::to_string(state_.region(Region::input).bytes) + " bytes) is too small for " +
-                std::to_string(slots) + " slots of " + std::to_string(plan_.input_slot) + " bytes");
+    throw Error("executor: the input region (" + std::to_string(state_.region(Region::input).bytes) +
+                " bytes) is too small for " + std::to_string(slots) + " slots of " + std::to_string(plan_.input_slot) +
+                " bytes");
   calls_.assign(slots, {});
   BufferView ws = state_.region(Region::workspace);
   Device* dev = state_.context().device;
@@ -264,8 +281,8 @@ void Executor::check_batch(const Element& b) const {
     if (t == kNoTensor || plan_.region[static_cast<size_t>(t)] != Region::input) return;
     const auto& ti = g_.tensor(t);
     if (static_cast<int64_t>(h.data.size()) != ti.shape.numel())
-      throw DataError(std::string("batch ") + what + " have " + std::to_string(h.data.size()) + " values " + h.shape.str() +
-                      ", the model expects " + ti.shape.str());
+      throw DataError(std::string("batch ") + what + " have " + std::to_string(h.data.size()) + " values " +
+                      h.shape.str() + ", the model expects " + ti.shape.str());
   };
   check(g_.input, b.x, "features");
   check(g_.label, b.y, "labels");
@@ -273,7 +290,8 @@ void Executor::check_batch(const Element& b) const {
 
 static void check_slot(int slot, int slots) {
   if (slot < 0 || slot >= std::max(1, slots))
-    throw Error("input slot " + std::to_string(slot) + " does not exist (this executor has " + std::to_string(slots) + ")");
+    throw Error("input slot " + std::to_string(slot) + " does not exist (this executor has " + std::to_string(slots) +
+                ")");
 }
 
 void Executor::load_batch(const Element& b, int slot) {
@@ -282,7 +300,8 @@ void Executor::load_batch(const Element& b, int slot) {
   check_batch(b);
   Device* dev = state_.context().device;
   for (auto [t, h] : {std::pair{g_.input, &b.x}, std::pair{g_.label, &b.y}})
-    if (t != kNoTensor && plan_.region[static_cast<size_t>(t)] == Region::input) dev->copy_from_host(h->data.data(), view(t, slot));
+    if (t != kNoTensor && plan_.region[static_cast<size_t>(t)] == Region::input)
+      dev->copy_from_host(h->data.data(), view(t, slot));
 }
 
 std::vector<uint64_t> Executor::upload_batch(const Element& b, int slot) {
@@ -308,8 +327,10 @@ void Executor::run_range(size_t begin, size_t end, const StepScalars& s, int slo
   auto* fused = static_cast<FusedRunner*>(dev->extension(kRunFused));
   for (size_t i = begin; i < end;) {
     const size_t k = fused ? fused->run_fused(std::span<const OpCall>(calls).subspan(i, end - i)) : 0;
-    if (k) i += k;
-    else dev->run(calls[i++]);
+    if (k)
+      i += k;
+    else
+      dev->run(calls[i++]);
   }
 }
 

@@ -17,7 +17,8 @@ class Mt19937_64 {
   static constexpr int kN = 312, kM = 156;
   explicit Mt19937_64(uint64_t seed) {
     x_[0] = seed;
-    for (int i = 1; i < kN; ++i) x_[i] = 6364136223846793005ull * (x_[i - 1] ^ (x_[i - 1] >> 62)) + static_cast<uint64_t>(i);
+    for (int i = 1; i < kN; ++i)
+      x_[i] = 6364136223846793005ull * (x_[i - 1] ^ (x_[i - 1] >> 62)) + static_cast<uint64_t>(i);
     p_ = kN;
   }
   uint64_t operator()() {

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "kiln/error.hpp"
-#include "kiln/op_table.hpp"
 #include "kiln/executor.hpp"
+#include "kiln/op_table.hpp"
 
 namespace kiln {
 
@@ -98,10 +98,12 @@ void recompute(Graph& g, const std::set<std::string>& layers) {
 std::string MemorySavers::describe() const {
   std::string s = std::string("in-place ") + (inplace ? "on" : "off") + ", recompute ";
   switch (recompute) {
-    case RecomputeMode::none: return s + "off";
+    case RecomputeMode::none:
+      return s + "off";
     case RecomputeMode::auto_:
-      return s + "auto (" + (checkpoint_every > 0 ? "every " + std::to_string(checkpoint_every) + "th layer output kept)"
-                                                    : "the checkpoint spacing with the smallest plan)");
+      return s + "auto (" +
+             (checkpoint_every > 0 ? "every " + std::to_string(checkpoint_every) + "th layer output kept)"
+                                   : "the checkpoint spacing with the smallest plan)");
     case RecomputeMode::layers: {
       std::string l;
       for (const auto& n : recompute_layers) l += (l.empty() ? "" : ", ") + n;
@@ -172,7 +174,8 @@ void apply_memory_savers(Graph& g, const MemorySavers& s, bool training) {
   std::set<std::string> known;
   for (const auto& l : g.layer_outputs) known.insert(l.name);
   for (const auto& l : list)
-    if (!known.count(l)) throw ConfigError("[memory] recompute_layers names \"" + l + "\", which is not a layer of the model");
+    if (!known.count(l))
+      throw ConfigError("[memory] recompute_layers names \"" + l + "\", which is not a layer of the model");
   if (!list.empty()) recompute(g, std::set<std::string>(list.begin(), list.end()));
 }
 

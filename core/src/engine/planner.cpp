@@ -47,7 +47,8 @@ void place_arena(const Graph& g, std::vector<size_t>& arena, const std::vector<s
                  const std::vector<size_t>& last, size_t alignment, MemoryPlan& p) {
   auto span = [&](size_t t) { return std::pair<size_t, size_t>{first[t] == SIZE_MAX ? 0 : first[t], last[t]}; };
   if (arena.size() <= kGreedyPlacementMax) {
-    std::stable_sort(arena.begin(), arena.end(), [&](size_t a, size_t b) { return g.tensors()[a].bytes() > g.tensors()[b].bytes(); });
+    std::stable_sort(arena.begin(), arena.end(),
+                     [&](size_t a, size_t b) { return g.tensors()[a].bytes() > g.tensors()[b].bytes(); });
     struct Placed {
       size_t off, bytes, first, last;
     };
@@ -64,7 +65,9 @@ void place_arena(const Graph& g, std::vector<size_t>& arena, const std::vector<s
         off = std::max(off, q.off + q.bytes);
       }
       Placed n{off, bytes, f, l};
-      placed.insert(std::upper_bound(placed.begin(), placed.end(), n, [](const Placed& a, const Placed& b) { return a.off < b.off; }), n);
+      placed.insert(std::upper_bound(placed.begin(), placed.end(), n,
+                                     [](const Placed& a, const Placed& b) { return a.off < b.off; }),
+                    n);
       p.offset[t] = off;
       p.arena = std::max(p.arena, off + bytes);
     }
@@ -75,9 +78,9 @@ void place_arena(const Graph& g, std::vector<size_t>& arena, const std::vector<s
     auto sa = span(a).first, sb = span(b).first;
     return sa != sb ? sa < sb : g.tensors()[a].bytes() > g.tensors()[b].bytes();
   });
-  std::map<size_t, size_t> free_at;                    // offset -> bytes
-  std::set<std::pair<size_t, size_t>> free_by_size;    // (bytes, offset)
-  using Live = std::pair<size_t, size_t>;              // (last step, tensor)
+  std::map<size_t, size_t> free_at;                  // offset -> bytes
+  std::set<std::pair<size_t, size_t>> free_by_size;  // (bytes, offset)
+  using Live = std::pair<size_t, size_t>;            // (last step, tensor)
   std::priority_queue<Live, std::vector<Live>, std::greater<>> live;
   size_t top = 0;  // the arena's end so far
   auto release = [&](size_t off, size_t bytes) {
@@ -152,7 +155,8 @@ Liveness analyze_liveness(const Graph& g, const PlanOptions& o) {
       auto r = static_cast<size_t>(g.root(t));
       L.used[r] = true;
       if (write) L.first[r] = std::min(L.first[r], i);
-      if (!write && L.first[r] == SIZE_MAX) L.first[r] = i;  // read before any write here (copied in from another device)
+      if (!write && L.first[r] == SIZE_MAX)
+        L.first[r] = i;  // read before any write here (copied in from another device)
       L.last[r] = std::max(L.last[r], i);
     };
     for (auto t : n.in) touch(t, false);
@@ -163,7 +167,8 @@ Liveness analyze_liveness(const Graph& g, const PlanOptions& o) {
   if (g.grad_sq != kNoTensor) L.last[static_cast<size_t>(g.grad_sq)] = end;  // read back as the gradient norm
   for (auto t : g.outputs) L.last[static_cast<size_t>(g.root(t))] = end;
   for (auto t : {g.input, g.label})
-    if (t != kNoTensor) L.used[static_cast<size_t>(t)] = L.used[static_cast<size_t>(t)] || o.device == g.tensor(t).device;
+    if (t != kNoTensor)
+      L.used[static_cast<size_t>(t)] = L.used[static_cast<size_t>(t)] || o.device == g.tensor(t).device;
   if (!g.inplace) return L;
   // In place: output 0 takes over an input's storage when nothing reads that input afterwards.
   auto cls = [&](TensorId t) { return static_cast<size_t>(L.rep[static_cast<size_t>(g.root(t))]); };
@@ -177,10 +182,10 @@ Liveness analyze_liveness(const Graph& g, const PlanOptions& o) {
       auto xr = static_cast<size_t>(g.root(n.in[k]));
       size_t c = cls(n.in[k]);
       if (!arena_role(g.tensors()[xr]) || L.last[c] != i || L.first[c] >= i) continue;
-      if (g.tensors()[c].bytes() != g.tensors()[y].bytes() || g.tensor(n.in[k]).bytes() != g.tensors()[y].bytes()) continue;
+      if (g.tensors()[c].bytes() != g.tensors()[y].bytes() || g.tensor(n.in[k]).bytes() != g.tensors()[y].bytes())
+        continue;
       bool shared = false;  // another operand in the same storage would be overwritten while read
-      for (size_t j = 0; j < n.in.size(); ++j)
-        shared = shared || (j != k && cls(n.in[j]) == c);
+      for (size_t j = 0; j < n.in.size(); ++j) shared = shared || (j != k && cls(n.in[j]) == c);
       for (size_t j = 1; j < n.out.size(); ++j) shared = shared || cls(n.out[j]) == c;
       if (shared) continue;
       L.rep[y] = static_cast<int32_t>(c);
@@ -232,7 +237,8 @@ MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
   place_arena(g, arena, first, last, o.alignment, p);
   // In-place members share their class's placement; aliases share their root's.
   for (size_t t = 0; t < nt; ++t)
-    if (p.region[t] == Region::arena && static_cast<size_t>(L.rep[t]) != t) p.offset[t] = p.offset[static_cast<size_t>(L.rep[t])];
+    if (p.region[t] == Region::arena && static_cast<size_t>(L.rep[t]) != t)
+      p.offset[t] = p.offset[static_cast<size_t>(L.rep[t])];
   for (size_t t = 0; t < nt; ++t)
     if (g.tensors()[t].alias_of != kNoTensor) {
       auto r = static_cast<size_t>(g.root(static_cast<TensorId>(t)));

@@ -57,7 +57,8 @@ class AttentionLayer : public Layer {
     TensorId wqkv = g.param("qkv_kernel", {C, 3 * C}, qkv_init);
     TensorId qkv = g.op1(OpKind::Gemm, GemmAttrs{B * T, 3 * C, C}, {in[0], wqkv}, {B, T, 3 * C});
     if (use_bias_)
-      qkv = g.op1(OpKind::BiasAdd, BiasAttrs{B * T, 3 * C, 1}, {qkv, g.param("qkv_bias", {3 * C}, Init{})}, {B, T, 3 * C});
+      qkv = g.op1(OpKind::BiasAdd, BiasAttrs{B * T, 3 * C, 1}, {qkv, g.param("qkv_bias", {3 * C}, Init{})},
+                  {B, T, 3 * C});
 
     PermuteAttrs heads;  // (B, T, 3, H, D) -> (3, B, H, T, D)
     heads.rank = 5, heads.dims = {B, T, 3, H, D}, heads.perm = {2, 0, 3, 1, 4};
@@ -66,13 +67,13 @@ class AttentionLayer : public Layer {
         g.op(OpKind::Split, ConcatAttrs{1, 1, {N, N, N}}, {qkvh}, {{B, H, T, D}, {B, H, T, D}, {B, H, T, D}});
 
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    TensorId att = g.op1(OpKind::BatchedGemm, GemmAttrs{T, T, D, false, true, scale, 0.f, BH}, {parts[0], parts[1]},
-                         {B, H, T, T});
+    TensorId att =
+        g.op1(OpKind::BatchedGemm, GemmAttrs{T, T, D, false, true, scale, 0.f, BH}, {parts[0], parts[1]}, {B, H, T, T});
     att = g.op1(OpKind::SoftmaxForward, SoftmaxAttrs{BH * T, T, causal_}, {att}, {B, H, T, T});
     if (g.training() && rate_ > 0.f)
       att = g.op1(OpKind::DropoutForward, DropoutAttrs{BH * T * T, rate_, g.layer_seed(), 0}, {att}, {B, H, T, T});
-    const TensorId yh = g.op1(OpKind::BatchedGemm, GemmAttrs{T, D, T, false, false, 1.f, 0.f, BH}, {att, parts[2]},
-                              {B, H, T, D});
+    const TensorId yh =
+        g.op1(OpKind::BatchedGemm, GemmAttrs{T, D, T, false, false, 1.f, 0.f, BH}, {att, parts[2]}, {B, H, T, D});
 
     PermuteAttrs merge;  // (B, H, T, D) -> (B, T, H, D), i.e. (B, T, C)
     merge.rank = 4, merge.dims = {B, H, T, D}, merge.perm = {0, 2, 1, 3};
@@ -81,7 +82,8 @@ class AttentionLayer : public Layer {
     // c_proj: (C, C).
     const Init proj_init = proj_init_std_ > 0 ? Init{InitKind::normal, C, C, static_cast<float>(proj_init_std_)}
                                               : Init{InitKind::glorot_uniform, C, C};
-    TensorId out = g.op1(OpKind::Gemm, GemmAttrs{B * T, C, C}, {y, g.param("proj_kernel", {C, C}, proj_init)}, {B, T, C});
+    TensorId out =
+        g.op1(OpKind::Gemm, GemmAttrs{B * T, C, C}, {y, g.param("proj_kernel", {C, C}, proj_init)}, {B, T, C});
     if (use_bias_)
       out = g.op1(OpKind::BiasAdd, BiasAttrs{B * T, C, 1}, {out, g.param("proj_bias", {C}, Init{})}, {B, T, C});
     return out;

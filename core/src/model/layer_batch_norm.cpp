@@ -19,12 +19,17 @@ namespace {
 class BatchNormLayer : public Layer {
  public:
   explicit BatchNormLayer(const ConfigNode& c)
-      : momentum_(c.get_float("momentum", 0.1)), eps_(c.get_float("epsilon", 1e-5)), affine_(c.get_bool("affine", true)) {
+      : momentum_(c.get_float("momentum", 0.1)),
+        eps_(c.get_float("epsilon", 1e-5)),
+        affine_(c.get_bool("affine", true)) {
     if (!(momentum_ >= 0 && momentum_ <= 1))
-      c.fail("momentum", "expected a number in [0, 1] such as 0.1 (PyTorch's default; the running statistics move "
-                         "by this fraction of the batch's each step), found " + std::to_string(momentum_));
+      c.fail("momentum",
+             "expected a number in [0, 1] such as 0.1 (PyTorch's default; the running statistics move "
+             "by this fraction of the batch's each step), found " +
+                 std::to_string(momentum_));
     if (!(eps_ > 0) || !std::isfinite(eps_) || eps_ > 1)
-      c.fail("epsilon", "expected a small positive number such as 1e-5 (PyTorch's default), found " + std::to_string(eps_));
+      c.fail("epsilon",
+             "expected a small positive number such as 1e-5 (PyTorch's default), found " + std::to_string(eps_));
     sync_ = c.get_bool("sync", false);
     c.finish();
   }
@@ -33,13 +38,17 @@ class BatchNormLayer : public Layer {
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
     const Shape s = g.shape(in[0]);
     if (s.rank() != 2 && s.rank() != 4)
-      throw ConfigError("layer '" + g.layer() + "': batch_norm expects input (batch, channels, height, width) or "
-                        "(batch, features), got " + s.str());
+      throw ConfigError("layer '" + g.layer() +
+                        "': batch_norm expects input (batch, channels, height, width) or "
+                        "(batch, features), got " +
+                        s.str());
     const int64_t c = s[1], inner = s.rank() == 4 ? s[2] * s[3] : 1;
     BatchNormAttrs a{s[0], c, inner, static_cast<float>(eps_), static_cast<float>(momentum_), g.training(), sync_};
     if (a.training && a.n * a.inner < 2)
-      throw ConfigError("layer '" + g.layer() + "': batch_norm in training needs more than one value per channel, "
-                        "input " + s.str() + " has " + std::to_string(a.n * a.inner) + " (raise [train] batch_size)");
+      throw ConfigError("layer '" + g.layer() +
+                        "': batch_norm in training needs more than one value per channel, "
+                        "input " +
+                        s.str() + " has " + std::to_string(a.n * a.inner) + " (raise [train] batch_size)");
     TensorId gamma, beta;
     if (affine_) {
       gamma = g.param("gamma", {c}, Init{InitKind::ones});
@@ -67,7 +76,8 @@ class BatchNormLayer : public Layer {
 }  // namespace
 
 void register_batch_norm_layer(Registry& reg) {
-  reg.add_layer("batch_norm", [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<BatchNormLayer>(c); });
+  reg.add_layer("batch_norm",
+                [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<BatchNormLayer>(c); });
 }
 
 }  // namespace kiln

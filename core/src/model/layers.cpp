@@ -58,7 +58,8 @@ class DenseLayer : public Layer {
         where_(c.where(tie_.empty() ? "units" : "tie")) {
     if (c.has("init_std") && (!(init_std_ > 0) || !std::isfinite(init_std_)))
       c.fail("init_std", "expected a positive, finite standard deviation (leave it out for Glorot-uniform)");
-    if (c.has("init_std") && !tie_.empty()) c.fail("init_std", "has no effect with tie: the kernel is the embedding's table");
+    if (c.has("init_std") && !tie_.empty())
+      c.fail("init_std", "has no effect with tie: the kernel is the embedding's table");
     if (!tie_.empty() && tie_.find('.') != std::string::npos)
       c.fail("tie", "expected the name of an embedding layer (its table is shared), found '" + tie_ + "'");
     if (units_ <= 0 && (tie_.empty() || c.has("units")))
@@ -115,7 +116,7 @@ class DenseLayer : public Layer {
   int64_t units_;
   bool use_bias_;
   std::optional<std::string> act_;
-  double init_std_;  // > 0: N(0, init_std^2) kernel init instead of Glorot-uniform
+  double init_std_;    // > 0: N(0, init_std^2) kernel init instead of Glorot-uniform
   std::string where_;  // "run.toml:12: key 'model.layers[1].units'", for size errors at build time
 };
 
@@ -158,7 +159,8 @@ class Conv2dLayer : public Layer {
     a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
     a.k = filters_, a.r = kernel_.first, a.s = kernel_.second;
     a.stride_h = strides_.first, a.stride_w = strides_.second;
-    check_size(g, {a.k, a.c, a.r, a.s}, "kernel (filters, channels, kernel height, kernel width)", where_ + " or 'kernel'");
+    check_size(g, {a.k, a.c, a.r, a.s}, "kernel (filters, channels, kernel height, kernel width)",
+               where_ + " or 'kernel'");
     window_geometry(same_, a.h, a.r, a.stride_h, a.oh, a.pad_h);
     window_geometry(same_, a.w, a.s, a.stride_w, a.ow, a.pad_w);
     if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0)
@@ -205,7 +207,8 @@ class Pool2dLayer : public Layer {
     a.kh = pool_.first, a.kw = pool_.second, a.stride_h = strides_.first, a.stride_w = strides_.second;
     window_geometry(same_, a.h, a.kh, a.stride_h, a.oh, a.pad_h);
     window_geometry(same_, a.w, a.kw, a.stride_w, a.ow, a.pad_w);
-    if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0) shape_error(g, "pool window does not fit input " + s.str());
+    if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0)
+      shape_error(g, "pool window does not fit input " + s.str());
     return g.op1(max_ ? OpKind::MaxPoolForward : OpKind::AvgPoolForward, a, {in[0]}, {a.n, a.c, a.oh, a.ow});
   }
 
@@ -246,7 +249,9 @@ class GeluLayer : public Layer {
     c.finish();
   }
   std::string type() const override { return "gelu"; }
-  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override { return apply_activation(g, in[0], act_); }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    return apply_activation(g, in[0], act_);
+  }
 
  private:
   std::string act_;
@@ -256,7 +261,9 @@ class SiluLayer : public Layer {
  public:
   explicit SiluLayer(const ConfigNode& c) { c.finish(); }
   std::string type() const override { return "silu"; }
-  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override { return apply_activation(g, in[0], "silu"); }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    return apply_activation(g, in[0], "silu");
+  }
 };
 
 // (N, C, H, W) -> (N, C): the mean of each channel's plane (Keras' GlobalAveragePooling2D, PyTorch's
@@ -267,7 +274,8 @@ class GlobalAvgPoolLayer : public Layer {
   std::string type() const override { return "global_avg_pool2d"; }
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
     const Shape& s = g.shape(in[0]);
-    if (s.rank() != 4) shape_error(g, "global_avg_pool2d expects input (batch, channels, height, width), got " + s.str());
+    if (s.rank() != 4)
+      shape_error(g, "global_avg_pool2d expects input (batch, channels, height, width), got " + s.str());
     PoolAttrs a;
     a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
     a.kh = a.h, a.kw = a.w, a.stride_h = std::max<int64_t>(a.h, 1), a.stride_w = std::max<int64_t>(a.w, 1);
@@ -277,13 +285,16 @@ class GlobalAvgPoolLayer : public Layer {
   }
 };
 
-// PyTorch's nn.Embedding(vocab, dim): token ids (integers stored as floats) -> rows of a learned table, N(0, init_std^2)
-// at start (PyTorch's default 1; nanoGPT uses 0.02). An id outside [0, vocab) gives a row of NaN, which the run's
-// finiteness checks report.
+// PyTorch's nn.Embedding(vocab, dim): token ids (integers stored as floats) -> rows of a learned table, N(0,
+// init_std^2) at start (PyTorch's default 1; nanoGPT uses 0.02). An id outside [0, vocab) gives a row of NaN, which the
+// run's finiteness checks report.
 class EmbeddingLayer : public Layer {
  public:
   explicit EmbeddingLayer(const ConfigNode& c)
-      : vocab_(c.get_int("vocab")), dim_(c.get_int("dim")), std_(c.get_float("init_std", 1.0)), where_(c.where("vocab")) {
+      : vocab_(c.get_int("vocab")),
+        dim_(c.get_int("dim")),
+        std_(c.get_float("init_std", 1.0)),
+        where_(c.where("vocab")) {
     if (vocab_ <= 0) c.fail("vocab", "expected a positive vocabulary size, found " + std::to_string(vocab_));
     if (vocab_ >= (int64_t{1} << 24)) c.fail("vocab", "ids travel as float32: at most 2^24 - 1 ids are exact");
     if (dim_ <= 0) c.fail("dim", "expected a positive embedding width, found " + std::to_string(dim_));
@@ -319,7 +330,8 @@ class PositionalEmbeddingLayer : public Layer {
   std::string type() const override { return "positional_embedding"; }
   TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
     const Shape& s = g.shape(in[0]);
-    if (s.rank() != 3) shape_error(g, "positional_embedding expects input (batch, positions, features), got " + s.str());
+    if (s.rank() != 3)
+      shape_error(g, "positional_embedding expects input (batch, positions, features), got " + s.str());
     const int64_t t = s[1], d = s[2];
     TensorId table = g.param("table", {t, d}, Init{InitKind::normal, t, d, static_cast<float>(std_)});
     return g.op1(OpKind::BiasAdd, BiasAttrs{s[0], t * d, 1}, {in[0], table}, s);
@@ -373,7 +385,8 @@ class ConcatLayer : public Layer {
     const Shape& s0 = g.shape(in[0]);
     int64_t rank = static_cast<int64_t>(s0.rank()) - 1;
     int64_t ax = axis_ < 0 ? axis_ + rank : axis_;
-    if (ax < 0 || ax >= rank) shape_error(g, "concat axis " + std::to_string(axis_) + " is out of range for " + s0.str());
+    if (ax < 0 || ax >= rank)
+      shape_error(g, "concat axis " + std::to_string(axis_) + " is out of range for " + s0.str());
     size_t d = static_cast<size_t>(ax + 1);
     ConcatAttrs a;
     int64_t total = 0;
@@ -381,7 +394,8 @@ class ConcatLayer : public Layer {
       const Shape& s = g.shape(t);
       if (s.rank() != s0.rank()) shape_error(g, "concat inputs differ in rank: " + s0.str() + " and " + s.str());
       for (size_t i = 0; i < s.rank(); ++i)
-        if (i != d && s[i] != s0[i]) shape_error(g, "concat inputs differ off the axis: " + s0.str() + " and " + s.str());
+        if (i != d && s[i] != s0[i])
+          shape_error(g, "concat inputs differ off the axis: " + s0.str() + " and " + s.str());
       a.sizes.push_back(s[d]);
       total += s[d];
     }
@@ -407,13 +421,15 @@ LayerFactory factory() {
 }  // namespace
 
 std::unique_ptr<Layer> make_attention_layer(const ConfigNode& c);  // attention_layer.cpp
-void register_batch_norm_layer(Registry& reg);  // layer_batch_norm.cpp
+void register_batch_norm_layer(Registry& reg);                     // layer_batch_norm.cpp
 
 void register_builtin_layers(Registry& reg) {
   reg.add_layer("dense", factory<DenseLayer>());
   reg.add_layer("conv2d", factory<Conv2dLayer>());
-  reg.add_layer("max_pool2d", [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, true); });
-  reg.add_layer("avg_pool2d", [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, false); });
+  reg.add_layer("max_pool2d",
+                [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, true); });
+  reg.add_layer("avg_pool2d",
+                [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, false); });
   reg.add_layer("flatten", factory<FlattenLayer>());
   reg.add_layer("activation", factory<ActivationLayer>());
   reg.add_layer("dropout", factory<DropoutLayer>());

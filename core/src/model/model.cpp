@@ -33,7 +33,8 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
     if (d <= 0) model.fail("input_shape", "every dimension must be positive");
   m.input_shape = Shape(in);
   if (!m.input_shape.fits())
-    model.fail("input_shape", "is " + m.input_shape.str() + ", more values per example than one tensor can hold (2^46)");
+    model.fail("input_shape",
+               "is " + m.input_shape.str() + ", more values per example than one tensor can hold (2^46)");
   auto layers = model.table_array("layers");
   if (layers.empty()) model.fail("layers", "the model has no layers; add [[model.layers]] tables");
   std::set<std::string> names{"input"};
@@ -52,12 +53,14 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
     s.inputs = lc.get_string_list("inputs", {prev});
     for (const auto& i : s.inputs)
       if (!names.count(i))
-        lc.fail("inputs", "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input)");
+        lc.fail("inputs",
+                "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input)");
     s.device = lc.get_string("device", "");
     s.layer = reg.layer(s.type)(lc);  // reads the layer's own keys and rejects unknown ones
     int ar = s.layer->arity();
     if (ar > 0 && static_cast<int>(s.inputs.size()) != ar)
-      lc.fail("inputs", "layer type " + s.type + " takes " + std::to_string(ar) + " input(s), got " + std::to_string(s.inputs.size()));
+      lc.fail("inputs", "layer type " + s.type + " takes " + std::to_string(ar) + " input(s), got " +
+                            std::to_string(s.inputs.size()));
     if (ar < 0 && s.inputs.size() < 2) lc.fail("inputs", "layer type " + s.type + " takes two or more inputs");
     names.insert(s.name);
     prev = s.name;
@@ -75,7 +78,8 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
     for (auto& oc : outs) {
       OutputSpec o;
       o.layer = oc.get_string("layer");
-      if (!names.count(o.layer) || o.layer == "input") oc.fail("layer", "\"" + o.layer + "\" is not a layer of the model");
+      if (!names.count(o.layer) || o.layer == "input")
+        oc.fail("layer", "\"" + o.layer + "\" is not a layer of the model");
       o.loss = parse_loss(oc, "loss");
       o.weight = static_cast<float>(oc.get_float("weight", 1.0));
       o.from_logits = oc.get_bool("from_logits", true);
@@ -100,11 +104,11 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   for (const auto& o : m.outputs) consumed.insert(o.layer);
   for (size_t i = 0; i < m.layers.size(); ++i)
     if (!consumed.count(m.layers[i].name))
-      throw ConfigError(layers[i].where() + ": layer \"" + m.layers[i].name + "\" (type " + m.layers[i].type +
-                        "): nothing uses its output: no later layer lists it in inputs and it is not a model output " +
-                        (outs.empty() ? "(the last layer, \"" + m.layers.back().name + "\", is)"
-                                      : "(see [[model.outputs]])") +
-                        "; remove the layer, list it in a later layer's inputs, or add it as an output");
+      throw ConfigError(
+          layers[i].where() + ": layer \"" + m.layers[i].name + "\" (type " + m.layers[i].type +
+          "): nothing uses its output: no later layer lists it in inputs and it is not a model output " +
+          (outs.empty() ? "(the last layer, \"" + m.layers.back().name + "\", is)" : "(see [[model.outputs]])") +
+          "; remove the layer, list it in a later layer's inputs, or add it as an output");
   return m;
 }
 
@@ -129,8 +133,8 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
   o.weight_decay = c.get_float("weight_decay", adamw ? 0.01 : 0.0);
   require(c, "weight_decay", o.weight_decay >= 0 && std::isfinite(o.weight_decay),
           "expected a non-negative, finite number (0 turns weight decay off)");
-  o.decay_params = c.get_choice("decay_params", {"all", "matrices"}, "all") == "all" ? DecayParams::all
-                                                                                   : DecayParams::matrices;
+  o.decay_params =
+      c.get_choice("decay_params", {"all", "matrices"}, "all") == "all" ? DecayParams::all : DecayParams::matrices;
   if (o.kind == OptimizerKind::sgd) {
     o.momentum = c.get_float("momentum", 0.0);
     o.nesterov = c.get_bool("nesterov", false);
@@ -153,15 +157,17 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
   o.ema_decay = c.get_float("ema", 0.0);
   if (!(o.ema_decay >= 0 && o.ema_decay < 1)) c.fail("ema", "expected a decay in [0, 1), e.g. 0.999 (0 turns EMA off)");
   o.ema_warmup = c.get_bool("ema_warmup", false);
-  if (o.ema_warmup && o.ema_decay == 0) c.fail("ema_warmup", "is true but ema is off (set [optimizer] ema, e.g. 0.999)");
+  if (o.ema_warmup && o.ema_decay == 0)
+    c.fail("ema_warmup", "is true but ema is off (set [optimizer] ema, e.g. 0.999)");
   o.clip_norm = c.get_float("clip_norm", 0.0);
   require(c, "clip_norm", o.clip_norm >= 0 && std::isfinite(o.clip_norm),
           "expected a non-negative, finite maximum gradient norm, e.g. 1.0 (0 turns clipping off)");
   if (auto s = c.table("schedule")) {
     auto k = s->get_choice("type", {"constant", "exponential", "step", "cosine"}, "constant");
-    o.schedule.kind = k == "constant" ? ScheduleKind::constant
+    o.schedule.kind = k == "constant"      ? ScheduleKind::constant
                       : k == "exponential" ? ScheduleKind::exponential
-                      : k == "step" ? ScheduleKind::step : ScheduleKind::cosine;
+                      : k == "step"        ? ScheduleKind::step
+                                           : ScheduleKind::cosine;
     if (o.schedule.kind == ScheduleKind::exponential || o.schedule.kind == ScheduleKind::step) {
       o.schedule.decay_rate = s->get_float("decay_rate", o.schedule.kind == ScheduleKind::step ? 0.1 : 0.96);
       o.schedule.decay_steps = s->get_int("decay_steps", 1000);
@@ -180,7 +186,8 @@ OptimizerSpec parse_optimizer(const ConfigNode& c) {
               "expected a number in [0, 1]: the final fraction of the learning rate");
       if (s->has("min_learning_rate")) {
         if (s->has("alpha"))
-          s->fail("min_learning_rate", "give the cosine's floor once: min_learning_rate (absolute) or alpha (a fraction)");
+          s->fail("min_learning_rate",
+                  "give the cosine's floor once: min_learning_rate (absolute) or alpha (a fraction)");
         o.schedule.min_lr = s->get_float("min_learning_rate", 0.0);
         require(*s, "min_learning_rate", o.schedule.min_lr >= 0 && o.schedule.min_lr <= o.lr,
                 "expected a number in [0, learning_rate]: the learning rate the cosine ends at");
@@ -201,7 +208,8 @@ double OptimizerSpec::learning_rate_at(int64_t step) const {
   if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps + 1);
   step -= s.warmup_steps;
   switch (s.kind) {
-    case ScheduleKind::constant: return lr;
+    case ScheduleKind::constant:
+      return lr;
     case ScheduleKind::exponential: {
       double p = static_cast<double>(step) / static_cast<double>(s.decay_steps);
       if (s.staircase) p = std::floor(p);
@@ -211,7 +219,8 @@ double OptimizerSpec::learning_rate_at(int64_t step) const {
       return lr * std::pow(s.decay_rate, static_cast<double>(step / s.decay_steps));
     case ScheduleKind::cosine: {
       if (s.total_steps <= 0) return lr;
-      double t = std::min<double>(static_cast<double>(step), static_cast<double>(s.total_steps)) / static_cast<double>(s.total_steps);
+      double t = std::min<double>(static_cast<double>(step), static_cast<double>(s.total_steps)) /
+                 static_cast<double>(s.total_steps);
       const double floor = s.min_lr >= 0 ? s.min_lr : s.alpha * lr;
       return floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * t));
     }
@@ -221,10 +230,13 @@ double OptimizerSpec::learning_rate_at(int64_t step) const {
 
 size_t OptimizerSpec::state_tensors_per_param() const {
   switch (kind) {
-    case OptimizerKind::sgd: return momentum > 0 ? 1 : 0;
+    case OptimizerKind::sgd:
+      return momentum > 0 ? 1 : 0;
     case OptimizerKind::adam:
-    case OptimizerKind::adamw: return 2;
-    case OptimizerKind::rmsprop: return momentum > 0 ? 2 : 1;
+    case OptimizerKind::adamw:
+      return 2;
+    case OptimizerKind::rmsprop:
+      return momentum > 0 ? 2 : 1;
   }
   return 0;
 }
@@ -264,15 +276,22 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
       case OptimizerKind::adamw: {
         const bool decoupled = o.kind == OptimizerKind::adamw;
         n.kind = OpKind::AdamUpdate;
-        n.attrs = AdamAttrs{count, lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                            decoupled ? 0.f : wd, 1, decoupled ? wd : 0.f};
+        n.attrs = AdamAttrs{count,
+                            lr,
+                            static_cast<float>(o.beta1),
+                            static_cast<float>(o.beta2),
+                            static_cast<float>(o.eps),
+                            decoupled ? 0.f : wd,
+                            1,
+                            decoupled ? wd : 0.f};
         n.out.push_back(add_state(g, param, "adam_m", TensorRole::optimizer_state));
         n.out.push_back(add_state(g, param, "adam_v", TensorRole::optimizer_state));
         break;
       }
       case OptimizerKind::rmsprop:
         n.kind = OpKind::RmspropUpdate;
-        n.attrs = RmspropAttrs{count, lr, static_cast<float>(o.rho), static_cast<float>(o.eps), static_cast<float>(o.momentum)};
+        n.attrs = RmspropAttrs{count, lr, static_cast<float>(o.rho), static_cast<float>(o.eps),
+                               static_cast<float>(o.momentum)};
         n.out.push_back(add_state(g, param, "rms_sq", TensorRole::optimizer_state));
         n.out.push_back(o.momentum > 0 ? add_state(g, param, "rms_buf", TensorRole::optimizer_state) : param);
         break;
@@ -300,8 +319,9 @@ void append_clip(Graph& g, double clip) {
   const int dev = g.tensor(g.param_grads.front().first).device;
   for (auto [param, grad] : g.param_grads)
     if (g.tensor(param).device != dev)
-      throw ConfigError("[optimizer] clip_norm: the parameters live on several devices (model_parallel), and the global "
-                        "gradient norm is computed on one; remove clip_norm or use the single or data_parallel strategy");
+      throw ConfigError(
+          "[optimizer] clip_norm: the parameters live on several devices (model_parallel), and the global "
+          "gradient norm is computed on one; remove clip_norm or use the single or data_parallel strategy");
   TensorInfo t;
   t.shape = Shape{1};
   t.role = TensorRole::activation;
@@ -338,7 +358,8 @@ std::vector<TensorId> split_named_labels(Graph& g, const ModelSpec& m, int64_t n
   if (L == 0)
     throw ConfigError("output '" + m.outputs[0].layer + "' has label = \"" + m.outputs[0].label +
                       "\", but the training data names no labels: give the source several named label columns (the csv "
-                      "source's label = [\"" + m.outputs[0].label + "\", ...]) or remove label from [[model.outputs]]");
+                      "source's label = [\"" +
+                      m.outputs[0].label + "\", ...]) or remove label from [[model.outputs]]");
   const int dev = g.tensor(g.label).device;
   if (L == 1) return {g.add_alias(g.label, Shape{nb}, "label")};
   Node n;
@@ -369,13 +390,16 @@ TensorId named_target(Graph& g, const ModelSpec& m, const OutputSpec& out, const
   if (it == m.label_names.end()) {
     std::string known;
     for (const auto& n : m.label_names) known += (known.empty() ? "\"" : ", \"") + n + "\"";
-    throw ConfigError("output '" + out.layer + "' has label = \"" + out.label + "\", but the data's labels are " + known);
+    throw ConfigError("output '" + out.layer + "' has label = \"" + out.label + "\", but the data's labels are " +
+                      known);
   }
   const TensorId col = cols[static_cast<size_t>(it - m.label_names.begin())];
   if (out.loss == LossKind::softmax_cross_entropy) {
     if (ys.rank() != 2)
-      throw ConfigError("output '" + out.layer + "' (label \"" + out.label + "\"): a named label is one class index per "
-                        "example, so its softmax_cross_entropy needs (batch, classes) logits, got " + ys.str());
+      throw ConfigError("output '" + out.layer + "' (label \"" + out.label +
+                        "\"): a named label is one class index per "
+                        "example, so its softmax_cross_entropy needs (batch, classes) logits, got " +
+                        ys.str());
     return col;
   }
   if (ys.numel() != nb)

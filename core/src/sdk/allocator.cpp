@@ -11,23 +11,34 @@ namespace kiln {
 
 const char* memory_tag_name(MemoryTag t) {
   switch (t) {
-    case MemoryTag::parameters: return "parameters";
-    case MemoryTag::gradients: return "gradients";
-    case MemoryTag::optimizer_state: return "optimizer state";
-    case MemoryTag::activations: return "activations";
-    case MemoryTag::workspace: return "workspace";
-    case MemoryTag::input_data: return "input data";
-    default: return "other";
+    case MemoryTag::parameters:
+      return "parameters";
+    case MemoryTag::gradients:
+      return "gradients";
+    case MemoryTag::optimizer_state:
+      return "optimizer state";
+    case MemoryTag::activations:
+      return "activations";
+    case MemoryTag::workspace:
+      return "workspace";
+    case MemoryTag::input_data:
+      return "input data";
+    default:
+      return "other";
   }
 }
 
 std::string format_bytes(size_t b) {
   char buf[64];
   double v = static_cast<double>(b);
-  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1ull << 30));
-  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1ull << 20));
-  else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", v / (1ull << 10));
-  else std::snprintf(buf, sizeof buf, "%zu B", b);
+  if (b >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1ull << 30));
+  else if (b >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1ull << 20));
+  else if (b >= (1ull << 10))
+    std::snprintf(buf, sizeof buf, "%.1f KiB", v / (1ull << 10));
+  else
+    std::snprintf(buf, sizeof buf, "%zu B", b);
   return buf;
 }
 
@@ -48,12 +59,15 @@ std::string shared_memory_overcommit(const std::vector<std::pair<const DeviceInf
   std::ostringstream os;
   os << "gives the " << n << " devices that share the host's " << format_bytes(physical) << " of physical memory "
      << (equal ? format_bytes(host[0].second) + " each" : std::string("these limits")) << ": ";
-  for (size_t i = 0; i < n; ++i) os << (i ? " + " : "") << host[i].first->label() << " " << format_bytes(host[i].second);
+  for (size_t i = 0; i < n; ++i)
+    os << (i ? " + " : "") << host[i].first->label() << " " << format_bytes(host[i].second);
   const double pct = physical ? 100.0 * static_cast<double>(sum) / static_cast<double>(physical) : 0.0;
   char pbuf[32];
   std::snprintf(pbuf, sizeof pbuf, "%.0f%%", pct);
-  os << " = " << (sum > SIZE_MAX ? std::string("more than 2^64 bytes") : format_bytes(static_cast<size_t>(sum))) << " (" << pbuf
-     << " of it), more than they share. Limits of devices that share one memory must fit in it together (a percentage is "
+  os << " = " << (sum > SIZE_MAX ? std::string("more than 2^64 bytes") : format_bytes(static_cast<size_t>(sum))) << " ("
+     << pbuf
+     << " of it), more than they share. Limits of devices that share one memory must fit in it together (a percentage "
+        "is "
         "each device's share of it): at most "
      << format_bytes(physical / n) << " (\"" << 100 / n << "%\") per device for " << n << " devices, or fewer devices";
   return os.str();
@@ -64,8 +78,9 @@ size_t parse_memory_size(const std::string& text, size_t device_total) {
   for (char c : text)
     if (c != ' ' && c != '_') s += c;
   auto bad = [&](const std::string& why) -> size_t {
-    throw ConfigError("memory size \"" + text + "\": " + why +
-                      " (expected bytes like \"1200MiB\", \"1.5GB\", \"800000\" or a share of the device like \"60%\")");
+    throw ConfigError(
+        "memory size \"" + text + "\": " + why +
+        " (expected bytes like \"1200MiB\", \"1.5GB\", \"800000\" or a share of the device like \"60%\")");
   };
   if (s.empty()) return bad("empty");
   size_t pos = 0;
@@ -83,16 +98,26 @@ size_t parse_memory_size(const std::string& text, size_t device_total) {
     return static_cast<size_t>(static_cast<double>(device_total) * num / 100.0);
   }
   double mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb") mult = 1e3;
-  else if (unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mb") mult = 1e6;
-  else if (unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb") mult = 1e9;
-  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tb") mult = 1e12;
-  else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return bad("unknown unit '" + unit + "'");
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kb")
+    mult = 1e3;
+  else if (unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mb")
+    mult = 1e6;
+  else if (unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb")
+    mult = 1e9;
+  else if (unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb")
+    mult = 1e12;
+  else if (unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return bad("unknown unit '" + unit + "'");
   if (num * mult < 1) return bad("must be at least one byte");
   // 2^64 and above does not convert to size_t (it came out as 0, i.e. "the whole device"): refuse it.
   if (num * mult >= 18446744073709551616.0) return bad("is more than 16 EiB, beyond any 64-bit size");
@@ -159,8 +184,9 @@ bool Allocator::grow(size_t at_least) {
       grow_failure_ = "the request exceeds the memory limit (" + format_bytes(stats_.in_use) + " in use + " +
                       format_bytes(at_least) + " requested > " + format_bytes(opts_.limit) + ")";
     else
-      grow_failure_ = "fragmentation: " + format_bytes(free_inside + room) + " is free under the limit but the largest free range is " +
-                      format_bytes(stats_.largest_free) + " and only " + format_bytes(room) + " is left to reserve";
+      grow_failure_ = "fragmentation: " + format_bytes(free_inside + room) +
+                      " is free under the limit but the largest free range is " + format_bytes(stats_.largest_free) +
+                      " and only " + format_bytes(room) + " is left to reserve";
     return false;
   }
   if (opts_.max_blocks && blocks_.size() >= opts_.max_blocks) {
@@ -170,7 +196,8 @@ bool Allocator::grow(size_t at_least) {
   size_t want = opts_.growth ? std::min(std::max(at_least, opts_.min_block), room) : at_least;
   if (opts_.max_block) want = std::min(want, opts_.max_block);
   if (want < at_least) {
-    grow_failure_ = "the request is larger than the device's largest single allocation (" + format_bytes(opts_.max_block) + ")";
+    grow_failure_ =
+        "the request is larger than the device's largest single allocation (" + format_bytes(opts_.max_block) + ")";
     return false;
   }
   ++stats_.block_requests;

@@ -1,6 +1,8 @@
 // TOML configuration with validation: every error names file:line, the key, what was given and what was expected.
 #include "kiln/config.hpp"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 namespace kiln {
 
@@ -27,13 +28,20 @@ const toml::table& tbl(const void* p) { return *static_cast<const toml::table*>(
 
 std::string type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date/time";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date/time";
   }
 }
 
@@ -220,7 +228,8 @@ const toml::node* lookup(const ConfigNode& c, const void* table, ConfigDocument&
     if (!hint.empty())
       if (const toml::node* h = tbl(table).get(hint); h && h->source().begin.line > 0)
         at = " (line " + std::to_string(h->source().begin.line) + ")";
-    c.fail(key, "missing (required)" + (hint.empty() ? std::string() : "; the table has '" + hint + "'" + at + ": misspelled?"));
+    c.fail(key, "missing (required)" +
+                    (hint.empty() ? std::string() : "; the table has '" + hint + "'" + at + ": misspelled?"));
   }
   return n;
 }
@@ -239,7 +248,9 @@ int64_t ConfigNode::get_int(const std::string& key) const {
   }
   fail(key, "expected an integer, found " + type_name(*n) + " " + show(*n));
 }
-int64_t ConfigNode::get_int(const std::string& key, int64_t dflt) const { return has(key) ? get_int(key) : (ignore(key), dflt); }
+int64_t ConfigNode::get_int(const std::string& key, int64_t dflt) const {
+  return has(key) ? get_int(key) : (ignore(key), dflt);
+}
 
 double ConfigNode::get_float(const std::string& key) const {
   auto* n = lookup(*this, table_, *doc_, key, true);
@@ -247,7 +258,9 @@ double ConfigNode::get_float(const std::string& key) const {
   if (auto v = n->as_integer()) return static_cast<double>(v->get());
   fail(key, "expected a number, found " + type_name(*n) + " " + show(*n));
 }
-double ConfigNode::get_float(const std::string& key, double dflt) const { return has(key) ? get_float(key) : (ignore(key), dflt); }
+double ConfigNode::get_float(const std::string& key, double dflt) const {
+  return has(key) ? get_float(key) : (ignore(key), dflt);
+}
 
 bool ConfigNode::get_bool(const std::string& key, bool dflt) const {
   auto* n = lookup(*this, table_, *doc_, key, false);
@@ -320,9 +333,12 @@ std::vector<double> ConfigNode::get_float_list(const std::string& key) const {
   if (!arr) fail(key, "expected a list of numbers, found " + type_name(*n) + " " + show(*n));
   std::vector<double> out;
   for (const auto& e : *arr) {
-    if (auto f = e.as_floating_point()) out.push_back(f->get());
-    else if (auto i = e.as_integer()) out.push_back(static_cast<double>(i->get()));
-    else fail(key, "expected a list of numbers, found an element " + show(e));
+    if (auto f = e.as_floating_point())
+      out.push_back(f->get());
+    else if (auto i = e.as_integer())
+      out.push_back(static_cast<double>(i->get()));
+    else
+      fail(key, "expected a list of numbers, found an element " + show(e));
   }
   return out;
 }
@@ -385,16 +401,18 @@ void ConfigNode::finish() const {
   for (const auto& k : unknown) keys += (keys.empty() ? "'" : ", '") + k + "'";
   // The nearest key the reader knows, when one is close: "epoch" -> "epochs".
   const std::string hint = nearest_key(known, unknown.front());
-  fail(unknown.front(), "unknown key" + std::string(unknown.size() > 1 ? "s " : " ") + keys +
-                            (path_.empty() ? "" : " in [" + path_ + "]") +
-                            (hint.empty() ? " (misspelled? see docs/user_guide.md)" : " (did you mean '" + hint + "'?)"));
+  fail(unknown.front(),
+       "unknown key" + std::string(unknown.size() > 1 ? "s " : " ") + keys +
+           (path_.empty() ? "" : " in [" + path_ + "]") +
+           (hint.empty() ? " (misspelled? see docs/user_guide.md)" : " (did you mean '" + hint + "'?)"));
 }
 
 Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
   if (!std::filesystem::exists(path)) throw ConfigError(path + ": config file not found");
   if (!std::filesystem::is_regular_file(path))
     throw ConfigError(path + ": expected a TOML file, found " +
-                      (std::filesystem::is_directory(path) ? std::string("a directory") : std::string("something that is not a regular file")));
+                      (std::filesystem::is_directory(path) ? std::string("a directory")
+                                                           : std::string("something that is not a regular file")));
   Config c;
   c.doc_ = std::make_shared<ConfigDocument>();
   c.doc_->file = path;
@@ -402,15 +420,16 @@ Config Config::load_file(const std::string& path, const std::vector<std::string>
     c.doc_->root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
-    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": TOML syntax error: "
-       << e.description();
+    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column
+       << ": TOML syntax error: " << e.description();
     throw ConfigError(os.str());
   }
   for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, path, o));
   return c;
 }
 
-Config Config::load_string(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+Config Config::load_string(const std::string& text, const std::string& name,
+                           const std::vector<std::string>& overrides) {
   Config c;
   c.doc_ = std::make_shared<ConfigDocument>();
   c.doc_->file = name;
@@ -418,8 +437,8 @@ Config Config::load_string(const std::string& text, const std::string& name, con
     c.doc_->root = toml::parse(text, name);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
-    os << name << ":" << e.source().begin.line << ":" << e.source().begin.column << ": TOML syntax error: "
-       << e.description();
+    os << name << ":" << e.source().begin.line << ":" << e.source().begin.column
+       << ": TOML syntax error: " << e.description();
     throw ConfigError(os.str());
   }
   for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, name, o));

@@ -10,13 +10,18 @@ namespace kiln {
 MemoryTag role_tag(TensorRole r) {
   switch (r) {
     case TensorRole::input:
-    case TensorRole::label: return MemoryTag::input_data;
+    case TensorRole::label:
+      return MemoryTag::input_data;
     case TensorRole::parameter:
     case TensorRole::ema:
-    case TensorRole::buffer: return MemoryTag::parameters;
-    case TensorRole::gradient: return MemoryTag::gradients;
-    case TensorRole::optimizer_state: return MemoryTag::optimizer_state;
-    default: return MemoryTag::activations;
+    case TensorRole::buffer:
+      return MemoryTag::parameters;
+    case TensorRole::gradient:
+      return MemoryTag::gradients;
+    case TensorRole::optimizer_state:
+      return MemoryTag::optimizer_state;
+    default:
+      return MemoryTag::activations;
   }
 }
 
@@ -73,7 +78,8 @@ TensorId GraphBuilder::param(const std::string& name, Shape shape, Init init) {
   t.layer = layer_;
   t.init = init;
   t.device = device_;
-  if (!param_names_.insert(t.name).second) throw ConfigError("duplicate parameter '" + t.name + "' (two layers named '" + layer_ + "'?)");
+  if (!param_names_.insert(t.name).second)
+    throw ConfigError("duplicate parameter '" + t.name + "' (two layers named '" + layer_ + "'?)");
   return g_.add_tensor(std::move(t));
 }
 
@@ -85,7 +91,8 @@ TensorId GraphBuilder::buffer(const std::string& name, Shape shape, Init init) {
   t.layer = layer_;
   t.init = init;
   t.device = device_;
-  if (!param_names_.insert(t.name).second) throw ConfigError("duplicate buffer '" + t.name + "' (two layers named '" + layer_ + "'?)");
+  if (!param_names_.insert(t.name).second)
+    throw ConfigError("duplicate buffer '" + t.name + "' (two layers named '" + layer_ + "'?)");
   return g_.add_tensor(std::move(t));
 }
 
@@ -101,7 +108,8 @@ TensorId GraphBuilder::shared_param(const std::string& full_name, const std::str
   return t;
 }
 
-std::vector<TensorId> GraphBuilder::op(OpKind kind, OpAttrs attrs, std::vector<TensorId> in, std::vector<Shape> out_shapes) {
+std::vector<TensorId> GraphBuilder::op(OpKind kind, OpAttrs attrs, std::vector<TensorId> in,
+                                       std::vector<Shape> out_shapes) {
   Node n;
   n.kind = kind;
   n.attrs = std::move(attrs);

@@ -61,8 +61,8 @@ std::string missing_kernel_reason(const std::string& backend, OpKind op) {
     for (const auto& [key, _] : t.table)
       if (key.second == op) others += (others.empty() ? "" : ", ") + key.first;
   }
-  return "op '" + d.name + "' (plugin '" + d.plugin + "') has no " + backend + " kernel; kernels exist for: " +
-         (others.empty() ? "none" : others);
+  return "op '" + d.name + "' (plugin '" + d.plugin + "') has no " + backend +
+         " kernel; kernels exist for: " + (others.empty() ? "none" : others);
 }
 
 std::vector<std::string> missing_builtin_kernels(const std::string& backend) {

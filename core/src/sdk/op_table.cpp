@@ -128,7 +128,8 @@ const OpDesc& op_desc(OpKind k) {
   if (i < kBuiltinOpCount) {
     const OpDesc& d = builtins()[i];
     if (d.name.empty())
-      throw Error("internal: built-in op kind " + std::to_string(i) + " has no descriptor (no core/ops file registered it)");
+      throw Error("internal: built-in op kind " + std::to_string(i) +
+                  " has no descriptor (no core/ops file registered it)");
     return d;
   }
   CustomOps& c = custom();
@@ -168,8 +169,9 @@ void register_op(OpKind builtin_kind, OpDesc d) {
   check_desc(d);
   if (!d.key) d.key = builtin_key;
   OpDesc& slot = builtin_slots().ops[i];
-  if (!slot.name.empty()) throw Error("register_op: built-in kind " + std::to_string(i) + " registered twice ('" +
-                                      slot.name + "', '" + d.name + "')");
+  if (!slot.name.empty())
+    throw Error("register_op: built-in kind " + std::to_string(i) + " registered twice ('" + slot.name + "', '" +
+                d.name + "')");
   slot = std::move(d);
 }
 
@@ -223,7 +225,8 @@ void check_call(const OpCall& c, const std::string& where) {
   auto bound = [&](const BufferView& v, int64_t elems, const char* kind, size_t i) {
     if (elems == 0) return;
     if (elems < 0 || static_cast<uint64_t>(elems) > SIZE_MAX / sizeof(float))
-      fail(std::string(kind) + " " + std::to_string(i) + " has an impossible size of " + std::to_string(elems) + " floats");
+      fail(std::string(kind) + " " + std::to_string(i) + " has an impossible size of " + std::to_string(elems) +
+           " floats");
     const size_t need = static_cast<size_t>(elems) * sizeof(float);
     if (!v.block) fail(std::string(kind) + " " + std::to_string(i) + " is not bound to memory");
     if (v.bytes < need || v.offset > v.block->bytes || v.bytes > v.block->bytes - v.offset)

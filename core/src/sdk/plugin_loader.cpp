@@ -44,8 +44,9 @@ const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
   // The exported symbol is a pointer to the entry (Boost.DLL alias); a null one must not be dereferenced.
   const void* entry_ptr = lib.get<const void*>("kiln_plugin");
   if (!entry_ptr)
-    throw PluginError(path + ": the exported 'kiln_plugin' entry is a null pointer, expected the address of a "
-                             "PluginEntry; define it with KILN_PLUGIN(descriptor, register_all)");
+    throw PluginError(path +
+                      ": the exported 'kiln_plugin' entry is a null pointer, expected the address of a "
+                      "PluginEntry; define it with KILN_PLUGIN(descriptor, register_all)");
   const PluginEntry& entry = *static_cast<const PluginEntry*>(entry_ptr);
   if (!entry.descriptor || !entry.register_all)
     throw PluginError(path + ": the plugin entry's " +
@@ -59,7 +60,8 @@ const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
   if (d->api_version != kApiVersion)
     throw PluginError(path + ": plugin '" + (d->name ? d->name : "?") + "' was built for Kiln plugin API version " +
                       std::to_string(d->api_version) + ", but this Kiln (" + KILN_VERSION_STRING +
-                      ") provides API version " + std::to_string(kApiVersion) + "; rebuild the plugin against this SDK");
+                      ") provides API version " + std::to_string(kApiVersion) +
+                      "; rebuild the plugin against this SDK");
   std::string fp = d->fingerprint ? d->fingerprint : "";
   if (fp != KILN_BUILD_FINGERPRINT)
     throw PluginError(path + ": plugin '" + d->name + "' was built with " + fp + " but Kiln with " +

@@ -19,8 +19,8 @@ const typename Map::mapped_type& find_or_throw(const Map& m, const std::string& 
   if (it != m.end()) return it->second;
   std::string known;
   for (const auto& [k, _] : m) known += (known.empty() ? "" : ", ") + k;
-  throw ConfigError(std::string("unknown ") + what + " '" + name + "'; registered: " +
-                    (known.empty() ? "none (is its plugin loaded? see `kiln plugins`)" : known));
+  throw ConfigError(std::string("unknown ") + what + " '" + name +
+                    "'; registered: " + (known.empty() ? "none (is its plugin loaded? see `kiln plugins`)" : known));
 }
 }  // namespace
 

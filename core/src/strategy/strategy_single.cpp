@@ -156,7 +156,8 @@ class SingleStrategy : public Strategy {
 }  // namespace
 
 void register_builtin_strategies(Registry& reg) {
-  reg.add_strategy("single", [](const ConfigNode& c) -> std::unique_ptr<Strategy> { return std::make_unique<SingleStrategy>(c); });
+  reg.add_strategy(
+      "single", [](const ConfigNode& c) -> std::unique_ptr<Strategy> { return std::make_unique<SingleStrategy>(c); });
 }
 
 }  // namespace kiln

@@ -20,8 +20,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "kiln/error.hpp"
 #include "kiln/checkpoint.hpp"
+#include "kiln/error.hpp"
 
 namespace kiln {
 
@@ -46,7 +46,8 @@ struct Reader {
   size_t end = 0;
   void need(uint64_t n) {
     if (n > end - pos)  // not pos + n > end: a length near 2^64 from a damaged file would wrap around
-      throw DataError(path + ": checkpoint truncated at byte " + std::to_string(pos) + " (needed " + std::to_string(n) + " more)");
+      throw DataError(path + ": checkpoint truncated at byte " + std::to_string(pos) + " (needed " + std::to_string(n) +
+                      " more)");
   }
   template <class T>
   T get() {
@@ -150,7 +151,8 @@ std::vector<std::pair<int64_t, std::string>> kept_checkpoints(const std::string&
     const std::string n = it->path().filename().string();
     if (n.size() <= prefix.size() + 5 || n.rfind(prefix, 0) != 0 || n.substr(n.size() - 5) != ".kiln") continue;
     const std::string digits = n.substr(prefix.size(), n.size() - prefix.size() - 5);
-    if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
     out.emplace_back(std::stoll(digits), (p.parent_path() / n).string());
   }
@@ -268,14 +270,16 @@ Checkpoint load_checkpoint(const std::string& path) {
   std::memcpy(&stored, buf.data() + buf.size() - 8, 8);
   const uint64_t actual = v2 ? XXH3_64bits(buf.data(), buf.size() - 8) : fnv(buf.data(), buf.size() - 8);
   if (stored != actual)
-    throw DataError(path + ": checkpoint checksum mismatch (file damaged or truncated: " + std::to_string(buf.size()) + " bytes)");
+    throw DataError(path + ": checkpoint checksum mismatch (file damaged or truncated: " + std::to_string(buf.size()) +
+                    " bytes)");
   Reader r{buf, path, sizeof kMagic, buf.size() - 8};
   Checkpoint c;
   c.epoch = r.get<int64_t>();
   c.step = r.get<int64_t>();
   auto ds = r.get<uint64_t>();
   r.need(ds);
-  c.data_state.assign(buf.begin() + static_cast<std::ptrdiff_t>(r.pos), buf.begin() + static_cast<std::ptrdiff_t>(r.pos + ds));
+  c.data_state.assign(buf.begin() + static_cast<std::ptrdiff_t>(r.pos),
+                      buf.begin() + static_cast<std::ptrdiff_t>(r.pos + ds));
   r.pos += ds;
   auto n = r.get<uint64_t>();
   for (uint64_t i = 0; i < n; ++i) {
@@ -292,7 +296,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     // The shape is checked before its tensor is allocated: a damaged file must not ask for terabytes.
     if (!shape.fits() || static_cast<uint64_t>(shape.numel()) > (r.end - r.pos) / sizeof(float))
       throw DataError(path + ": checkpoint tensor '" + name + "' at byte " + std::to_string(at) + " has shape " +
-                      shape.str() + ", which " + (shape.fits() ? "needs more bytes than the file holds" : "is not a valid shape") +
+                      shape.str() + ", which " +
+                      (shape.fits() ? "needs more bytes than the file holds" : "is not a valid shape") +
                       " (file damaged)");
     HostTensor t{shape};
     r.need(t.bytes());
@@ -302,8 +307,8 @@ Checkpoint load_checkpoint(const std::string& path) {
       throw DataError(path + ": checkpoint holds tensor '" + name + "' twice (file damaged)");
   }
   if (r.pos != r.end)
-    throw DataError(path + ": checkpoint has " + std::to_string(r.end - r.pos) + " unexpected bytes after its last tensor, at byte " +
-                    std::to_string(r.pos) + " (file damaged)");
+    throw DataError(path + ": checkpoint has " + std::to_string(r.end - r.pos) +
+                    " unexpected bytes after its last tensor, at byte " + std::to_string(r.pos) + " (file damaged)");
   return c;
 }
 
@@ -329,7 +334,8 @@ LoadedCheckpoint load_newest_checkpoint(const std::string& path) {
                      (d == damaged.back().first ? "" : "\n");
       }
       if (!damaged.empty()) {
-        l.warning += "resuming from the checkpoint before it, " + f + " (step " + std::to_string(l.checkpoint.step) + ")";
+        l.warning +=
+            "resuming from the checkpoint before it, " + f + " (step " + std::to_string(l.checkpoint.step) + ")";
         sync_dir(fs::path(path).parent_path());
       }
       return l;
@@ -340,7 +346,8 @@ LoadedCheckpoint load_newest_checkpoint(const std::string& path) {
   if (files.empty()) throw DataError(path + ": no checkpoint to resume");
   std::string list;
   for (const auto& [d, why] : damaged) list += "\n  " + why;
-  throw DataError(path + ": no checkpoint of this run can be loaded ([train] keep_checkpoints keeps earlier ones):" + list);
+  throw DataError(path +
+                  ": no checkpoint of this run can be loaded ([train] keep_checkpoints keeps earlier ones):" + list);
 }
 
 void remove_checkpoints(const std::string& path) {

@@ -140,9 +140,10 @@ class CheckedStage final : public Stage {
         continue;
       }
       if (rules_.soft && yn % rules_.classes != 0)
-        fail(k, "has " + std::to_string(yn) + " label value(s), but output '" + rules_.ce_output +
-                    "' (softmax_cross_entropy) is trained on " + std::to_string(rules_.classes) +
-                    "-wide class probabilities (one-hot): give this pipeline the same labels (e.g. the one_hot map op)");
+        fail(k,
+             "has " + std::to_string(yn) + " label value(s), but output '" + rules_.ce_output +
+                 "' (softmax_cross_entropy) is trained on " + std::to_string(rules_.classes) +
+                 "-wide class probabilities (one-hot): give this pipeline the same labels (e.g. the one_hot map op)");
       // Soft labels: rows of `classes` values (one row per position of a sequence), each summing to 1.
       const int64_t row_w = rules_.soft ? rules_.classes : yn;
       double row_sum = 0;
@@ -155,10 +156,11 @@ class CheckedStage final : public Stage {
         }
         row_sum += v;
         if (rules_.soft && (v < 0 || v > 1))
-          fail(k, "has label value " + num(v) + " for class " + std::to_string(j) + ", but output '" + rules_.ce_output +
-                      "' (softmax_cross_entropy) takes these " + std::to_string(yn) +
+          fail(k, "has label value " + num(v) + " for class " + std::to_string(j) + ", but output '" +
+                      rules_.ce_output + "' (softmax_cross_entropy) takes these " + std::to_string(yn) +
                       "-wide labels as class probabilities: expected values in [0, 1]");
-        if (rules_.classes > 0 && !rules_.soft && (v < 0 || v >= static_cast<float>(rules_.classes) || v != std::floor(v)))
+        if (rules_.classes > 0 && !rules_.soft &&
+            (v < 0 || v >= static_cast<float>(rules_.classes) || v != std::floor(v)))
           fail(k, "has label " + num(v) + ", but output '" + rules_.ce_output + "' (softmax_cross_entropy) has " +
                       std::to_string(rules_.classes) + " classes: expected an integer class index in [0, " +
                       std::to_string(rules_.classes) + ")");
@@ -173,7 +175,8 @@ class CheckedStage final : public Stage {
 
   void check_fields(const Element& b, int64_t k, int64_t yn) const {
     if (yn != static_cast<int64_t>(rules_.names))
-      fail(k, "has " + std::to_string(yn) + " label value(s), but the data names " + std::to_string(rules_.names) + " labels");
+      fail(k, "has " + std::to_string(yn) + " label value(s), but the data names " + std::to_string(rules_.names) +
+                  " labels");
     for (const auto& f : rules_.fields) {
       const float v = b.y.data[static_cast<size_t>(k * yn) + f.col];
       const std::string who = "label \"" + f.label + "\" " + num(v) + ", but output '" + f.output + "'";

@@ -16,8 +16,8 @@ namespace kiln {
 struct LabelRules {
   int64_t classes = 0;  // softmax_cross_entropy: integer class index in [0, classes)
   std::string ce_output;
-  bool soft = false;    // softmax_cross_entropy with (classes) labels: probabilities in [0, 1] summing to 1
-  bool unit = false;    // binary_cross_entropy: target in [0, 1]
+  bool soft = false;  // softmax_cross_entropy with (classes) labels: probabilities in [0, 1] summing to 1
+  bool unit = false;  // binary_cross_entropy: target in [0, 1]
   std::string bce_output;
   // Named labels: each output's own column of the (names) label values, checked against that output's loss.
   struct Field {

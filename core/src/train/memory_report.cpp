@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
-#include "kiln/op_table.hpp"
 #include "kiln/executor.hpp"
 #include "kiln/memory_savers.hpp"
+#include "kiln/op_table.hpp"
 #include "kiln/session.hpp"
 
 namespace kiln {
@@ -23,10 +23,14 @@ bool is_loss(OpKind k) { return op_desc(k).is_loss; }
 
 const char* optimizer_name(const OptimizerSpec& o) {
   switch (o.kind) {
-    case OptimizerKind::sgd: return o.momentum > 0 ? "sgd with momentum" : "sgd";
-    case OptimizerKind::adam: return "adam";
-    case OptimizerKind::adamw: return "adamw";
-    case OptimizerKind::rmsprop: return o.momentum > 0 ? "rmsprop with momentum" : "rmsprop";
+    case OptimizerKind::sgd:
+      return o.momentum > 0 ? "sgd with momentum" : "sgd";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::adamw:
+      return "adamw";
+    case OptimizerKind::rmsprop:
+      return o.momentum > 0 ? "rmsprop with momentum" : "rmsprop";
   }
   return "?";
 }
@@ -36,7 +40,8 @@ const char* optimizer_name(const OptimizerSpec& o) {
 void reserve_planned(Session& s) {
   RunnerContext ctx = s.runner_context();
   auto plans = s.strategy().plan(ctx);
-  for (size_t i = 0; i < plans.size(); ++i) ctx.devices.at(device_of(plans[i], ctx, i)).allocator->reserve(plans[i].total());
+  for (size_t i = 0; i < plans.size(); ++i)
+    ctx.devices.at(device_of(plans[i], ctx, i)).allocator->reserve(plans[i].total());
 }
 
 }  // namespace
@@ -78,28 +83,32 @@ std::vector<LayerRow> layer_table(const ModelSpec& m) {
 
 std::string format_layer_table(const std::vector<LayerRow>& rows) {
   std::ostringstream os;
-  os << std::left << std::setw(22) << "layer" << std::setw(12) << "type" << std::setw(20) << "output shape" << std::right
-     << std::setw(14) << "parameters" << std::setw(14) << "param bytes" << std::setw(18) << "act. bytes/ex" << "\n";
+  os << std::left << std::setw(22) << "layer" << std::setw(12) << "type" << std::setw(20) << "output shape"
+     << std::right << std::setw(14) << "parameters" << std::setw(14) << "param bytes" << std::setw(18)
+     << "act. bytes/ex"
+     << "\n";
   os << std::string(100, '-') << "\n";
   int64_t total = 0;
   size_t bytes = 0, act = 0;
   for (const auto& r : rows) {
-    os << std::left << std::setw(22) << r.name << std::setw(12) << r.type << std::setw(20) << r.output_shape.str() << std::right
-       << std::setw(14) << r.parameters << std::setw(14) << format_bytes(r.parameter_bytes) << std::setw(18)
-       << format_bytes(r.activation_bytes_per_example) << "\n";
+    os << std::left << std::setw(22) << r.name << std::setw(12) << r.type << std::setw(20) << r.output_shape.str()
+       << std::right << std::setw(14) << r.parameters << std::setw(14) << format_bytes(r.parameter_bytes)
+       << std::setw(18) << format_bytes(r.activation_bytes_per_example) << "\n";
     total += r.parameters;
     bytes += r.parameter_bytes;
     act += r.activation_bytes_per_example;
   }
   os << std::string(100, '-') << "\n";
-  os << std::left << std::setw(54) << "total" << std::right << std::setw(14) << total << std::setw(14) << format_bytes(bytes)
-     << std::setw(18) << format_bytes(act) << "\n";
+  os << std::left << std::setw(54) << "total" << std::right << std::setw(14) << total << std::setw(14)
+     << format_bytes(bytes) << std::setw(18) << format_bytes(act) << "\n";
   return os.str();
 }
 
 std::string format_device_plan(const DevicePlan& p, size_t limit, const std::string& blocked) {
   std::ostringstream os;
-  auto line = [&](const char* what, const std::string& b) { os << "  " << std::left << std::setw(18) << what << std::right << std::setw(12) << b << "\n"; };
+  auto line = [&](const char* what, const std::string& b) {
+    os << "  " << std::left << std::setw(18) << what << std::right << std::setw(12) << b << "\n";
+  };
   os << "step memory on " << p.device << ":\n";
   line("weights", format_bytes(p.parameters));
   line("gradients", format_bytes(p.gradients));
@@ -133,8 +142,9 @@ PlanCheck check_plan(Session& s) {
   const auto limits = device_limits(ctx);
   std::ostringstream os;
   const ModelSpec& m = s.model();
-  os << "model: " << s.run_name() << " (input " << m.input_shape.str() << ", batch " << ctx.global_batch << ", optimizer "
-     << (ctx.optimizer ? optimizer_name(*ctx.optimizer) : "none") << ", " << m.savers.describe() << ")\n";
+  os << "model: " << s.run_name() << " (input " << m.input_shape.str() << ", batch " << ctx.global_batch
+     << ", optimizer " << (ctx.optimizer ? optimizer_name(*ctx.optimizer) : "none") << ", " << m.savers.describe()
+     << ")\n";
   os << format_layer_table(layer_table(m));
   size_t worst = 0;
   for (size_t i = 0; i < c.plans.size(); ++i) {
@@ -162,20 +172,25 @@ PlanCheck check_plan(Session& s) {
     for (const auto& d : s.devices()) sharing += shares_host_memory(d.device->info());
     const bool split = sharing > 1 && shares_host_memory(info);
     os << "  limit from: "
-       << (s.explicit_limit() ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\"" + (split ? " on each of " + std::to_string(sharing) + " devices sharing the host's memory" : std::string())
+       << (s.explicit_limit()
+               ? "[device] memory_limit = \"" + s.device_settings().memory_limit + "\"" +
+                     (split ? " on each of " + std::to_string(sharing) + " devices sharing the host's memory"
+                            : std::string())
            : split ? "an equal share of the host's memory for each of the " + std::to_string(sharing) +
                          " devices that share it, minus other Kiln jobs' reservations (no [device] memory_limit)"
                    : std::string("the device's memory minus other Kiln jobs' reservations (no [device] memory_limit)"))
-       << (s.device_settings().growth ? ", growth on demand"
-                                      : ", growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)")
+       << (s.device_settings().growth
+               ? ", growth on demand"
+               : ", growth = false: `kiln train` claims the whole limit at start (`kiln plan` claims nothing)")
        << "\n";
     if (session_device && reservation_root().empty())
       os << "  reservations: off (KILN_RESERVATION_DIR=off)\n";
     else if (session_device)
       os << "  reservations of other Kiln jobs: " << (others.empty() ? "none" : format_bytes(promised)) << " of "
          << format_bytes(total) << ", " << format_bytes(remains) << " remain"
-         << (s.explicit_limit() ? "; this run's limit " + format_bytes(limit) + (blocked.empty() ? " fits beside them" : " does not")
-                                : std::string())
+         << (s.explicit_limit()
+                 ? "; this run's limit " + format_bytes(limit) + (blocked.empty() ? " fits beside them" : " does not")
+                 : std::string())
          << (others.empty() ? "\n" : ":\n" + format_holders(others));
     if (!blocked.empty()) c.fits = false, c.blocked = true;
     if (c.plans[i].total() > limit) {
@@ -225,15 +240,16 @@ void enforce_memory_plan(Session& s, std::ostream& out) {
     m.savers = before;
     if (best_need != SIZE_MAX) {
       m.savers = best;
-      out << "memory_policy = \"fit\": the plan needs " << format_bytes_both(c.worst_need) << "; turned on " << best.describe()
-          << ", which needs " << format_bytes_both(best_need) << "\n";
+      out << "memory_policy = \"fit\": the plan needs " << format_bytes_both(c.worst_need) << "; turned on "
+          << best.describe() << ", which needs " << format_bytes_both(best_need) << "\n";
       return reserve_planned(s);
     }
   }
-  throw OutOfMemory("the planned training step does not fit the memory limit; nothing was allocated" +
-                        std::string(policy == "fit" ? " (memory_policy = \"fit\": no recomputation makes it fit)" : "") + ".\n" +
-                        c.report,
-                    c.worst_need, MemoryStats{});
+  throw OutOfMemory(
+      "the planned training step does not fit the memory limit; nothing was allocated" +
+          std::string(policy == "fit" ? " (memory_policy = \"fit\": no recomputation makes it fit)" : "") + ".\n" +
+          c.report,
+      c.worst_need, MemoryStats{});
 }
 
 }  // namespace kiln

@@ -31,7 +31,8 @@ Element zero_batch(const ModelSpec& m, const OptimizerSpec* opt, int64_t batch) 
 
 std::string xml_escape(const std::string& s) {
   std::string o;
-  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
+  for (char c : s)
+    o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
   return o;
 }
 
@@ -52,7 +53,8 @@ std::vector<int64_t> default_sweep_batches(int64_t largest_fit, int64_t unit) {
   return b;
 }
 
-std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure, std::ostream* progress) {
+std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& batches, bool measure,
+                                     std::ostream* progress) {
   RunnerContext base = s.runner_context();
   if (base.devices.empty()) throw Error("memory_sweep: the session's devices are not open");
   std::vector<SweepPoint> out;
@@ -91,8 +93,10 @@ std::vector<SweepPoint> memory_sweep(Session& s, const std::vector<int64_t>& bat
     }
     if (progress)
       *progress << "  batch " << b << ": predicted " << format_bytes(p.predicted)
-                << (p.measured ? ", measured " + format_bytes(p.measured) : std::string(p.fits ? "" : " (over the limit, not run)"))
-                << "\n" << std::flush;
+                << (p.measured ? ", measured " + format_bytes(p.measured)
+                               : std::string(p.fits ? "" : " (over the limit, not run)"))
+                << "\n"
+                << std::flush;
     out.push_back(p);
   }
   return out;
@@ -102,8 +106,8 @@ std::string sweep_csv(const std::vector<SweepPoint>& points) {
   std::ostringstream os;
   os << "batch,predicted_bytes,measured_bytes,limit_bytes,fits,step_seconds\n";
   for (const auto& p : points)
-    os << p.batch << "," << p.predicted << "," << (p.measured ? std::to_string(p.measured) : "") << "," << p.limit << ","
-       << (p.fits ? "yes" : "no") << "," << (p.measured ? std::to_string(p.step_seconds) : "") << "\n";
+    os << p.batch << "," << p.predicted << "," << (p.measured ? std::to_string(p.measured) : "") << "," << p.limit
+       << "," << (p.fits ? "yes" : "no") << "," << (p.measured ? std::to_string(p.step_seconds) : "") << "\n";
   return os.str();
 }
 
@@ -114,7 +118,8 @@ std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& 
   for (const auto& p : points) {
     bmin = std::min(bmin, static_cast<double>(p.batch));
     bmax = std::max(bmax, static_cast<double>(p.batch));
-    ymax = std::max({ymax, static_cast<double>(p.predicted), static_cast<double>(p.measured), static_cast<double>(p.limit)});
+    ymax = std::max(
+        {ymax, static_cast<double>(p.predicted), static_cast<double>(p.measured), static_cast<double>(p.limit)});
   }
   ymax = std::max(ymax * 1.08, 1.0);
   const bool logx = bmax / std::max(bmin, 1.0) >= 8;
@@ -126,34 +131,43 @@ std::string sweep_svg(const std::vector<SweepPoint>& points, const std::string& 
   std::ostringstream os;
   os << std::fixed;
   os.precision(1);
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title) << "</text>\n"
-     << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
+     << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title)
+     << "</text>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B
+     << "\" stroke=\"black\"/>\n"
      << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n";
   for (int i = 0; i <= 5; ++i) {  // y grid in MiB
     double v = ymax * i / 5;
-    os << "<line x1=\"" << L << "\" y1=\"" << ypos(v) << "\" x2=\"" << W - R << "\" y2=\"" << ypos(v) << "\" stroke=\"#ddd\"/>\n"
-       << "<text x=\"" << L - 6 << "\" y=\"" << ypos(v) + 4 << "\" text-anchor=\"end\">" << mib(static_cast<size_t>(v)) << "</text>\n";
+    os << "<line x1=\"" << L << "\" y1=\"" << ypos(v) << "\" x2=\"" << W - R << "\" y2=\"" << ypos(v)
+       << "\" stroke=\"#ddd\"/>\n"
+       << "<text x=\"" << L - 6 << "\" y=\"" << ypos(v) + 4 << "\" text-anchor=\"end\">" << mib(static_cast<size_t>(v))
+       << "</text>\n";
   }
   for (const auto& p : points)
-    os << "<text x=\"" << xpos(static_cast<double>(p.batch)) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">" << p.batch << "</text>\n";
-  os << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 18 << "\" text-anchor=\"middle\">batch size" << (logx ? " (log scale)" : "") << "</text>\n"
-     << "<text x=\"18\" y=\"" << (T + H - B) / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 " << (T + H - B) / 2
-     << ")\">peak memory (MiB)</text>\n";
+    os << "<text x=\"" << xpos(static_cast<double>(p.batch)) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">"
+       << p.batch << "</text>\n";
+  os << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 18 << "\" text-anchor=\"middle\">batch size"
+     << (logx ? " (log scale)" : "") << "</text>\n"
+     << "<text x=\"18\" y=\"" << (T + H - B) / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 "
+     << (T + H - B) / 2 << ")\">peak memory (MiB)</text>\n";
   const double lim = static_cast<double>(points.front().limit);
   os << "<line x1=\"" << L << "\" y1=\"" << ypos(lim) << "\" x2=\"" << W - R << "\" y2=\"" << ypos(lim)
      << "\" stroke=\"#c0392b\" stroke-dasharray=\"6 4\"/>\n"
-     << "<text x=\"" << W - R - 4 << "\" y=\"" << ypos(lim) - 5 << "\" text-anchor=\"end\" fill=\"#c0392b\">limit " << mib(points.front().limit)
-     << " MiB</text>\n";
+     << "<text x=\"" << W - R - 4 << "\" y=\"" << ypos(lim) - 5 << "\" text-anchor=\"end\" fill=\"#c0392b\">limit "
+     << mib(points.front().limit) << " MiB</text>\n";
   os << "<polyline fill=\"none\" stroke=\"#2c7fb8\" stroke-width=\"2\" points=\"";
-  for (const auto& p : points) os << xpos(static_cast<double>(p.batch)) << "," << ypos(static_cast<double>(p.predicted)) << " ";
+  for (const auto& p : points)
+    os << xpos(static_cast<double>(p.batch)) << "," << ypos(static_cast<double>(p.predicted)) << " ";
   os << "\"/>\n";
   for (const auto& p : points)
     if (p.measured)
       os << "<circle cx=\"" << xpos(static_cast<double>(p.batch)) << "\" cy=\"" << ypos(static_cast<double>(p.measured))
          << "\" r=\"4\" fill=\"#e67e22\"/>\n";
-  os << "<line x1=\"" << L + 16 << "\" y1=\"" << T + 10 << "\" x2=\"" << L + 40 << "\" y2=\"" << T + 10 << "\" stroke=\"#2c7fb8\" stroke-width=\"2\"/>"
+  os << "<line x1=\"" << L + 16 << "\" y1=\"" << T + 10 << "\" x2=\"" << L + 40 << "\" y2=\"" << T + 10
+     << "\" stroke=\"#2c7fb8\" stroke-width=\"2\"/>"
      << "<text x=\"" << L + 46 << "\" y=\"" << T + 14 << "\">predicted (kiln plan)</text>\n"
      << "<circle cx=\"" << L + 28 << "\" cy=\"" << T + 28 << "\" r=\"4\" fill=\"#e67e22\"/>"
      << "<text x=\"" << L + 46 << "\" y=\"" << T + 32 << "\">measured (allocator peak, one training step)</text>\n"

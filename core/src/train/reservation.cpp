@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -27,7 +27,8 @@ namespace {
 
 std::string sanitize(const std::string& id) {
   std::string s;
-  for (char c : id) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':') ? c : '_';
+  for (char c : id)
+    s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':') ? c : '_';
   if (s.empty() || s[0] == '.') s = "_" + s;
   return s;
 }
@@ -64,9 +65,12 @@ class DirLock {
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      o += ' ';
+    else
+      o += c;
   }
   return o;
 }
@@ -101,9 +105,10 @@ int64_t to_i64(const std::string& s) {
 
 std::string to_json(const ReservationHolder& h, const std::string& hardware_id) {
   std::ostringstream os;
-  os << "{\"pid\": " << h.pid << ", \"user\": \"" << json_escape(h.user) << "\", \"command\": \"" << json_escape(h.command)
-     << "\", \"run\": \"" << json_escape(h.run) << "\", \"device\": \"" << json_escape(h.device) << "\", \"hardware_id\": \"" << json_escape(hardware_id)
-     << "\", \"bytes\": " << h.bytes << ", \"start_time\": " << h.start_time << "}\n";
+  os << "{\"pid\": " << h.pid << ", \"user\": \"" << json_escape(h.user) << "\", \"command\": \""
+     << json_escape(h.command) << "\", \"run\": \"" << json_escape(h.run) << "\", \"device\": \""
+     << json_escape(h.device) << "\", \"hardware_id\": \"" << json_escape(hardware_id) << "\", \"bytes\": " << h.bytes
+     << ", \"start_time\": " << h.start_time << "}\n";
   return os.str();
 }
 
@@ -178,11 +183,12 @@ std::atomic<int> g_counter{0};
 std::string ReservationHolder::describe() const {
   char when[64] = "?";
   std::time_t t = static_cast<std::time_t>(start_time);
-  std::tm tm {};
+  std::tm tm{};
   if (start_time > 0 && ::localtime_r(&t, &tm)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
   std::ostringstream os;
-  os << "pid " << pid << " (" << (user.empty() ? "unknown user" : user) << (run.empty() ? "" : ", run \"" + run + "\"") << ", `" << command << "`, " << format_bytes(bytes)
-     << (device.empty() ? "" : " of " + device) << " since " << when << ")";
+  os << "pid " << pid << " (" << (user.empty() ? "unknown user" : user) << (run.empty() ? "" : ", run \"" + run + "\"")
+     << ", `" << command << "`, " << format_bytes(bytes) << (device.empty() ? "" : " of " + device) << " since " << when
+     << ")";
   return os.str();
 }
 
@@ -217,24 +223,27 @@ std::string format_holders(const std::vector<ReservationHolder>& holders) {
   return s;
 }
 
-std::unique_ptr<Reservation> Reservation::acquire(const DeviceInfo& device, size_t bytes, size_t capacity, const std::string& root,
-                                                  const std::string& run) {
+std::unique_ptr<Reservation> Reservation::acquire(const DeviceInfo& device, size_t bytes, size_t capacity,
+                                                  const std::string& root, const std::string& run) {
   if (root.empty()) return nullptr;
   const std::string dir = root + "/" + sanitize(device.hardware_id);
   if (!ensure_dir(root) || !ensure_dir(dir))
-    throw DeviceError("cannot record the memory reservation for " + device.label() + " in " + dir + ": " + std::strerror(errno) +
-                      ". Set KILN_RESERVATION_DIR to a writable directory shared by the host's Kiln jobs (or to \"off\").");
+    throw DeviceError(
+        "cannot record the memory reservation for " + device.label() + " in " + dir + ": " + std::strerror(errno) +
+        ". Set KILN_RESERVATION_DIR to a writable directory shared by the host's Kiln jobs (or to \"off\").");
   DirLock lock(dir);
   auto others = scan(dir);
   const size_t promised = total_bytes(others);
   if (bytes > capacity || promised > capacity - bytes) {
     std::ostringstream os;
-    os << "cannot reserve " << format_bytes(bytes) << " on " << device.label() << " (" << device.name << ", hardware id "
-       << device.hardware_id << "): other Kiln jobs have reserved " << format_bytes(promised) << " of its "
-       << format_bytes(capacity) << ", leaving " << format_bytes(promised < capacity ? capacity - promised : 0) << ". Holders:\n"
+    os << "cannot reserve " << format_bytes(bytes) << " on " << device.label() << " (" << device.name
+       << ", hardware id " << device.hardware_id << "): other Kiln jobs have reserved " << format_bytes(promised)
+       << " of its " << format_bytes(capacity) << ", leaving "
+       << format_bytes(promised < capacity ? capacity - promised : 0) << ". Holders:\n"
        << format_holders(others) << "Lower [device] memory_limit to at most "
        << format_bytes(promised < capacity ? capacity - promised : 0)
-       << ", choose another device ([device] visible, or select = \"most_free_memory\"), or wait for a holder to finish.";
+       << ", choose another device ([device] visible, or select = \"most_free_memory\"), or wait for a holder to "
+          "finish.";
     throw DeviceError(os.str());
   }
   std::unique_ptr<Reservation> r(new Reservation());

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +21,6 @@
 #include <regex>
 #include <sstream>
 #include <thread>
-#include <toml++/toml.h>
 
 #include "kiln/checkpoint.hpp"
 #include "kiln/error.hpp"
@@ -83,9 +83,12 @@ std::string check_output_dir(const Session& s) {
     const std::string name = named ? run->get_string("name") : s.run_name();  // "" given explicitly counts
     key = named ? run->where("name") : s.config().file() + ": [run] name (from the file name)";
     std::string why;
-    if (name.empty()) why = "is empty (leave [run] name out to use the config file's name)";
-    else if (name == "." || name == "..") why = "is '" + name + "', which is not a run name";
-    else if (name.find_first_of("/\\") != std::string::npos) why = "contains a path separator";
+    if (name.empty())
+      why = "is empty (leave [run] name out to use the config file's name)";
+    else if (name == "." || name == "..")
+      why = "is '" + name + "', which is not a run name";
+    else if (name.find_first_of("/\\") != std::string::npos)
+      why = "contains a path separator";
     else if (std::any_of(name.begin(), name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
       why = "contains a control character";
     if (!why.empty()) {
@@ -113,7 +116,9 @@ void create_output_dir(const std::string& dir, const std::string& key) {
 RunLock::RunLock(const std::string& dir, const std::string& key, const std::string& command) {
   const std::string path = dir + "/.kiln.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno) + " (the directory comes from " + key + ")");
+  if (fd_ < 0)
+    throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno) + " (the directory comes from " +
+                key + ")");
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     // The holder writes its pid just after it takes the lock: two runs started at once may look before it has, or
@@ -135,9 +140,11 @@ RunLock::RunLock(const std::string& dir, const std::string& key, const std::stri
     for (auto& c : holder)
       if (c == '\n') c = ',';
     if (e == EWOULDBLOCK)
-      throw Error(dir + ": this run is in use by another kiln process (" + (holder.empty() ? std::string("holder unknown") : holder) +
+      throw Error(dir + ": this run is in use by another kiln process (" +
+                  (holder.empty() ? std::string("holder unknown") : holder) +
                   "); two processes must not write one run. Wait for it to end, stop it, or give this run another "
-                  "[run] name or output directory (" + key + ")");
+                  "[run] name or output directory (" +
+                  key + ")");
     throw Error(path + ": cannot lock the run directory: " + std::strerror(e));
   }
   // Holding the lock, no other kiln process writes here: temporaries left by a killed writer (<file>.tmp.<pid> of the
@@ -146,7 +153,8 @@ RunLock::RunLock(const std::string& dir, const std::string& key, const std::stri
   static const std::regex tmp_re(R"((checkpoint[^/]*\.kiln|config\.toml|run\.json|metrics\.jsonl)\.tmp\.[0-9]+)");
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code rm;
-    if (it->is_regular_file(rm) && std::regex_match(it->path().filename().string(), tmp_re)) std::filesystem::remove(it->path(), rm);
+    if (it->is_regular_file(rm) && std::regex_match(it->path().filename().string(), tmp_re))
+      std::filesystem::remove(it->path(), rm);
   }
   std::string who = "pid " + std::to_string(::getpid()) + "\nstarted " + now_utc() + "\ncommand " + command + "\n";
   // Written over the old text, then cut to length: a reader never finds the file empty.
@@ -190,8 +198,9 @@ int64_t trim_metrics(const std::string& path, int64_t step) {
 }
 
 void write_run_record(const std::string& dir, const std::string& resolved_config, const std::string& run_json) {
-  write_atomically(dir + "/config.toml", "# The configuration of this run as resolved (--set overrides applied), written by kiln train.\n" +
-                                              resolved_config + "\n");
+  write_atomically(dir + "/config.toml",
+                   "# The configuration of this run as resolved (--set overrides applied), written by kiln train.\n" +
+                       resolved_config + "\n");
   write_atomically(dir + "/run.json", run_json + "\n");
 }
 
@@ -199,14 +208,18 @@ namespace {
 
 void flatten(const toml::node& n, const std::string& key, std::map<std::string, std::string>& out) {
   if (const auto* t = n.as_table()) {
-    for (const auto& [k, v] : *t) flatten(v, key.empty() ? std::string(k.str()) : key + "." + std::string(k.str()), out);
+    for (const auto& [k, v] : *t)
+      flatten(v, key.empty() ? std::string(k.str()) : key + "." + std::string(k.str()), out);
   } else if (const auto* a = n.as_array(); a && !a->empty() && a->is_array_of_tables()) {
     for (size_t i = 0; i < a->size(); ++i) flatten(*a->get(i), key + "[" + std::to_string(i) + "]", out);
   } else {
     std::ostringstream os;
-    if (const auto* arr = n.as_array()) os << *arr;
-    else if (const auto* tb = n.as_table()) os << *tb;
-    else n.visit([&](const auto& v) { os << v; });
+    if (const auto* arr = n.as_array())
+      os << *arr;
+    else if (const auto* tb = n.as_table())
+      os << *tb;
+    else
+      n.visit([&](const auto& v) { os << v; });
     out[key] = os.str();
   }
 }
@@ -219,8 +232,8 @@ bool may_change_on_resume(const std::string& key) {
       "log.", "device.", "memory.", "plugins.", "data.test", "run.name",
       // How data_parallel spreads the same global batch (the checkpoint does not depend on it): processes, devices,
       // buckets and where the optimizer state lives.
-      "strategy.communicator", "strategy.process_group", "strategy.devices", "strategy.timeout_s", "strategy.reduction", "strategy.bucket_size",
-      "strategy.overlap", "strategy.concurrent", "strategy.optimizer_state"};
+      "strategy.communicator", "strategy.process_group", "strategy.devices", "strategy.timeout_s", "strategy.reduction",
+      "strategy.bucket_size", "strategy.overlap", "strategy.concurrent", "strategy.optimizer_state"};
   for (const char* p : prefixes)
     if (key.rfind(p, 0) == 0) return true;
   return false;

@@ -49,8 +49,10 @@ void check_same_config(ProcessGroup& pg, const std::string& resolved_text, const
               " has '" + b + "'";
   }
   if (!report.empty())
-    throw ConfigError(file + ": the ranks of this run were started with different configurations (every rank must read "
-                      "the same TOML and --set options):" + report);
+    throw ConfigError(file +
+                      ": the ranks of this run were started with different configurations (every rank must read "
+                      "the same TOML and --set options):" +
+                      report);
 }
 
 StepAgreement agree_after_step(ProcessGroup& pg, int stop_signal, bool checkpoint_due) {

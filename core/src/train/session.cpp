@@ -27,7 +27,9 @@ void parse_memory(const ConfigNode& m, ModelSpec& model, MemorySettings& mem) {
   s.recompute = mode == "auto" ? RecomputeMode::auto_ : mode == "layers" ? RecomputeMode::layers : RecomputeMode::none;
   s.recompute_layers = m.get_string_list("recompute_layers", {});
   if (s.recompute == RecomputeMode::layers && s.recompute_layers.empty())
-    m.fail("recompute_layers", "recompute = \"layers\" needs the layers to recompute, e.g. recompute_layers = [\"conv2d_2\", \"conv2d_3\"]");
+    m.fail(
+        "recompute_layers",
+        "recompute = \"layers\" needs the layers to recompute, e.g. recompute_layers = [\"conv2d_2\", \"conv2d_3\"]");
   if (s.recompute != RecomputeMode::layers && !s.recompute_layers.empty())
     m.fail("recompute_layers", "only used with recompute = \"layers\" (found recompute = \"" + mode + "\")");
   std::vector<std::string> names;
@@ -40,7 +42,8 @@ void parse_memory(const ConfigNode& m, ModelSpec& model, MemorySettings& mem) {
   }
   s.checkpoint_every = m.get_int("checkpoint_every", 0);
   if (s.checkpoint_every < 0 || s.checkpoint_every == 1)
-    m.fail("checkpoint_every", "expected 0 (about sqrt(layers)) or a layer count >= 2, found " + std::to_string(s.checkpoint_every));
+    m.fail("checkpoint_every",
+           "expected 0 (about sqrt(layers)) or a layer count >= 2, found " + std::to_string(s.checkpoint_every));
   if (s.checkpoint_every > 0 && s.recompute != RecomputeMode::auto_)
     m.fail("checkpoint_every", "only used with recompute = \"auto\"");
   mem.sweep_batches = m.get_int_list("sweep_batches", {});
@@ -264,8 +267,9 @@ void Session::check_fault_injection() const {
   // With growth, a block request happens only when an allocation finds no free range: first the planned reservation
   // (memory_policy strict/fit, and each batch size of a sweep; a second request retries its exact size), then at most
   // 4 per allocation (a block and its exact-size retry, once more after free blocks are given back). A single-device
-  // run allocates its persistent tensors once and at most 4 regions (gradients, arena, input, workspace) per step graph: training and
-  // evaluation at the full and the last batch size, NaN tracing, and each batch size of a `kiln plan --sweep`.
+  // run allocates its persistent tensors once and at most 4 regions (gradients, arena, input, workspace) per step
+  // graph: training and evaluation at the full and the last batch size, NaN tracing, and each batch size of a `kiln
+  // plan --sweep`.
   GraphOptions go;
   go.batch = 1;
   go.training = false;
@@ -279,8 +283,10 @@ void Session::check_fault_injection() const {
   cfg_.root().table("device")->fail(
       "fault_injection_block",
       "is " + std::to_string(device_.fail_block_request) + ", but this run makes at most " + std::to_string(most) +
-          " block requests per device (growth = true: 2 per planned reservation, then at most 4 for each allocation that "
-          "finds no room: its " + std::to_string(persistent) + " persistent tensors and at most 4 regions for each of " +
+          " block requests per device (growth = true: 2 per planned reservation, then at most 4 for each allocation "
+          "that "
+          "finds no room: its " +
+          std::to_string(persistent) + " persistent tensors and at most 4 regions for each of " +
           std::to_string(graphs) + " step graphs), so request #" + std::to_string(device_.fail_block_request) +
           " never happens; use a number from 1 to " + std::to_string(most));
 }
@@ -298,9 +304,10 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
       const std::string& l = model_.outputs[i].label;
       if (l.empty() || std::find(model_.label_names.begin(), model_.label_names.end(), l) != model_.label_names.end())
         continue;
-      outs[i].fail("label", "is \"" + l + "\", but " + describe_source(cfg_, "train") +
-                                (known.empty() ? " names no labels (the csv source names several with label = [\"a\", \"b\"])"
-                                               : " names its labels " + known));
+      outs[i].fail("label",
+                   "is \"" + l + "\", but " + describe_source(cfg_, "train") +
+                       (known.empty() ? " names no labels (the csv source names several with label = [\"a\", \"b\"])"
+                                      : " names its labels " + known));
     }
   }
   // The stage that last changed the example (or label) shape is where a mismatch comes from.
@@ -319,9 +326,10 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
   };
   auto values = [](const Shape& s) { return std::to_string(s.numel()) + (s.numel() == 1 ? " value" : " values"); };
   if (!x.dims().empty() && x.numel() != model_.input_shape.numel())
-    model.fail("input_shape", "is " + model_.input_shape.str() + " (" + values(model_.input_shape) + " per example), but " +
-                                  source + " delivers examples of shape " + x.str() + " (" + values(x) + "), shaped by " +
-                                  shaped_by(false) + "; set input_shape = " + toml_list(x) + " or make the data match the model");
+    model.fail("input_shape", "is " + model_.input_shape.str() + " (" + values(model_.input_shape) +
+                                  " per example), but " + source + " delivers examples of shape " + x.str() + " (" +
+                                  values(x) + "), shaped by " + shaped_by(false) +
+                                  "; set input_shape = " + toml_list(x) + " or make the data match the model");
   // Labels against each head's loss. The heads' widths come from a forward graph of one example (nothing allocated).
   GraphOptions go;
   go.batch = 1;
@@ -332,9 +340,10 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
     // Named labels: one value per name; each output's own label was checked when the graph was built.
     const int64_t names = static_cast<int64_t>(model_.label_names.size());
     if (y.numel() != names)
-      model.fail("outputs", "the outputs name their labels, but " + source + " delivers labels of shape " + y.str() + " (" +
-                                values(y) + "), shaped by " + shaped_by(true) + ", for its " + std::to_string(names) +
-                                " named labels: stages that change the labels (e.g. one_hot) cannot be used with named labels");
+      model.fail("outputs",
+                 "the outputs name their labels, but " + source + " delivers labels of shape " + y.str() + " (" +
+                     values(y) + "), shaped by " + shaped_by(true) + ", for its " + std::to_string(names) +
+                     " named labels: stages that change the labels (e.g. one_hot) cannot be used with named labels");
     return;
   }
   for (size_t i = 0; i < model_.outputs.size() && i < g.outputs.size(); ++i) {
@@ -356,9 +365,9 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
     const char* loss = o.loss == LossKind::softmax_cross_entropy ? "softmax_cross_entropy"
                        : o.loss == LossKind::mse                 ? "mse"
                                                                  : "binary_cross_entropy";
-    const std::string msg = "output '" + o.layer + "' (" + out.str() + " per example, loss " + loss + ") needs " + expected +
-                            ", but " + source + " delivers labels of shape " + y.str() + " (" + values(y) + "), shaped by " +
-                            shaped_by(true);
+    const std::string msg = "output '" + o.layer + "' (" + out.str() + " per example, loss " + loss + ") needs " +
+                            expected + ", but " + source + " delivers labels of shape " + y.str() + " (" + values(y) +
+                            "), shaped by " + shaped_by(true);
     if (i < outs.size()) outs[i].fail("loss", msg);
     model.fail("loss", msg);
   }
@@ -395,7 +404,8 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
       label_names_ = cur->label_names();
     }
     // Named labels must mean the same in both pipelines (outputs find their label by name in [data.train]'s order).
-    if (source && which == "test" && cur->label_names() != label_names_ && (!label_names_.empty() || !cur->label_names().empty())) {
+    if (source && which == "test" && cur->label_names() != label_names_ &&
+        (!label_names_.empty() || !cur->label_names().empty())) {
       auto list = [](const std::vector<std::string>& v) {
         std::string t;
         for (const auto& n : v) t += (t.empty() ? "\"" : ", \"") + n + "\"";
@@ -406,9 +416,10 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     }
     // Ids must mean the same tokens in both pipelines (a vocabulary is built from its own file).
     if (source && which == "test" && !vocab_.empty() && !cur->vocabulary().empty() && cur->vocabulary() != vocab_)
-      s.fail("path", "this text source's vocabulary differs from [data.train]'s, so the same id would stand for "
-                     "different characters; read the same file (split = \"val\" holds out its last val_fraction) or "
-                     "files with the same set of characters");
+      s.fail("path",
+             "this text source's vocabulary differs from [data.train]'s, so the same id would stand for "
+             "different characters; read the same file (split = \"val\" holds out its last val_fraction) or "
+             "files with the same set of characters");
     if (type == "batch") batched = true;
     if (shapes) shapes->push_back({type, cur->example_shape(), cur->label_shape()});
   }

@@ -36,7 +36,9 @@ void varint(std::string& o, uint64_t v) {
   }
   o += static_cast<char>(v);
 }
-void tag(std::string& o, int field, int wire) { varint(o, static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire)); }
+void tag(std::string& o, int field, int wire) {
+  varint(o, static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire));
+}
 void fixed64(std::string& o, int field, double v) {
   tag(o, field, 1);
   char b[8];
@@ -91,15 +93,15 @@ void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::s
   std::string summary;
   for (const auto& [name, v] : values) {
     std::string value;
-    bytes(value, 1, name);                       // Summary.Value.tag
-    fixed32(value, 2, static_cast<float>(v));    // Summary.Value.simple_value
-    bytes(summary, 1, value);                    // Summary.value
+    bytes(value, 1, name);                     // Summary.Value.tag
+    fixed32(value, 2, static_cast<float>(v));  // Summary.Value.simple_value
+    bytes(summary, 1, value);                  // Summary.value
   }
   std::string e;
-  fixed64(e, 1, now_seconds());                   // Event.wall_time
-  tag(e, 2, 0);                                   // Event.step
+  fixed64(e, 1, now_seconds());  // Event.wall_time
+  tag(e, 2, 0);                  // Event.step
   varint(e, static_cast<uint64_t>(step));
-  bytes(e, 5, summary);                           // Event.summary
+  bytes(e, 5, summary);  // Event.summary
   record(e);
 }
 
@@ -133,7 +135,8 @@ std::vector<std::string> read_tfrecords(const std::string& path) {
     if (len > b.size() - pos - 12 || b.size() - pos - 12 - len < 4)
       throw Error(path + ": the record at byte " + std::to_string(pos) + " is longer than the file");
     std::memcpy(&dc, b.data() + pos + 12 + len, 4);
-    if (dc != masked_crc32c(b.data() + pos + 12, len)) throw Error(path + ": bad data CRC at byte " + std::to_string(pos));
+    if (dc != masked_crc32c(b.data() + pos + 12, len))
+      throw Error(path + ": bad data CRC at byte " + std::to_string(pos));
     out.emplace_back(b.substr(pos + 12, len));
     pos += 12 + len + 4;
   }

@@ -13,10 +13,10 @@
 #include <random>
 #include <sstream>
 
+#include "kiln/checkpoint.hpp"
 #include "kiln/error.hpp"
 #include "kiln/session.hpp"
 #include "kiln/single_runner.hpp"
-#include "kiln/checkpoint.hpp"
 
 namespace kiln {
 
@@ -82,11 +82,21 @@ class JsonReader {
       if (i_ >= s_.size()) fail("unfinished escape");
       c = s_[i_++];
       switch (c) {
-        case 'n': o += '\n'; break;
-        case 't': o += '\t'; break;
-        case 'r': o += '\r'; break;
-        case 'b': o += '\b'; break;
-        case 'f': o += '\f'; break;
+        case 'n':
+          o += '\n';
+          break;
+        case 't':
+          o += '\t';
+          break;
+        case 'r':
+          o += '\r';
+          break;
+        case 'b':
+          o += '\b';
+          break;
+        case 'f':
+          o += '\f';
+          break;
         case 'u': {
           if (i_ + 4 > s_.size()) fail("short \\u escape");
           uint32_t cp = static_cast<uint32_t>(std::stoul(s_.substr(i_, 4), nullptr, 16));
@@ -99,7 +109,8 @@ class JsonReader {
           o += utf8(cp);
           break;
         }
-        default: o += c;
+        default:
+          o += c;
       }
     }
     expect('"');
@@ -218,9 +229,12 @@ void sample_text(Session& s, const SampleOptions& o, std::ostream& out) {
   if (!(o.temperature > 0) || !std::isfinite(o.temperature))
     throw ConfigError("--temperature: expected a positive number, e.g. 0.8 (lower is more conservative), found " +
                       std::to_string(o.temperature));
-  if (o.tokens < 0) throw ConfigError("--tokens: expected a number of tokens to generate, found " + std::to_string(o.tokens));
-  if (o.top_k < 0) throw ConfigError("--top-k: expected 0 (every token) or a positive count, found " + std::to_string(o.top_k));
-  if (o.prompt.empty()) throw ConfigError("--prompt: empty; give at least one character to start from (nanoGPT's default is \"\\n\")");
+  if (o.tokens < 0)
+    throw ConfigError("--tokens: expected a number of tokens to generate, found " + std::to_string(o.tokens));
+  if (o.top_k < 0)
+    throw ConfigError("--top-k: expected 0 (every token) or a positive count, found " + std::to_string(o.top_k));
+  if (o.prompt.empty())
+    throw ConfigError("--prompt: empty; give at least one character to start from (nanoGPT's default is \"\\n\")");
   std::vector<int64_t> ids = vocab.encode(o.prompt, "--prompt");
 
   // The model reads (T) token ids and writes (T, V) logits per example.
@@ -233,8 +247,7 @@ void sample_text(Session& s, const SampleOptions& o, std::ostream& out) {
   const std::string ckpt = o.checkpoint.empty() ? dir + "/checkpoint.kiln" : o.checkpoint;
   if (!fs::exists(ckpt, ec))
     throw ConfigError((o.checkpoint.empty() ? "the run's checkpoint " : "--checkpoint ") + ckpt +
-                      " does not exist; train first (kiln train " + s.config().file() +
-                      ") or pass --checkpoint FILE");
+                      " does not exist; train first (kiln train " + s.config().file() + ") or pass --checkpoint FILE");
   Checkpoint c = load_checkpoint(ckpt);
 
   s.open_devices(/*reserve=*/false);
@@ -259,7 +272,8 @@ void sample_text(Session& s, const SampleOptions& o, std::ostream& out) {
     if (t.role != TensorRole::parameter && t.role != TensorRole::ema) continue;
     auto it = c.tensors.find(t.name);
     if (it == c.tensors.end())
-      throw DataError(ckpt + ": has no tensor '" + t.name + "'; was it written by another model than " + s.config().file() + "?");
+      throw DataError(ckpt + ": has no tensor '" + t.name + "'; was it written by another model than " +
+                      s.config().file() + "?");
     runner.state().write(t.name, it->second);
   }
 
@@ -274,7 +288,8 @@ void sample_text(Session& s, const SampleOptions& o, std::ostream& out) {
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), T);  // crop to the last T tokens
     const int64_t from = static_cast<int64_t>(ids.size()) - len;
     std::fill(e.x.data.begin(), e.x.data.end(), 0.f);
-    for (int64_t j = 0; j < len; ++j) e.x.data[static_cast<size_t>(j)] = static_cast<float>(ids[static_cast<size_t>(from + j)]);
+    for (int64_t j = 0; j < len; ++j)
+      e.x.data[static_cast<size_t>(j)] = static_cast<float>(ids[static_cast<size_t>(from + j)]);
     EvalResult r = runner.eval_batch(e, ema);
     const float* logits = r.outputs[0].data.data() + (len - 1) * V;
     // logits / temperature; below the k-th largest -> -inf (ids past the vocabulary never); softmax; one draw.

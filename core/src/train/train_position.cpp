@@ -33,8 +33,8 @@ struct PosReader {
   size_t pos = 0;
   void need(uint64_t n) {
     if (n > buf.size() - pos)
-      throw DataError(path + ": the checkpoint's mid-epoch position is damaged (it ends at byte " + std::to_string(pos) +
-                      " of " + std::to_string(buf.size()) + ")");
+      throw DataError(path + ": the checkpoint's mid-epoch position is damaged (it ends at byte " +
+                      std::to_string(pos) + " of " + std::to_string(buf.size()) + ")");
   }
   void raw(void* p, size_t n) {
     need(n);

@@ -17,13 +17,13 @@
 #include <regex>
 #include <sstream>
 
+#include "evaluation.hpp"
 #include "kiln/checkpoint.hpp"
 #include "kiln/error.hpp"
 #include "kiln/evaluation.hpp"
 #include "kiln/memory_report.hpp"
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
-#include "evaluation.hpp"
 #include "run_dir.hpp"
 #include "run_ranks.hpp"
 #include "tensorboard.hpp"
@@ -53,7 +53,8 @@ extern "C" void kiln_stop_signal(int sig) {
     ::raise(sig);
     return;
   }
-  static const char msg[] = "\nkiln: stopping after the current step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
+  static const char msg[] =
+      "\nkiln: stopping after the current step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
   ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
   (void)n;
 }
@@ -67,7 +68,7 @@ class StopSignals {
  public:
   StopSignals() {
     g_stop_signal = 0;
-    stack_t ss {};
+    stack_t ss{};
     ss.ss_sp = alt_stack_;
     ss.ss_size = sizeof alt_stack_;
     on_alt_stack_ = ::sigaltstack(&ss, &old_stack_) == 0;
@@ -87,8 +88,9 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
-  stack_t old_stack_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
+  stack_t old_stack_{};
   bool on_alt_stack_ = false;
   alignas(16) char alt_stack_[65536];
 };
@@ -108,15 +110,20 @@ class Progress {
     if (!bar_ && done == last_printed_) return;  // the forced line at the epoch's end may repeat the last one
     char stats[200];
     // Slow models run below one example per second: show what is there instead of "0 examples/s".
-    std::snprintf(stats, sizeof stats, ex_per_s >= 10 ? "loss %.4f  %.0f examples/s  %.4f s/batch" : "loss %.4f  %.3g examples/s  %.4f s/batch",
-                  loss, ex_per_s, s_per_batch);
+    std::snprintf(
+        stats, sizeof stats,
+        ex_per_s >= 10 ? "loss %.4f  %.0f examples/s  %.4f s/batch" : "loss %.4f  %.3g examples/s  %.4f s/batch", loss,
+        ex_per_s, s_per_batch);
     std::string eta = extra;
     if (total_ > 0 && done < total_ && s_per_batch > 0) {
       const double left = static_cast<double>(total_ - done) * s_per_batch;
       char e[64];
-      if (left >= 3600) std::snprintf(e, sizeof e, "  eta %dh%02dm", static_cast<int>(left / 3600), static_cast<int>(left / 60) % 60);
-      else if (left >= 60) std::snprintf(e, sizeof e, "  eta %dm%02ds", static_cast<int>(left / 60), static_cast<int>(left) % 60);
-      else std::snprintf(e, sizeof e, "  eta %.0fs", left);
+      if (left >= 3600)
+        std::snprintf(e, sizeof e, "  eta %dh%02dm", static_cast<int>(left / 3600), static_cast<int>(left / 60) % 60);
+      else if (left >= 60)
+        std::snprintf(e, sizeof e, "  eta %dm%02ds", static_cast<int>(left / 60), static_cast<int>(left) % 60);
+      else
+        std::snprintf(e, sizeof e, "  eta %.0fs", left);
       eta += e;
     }
     if (bar_) {
@@ -124,11 +131,12 @@ class Progress {
       int filled = total_ > 0 ? static_cast<int>(width * done / total_) : 0;
       std::string b(static_cast<size_t>(filled), '=');
       if (filled < width) b += '>', b += std::string(static_cast<size_t>(width - filled - 1), ' ');
-      out_ << "\repoch " << epoch_ << "/" << epochs_ << " [" << b << "] " << done << "/" << (total_ > 0 ? std::to_string(total_) : "?")
-           << "  " << stats << eta << "   " << std::flush;
+      out_ << "\repoch " << epoch_ << "/" << epochs_ << " [" << b << "] " << done << "/"
+           << (total_ > 0 ? std::to_string(total_) : "?") << "  " << stats << eta << "   " << std::flush;
     } else if (force || done % every_ == 0) {
-      out_ << "epoch " << epoch_ << "/" << epochs_ << " batch " << done << "/" << (total_ > 0 ? std::to_string(total_) : "?")
-           << "  " << stats << eta << "\n" << std::flush;
+      out_ << "epoch " << epoch_ << "/" << epochs_ << " batch " << done << "/"
+           << (total_ > 0 ? std::to_string(total_) : "?") << "  " << stats << eta << "\n"
+           << std::flush;
       last_printed_ = done;
     }
   }
