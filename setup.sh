@@ -17,7 +17,7 @@ JOBS="${KILN_JOBS:-$(nproc)}"
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev libxxhash-dev
   libtomlplusplus-dev libboost-dev libboost-filesystem-dev catch2 libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
-  dataset-fashion-mnist python3-venv clang libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev)
+  dataset-fashion-mnist python3-venv clang clang-format libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev)
 
 install_missing() {
   local missing=()

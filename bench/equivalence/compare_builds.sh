@@ -17,6 +17,7 @@ samples=("$@")
 epochs=${EPOCHS:-2}
 steps=${STEPS:-20}
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 status=0
 for s in "${samples[@]}"; do
   name=$(basename "$s" .toml)
