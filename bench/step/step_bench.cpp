@@ -1,5 +1,9 @@
-// Times Kiln's training step for a config: `kiln_step_bench CONFIG [--set k=v]... [--steps N] [--warmup N]`.
-// Uses a fixed random batch at [train] batch_size, so only the step (copy-in, forward, backward, update) is timed.
+// Times Kiln's training step for a config:
+//   kiln_step_bench CONFIG [--set k=v]... [--steps N] [--warmup N] [--ids V] [--classes C]
+// Uses a fixed random batch at [train] batch_size, so only the step (copy-in, forward, backward, update) is timed:
+// inputs uniform in [0, 1), or integer ids below V with --ids (a model that starts with an embedding, the GPT
+// sample: --ids 65 --classes 65); labels class indices below C (default 10), shaped as the model's labels (with
+// --ids, one per input position).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +23,7 @@ int main(int argc, char** argv) {
   std::string cfg_path = argv[1];
   std::vector<std::string> sets;
   int steps = 200, warmup = 20;
+  unsigned ids = 0, classes = 10;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--set" && i + 1 < argc)
@@ -27,6 +32,10 @@ int main(int argc, char** argv) {
       steps = std::stoi(argv[++i]);
     else if (a == "--warmup" && i + 1 < argc)
       warmup = std::stoi(argv[++i]);
+    else if (a == "--ids" && i + 1 < argc)
+      ids = static_cast<unsigned>(std::stoul(argv[++i]));
+    else if (a == "--classes" && i + 1 < argc)
+      classes = static_cast<unsigned>(std::stoul(argv[++i]));
   }
   try {
     kiln::PluginLoader loader;
@@ -40,11 +49,12 @@ int main(int argc, char** argv) {
     kiln::Element b;
     b.batch = n;
     b.x = kiln::HostTensor(s.model().input_shape.with_batch(n));
-    b.y = kiln::HostTensor(kiln::Shape{n});
+    // A language model's labels are the next ids, one per input position.
+    b.y = kiln::HostTensor(ids ? s.model().input_shape.with_batch(n) : s.model().label_shape.with_batch(n));
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(0.f, 1.f);
-    for (auto& v : b.x.data) v = u(rng);
-    for (auto& v : b.y.data) v = static_cast<float>(rng() % 10);
+    for (auto& v : b.x.data) v = ids ? static_cast<float>(rng() % ids) : u(rng);
+    for (auto& v : b.y.data) v = static_cast<float>(rng() % classes);
     std::vector<double> times;
     for (int i = 0; i < warmup + steps; ++i) {
       auto t0 = std::chrono::steady_clock::now();
