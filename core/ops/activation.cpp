@@ -1,6 +1,8 @@
 // Pointwise activations (relu, sigmoid, tanh, gelu, gelu_tanh, silu), forward and backward. Semantics: ops.hpp.
+// Also the activation, gelu and silu layers that emit them.
 #include <cmath>
 
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -119,6 +121,45 @@ void activation_cases(Table& t) {
       .large = true;
 }
 
+// ---- the layers --------------------------------------------------------------------------------------------
+
+class ActivationLayer : public Layer {
+ public:
+  explicit ActivationLayer(const ConfigNode& c) : act_(read_activation(c, "function", "relu")) { c.finish(); }
+  std::string type() const override { return "activation"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    return act_ ? apply_activation(g, in[0], *act_) : in[0];
+  }
+
+ private:
+  std::optional<std::string> act_;
+};
+
+// PyTorch's nn.GELU(approximate="none" | "tanh").
+class GeluLayer : public Layer {
+ public:
+  explicit GeluLayer(const ConfigNode& c)
+      : act_(c.get_choice("approximate", {"none", "tanh"}, "none") == "tanh" ? "gelu_tanh" : "gelu") {
+    c.finish();
+  }
+  std::string type() const override { return "gelu"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    return apply_activation(g, in[0], act_);
+  }
+
+ private:
+  std::string act_;
+};
+
+class SiluLayer : public Layer {
+ public:
+  explicit SiluLayer(const ConfigNode& c) { c.finish(); }
+  std::string type() const override { return "silu"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    return apply_activation(g, in[0], "silu");
+  }
+};
+
 }  // namespace
 
 KILN_CORE_OPS(activation) {
@@ -147,6 +188,9 @@ KILN_CORE_OPS(activation) {
   d.may_alias = {{0, 1}};
   d.cases = cases_of(OpKind::ActivationBackward, activation_cases);
   register_op(OpKind::ActivationBackward, std::move(d));
+  add_core_layer("activation", factory<ActivationLayer>());
+  add_core_layer("gelu", factory<GeluLayer>());
+  add_core_layer("silu", factory<SiluLayer>());
 }
 
 }  // namespace kiln::op_impl

@@ -1,5 +1,7 @@
 // Concatenation along the middle axis of (outer, sizes[j], inner) parts, and split, its inverse.
 // Semantics: ops.hpp.
+// Also the concat layer that emits it.
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -93,6 +95,46 @@ void concat_cases(Table& t) {
   }
 }
 
+// ---- the layer ---------------------------------------------------------------------------------------------
+
+class ConcatLayer : public Layer {
+ public:
+  explicit ConcatLayer(const ConfigNode& c) : axis_(c.get_int("axis", 0)) { c.finish(); }
+  std::string type() const override { return "concat"; }
+  int arity() const override { return -1; }
+  // Concatenates along a per-example axis (0 = channels/features; negative counts from the end).
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s0 = g.shape(in[0]);
+    int64_t rank = static_cast<int64_t>(s0.rank()) - 1;
+    int64_t ax = axis_ < 0 ? axis_ + rank : axis_;
+    if (ax < 0 || ax >= rank)
+      shape_error(g, "concat axis " + std::to_string(axis_) + " is out of range for " + s0.str());
+    size_t d = static_cast<size_t>(ax + 1);
+    ConcatAttrs a;
+    int64_t total = 0;
+    for (auto t : in) {
+      const Shape& s = g.shape(t);
+      if (s.rank() != s0.rank()) shape_error(g, "concat inputs differ in rank: " + s0.str() + " and " + s.str());
+      for (size_t i = 0; i < s.rank(); ++i)
+        if (i != d && s[i] != s0[i])
+          shape_error(g, "concat inputs differ off the axis: " + s0.str() + " and " + s.str());
+      a.sizes.push_back(s[d]);
+      total += s[d];
+    }
+    a.outer = 1;
+    for (size_t i = 0; i < d; ++i) a.outer *= s0[i];
+    a.inner = 1;
+    for (size_t i = d + 1; i < s0.rank(); ++i) a.inner *= s0[i];
+    Shape out = s0;
+    out[d] = total;
+    check_size(g, out, "output", "the sizes of its inputs");
+    return g.op1(OpKind::Concat, a, std::vector<TensorId>(in.begin(), in.end()), out);
+  }
+
+ private:
+  int64_t axis_;
+};
+
 }  // namespace
 
 KILN_CORE_OPS(concat) {
@@ -104,6 +146,7 @@ KILN_CORE_OPS(concat) {
     d.cases = cases_of(k, concat_cases);
     register_op(k, std::move(d));
   }
+  add_core_layer("concat", factory<ConcatLayer>());
 }
 
 }  // namespace kiln::op_impl

@@ -1,6 +1,8 @@
 // 2-D convolution (NCHW, filters KCRS): forward, and its backward data and filter ops. Semantics: ops.hpp.
+// Also the conv2d layer that emits it.
 #include <algorithm>
 
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -143,6 +145,61 @@ void conv_cases(Table& t) {
   }
 }
 
+// ---- the layer ---------------------------------------------------------------------------------------------
+
+class Conv2dLayer : public Layer {
+ public:
+  explicit Conv2dLayer(const ConfigNode& c)
+      : filters_(c.get_int("filters")),
+        kernel_(c.get_pair("kernel", {3, 3})),
+        strides_(c.get_pair("strides", {1, 1})),
+        same_(c.get_choice("padding", {"same", "valid"}, "valid") == "same"),
+        use_bias_(c.get_bool("use_bias", true)),
+        act_(read_activation(c, "activation", "linear")),
+        where_(c.where("filters")) {
+    if (filters_ <= 0) c.fail("filters", "expected a positive integer");
+    if (!Shape{filters_}.fits())
+      c.fail("filters", "is " + std::to_string(filters_) + ", more than one tensor can hold (2^46 float32 values)");
+    if (kernel_.first <= 0 || kernel_.second <= 0) c.fail("kernel", "expected positive sizes");
+    if (strides_.first <= 0 || strides_.second <= 0) c.fail("strides", "expected positive strides");
+    c.finish();
+  }
+  std::string type() const override { return "conv2d"; }
+  // x: (N, C, H, W) -> y: (N, filters, OH, OW)
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 4) shape_error(g, "conv2d expects input (batch, channels, height, width), got " + s.str());
+    ConvAttrs a;
+    a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
+    a.k = filters_, a.r = kernel_.first, a.s = kernel_.second;
+    a.stride_h = strides_.first, a.stride_w = strides_.second;
+    check_size(g, {a.k, a.c, a.r, a.s}, "kernel (filters, channels, kernel height, kernel width)",
+               where_ + " or 'kernel'");
+    window_geometry(same_, a.h, a.r, a.stride_h, a.oh, a.pad_h);
+    window_geometry(same_, a.w, a.s, a.stride_w, a.ow, a.pad_w);
+    if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0)
+      shape_error(g, "kernel " + std::to_string(a.r) + "x" + std::to_string(a.s) + " with padding \"" +
+                         (same_ ? "same" : "valid") + "\" does not fit input " + s.str());
+    check_size(g, {a.n, a.k, a.oh, a.ow}, "output (batch, filters, height, width)", where_);
+    int64_t fan_in = a.c * a.r * a.s, fan_out = a.k * a.r * a.s;
+    TensorId w = g.param("kernel", {a.k, a.c, a.r, a.s}, Init{InitKind::glorot_uniform, fan_in, fan_out});
+    Shape ys{a.n, a.k, a.oh, a.ow};
+    TensorId y = g.op1(OpKind::Conv2dForward, a, {in[0], w}, ys);
+    if (use_bias_) {
+      TensorId b = g.param("bias", {a.k}, Init{});
+      y = g.op1(OpKind::BiasAdd, BiasAttrs{a.n, a.k, a.oh * a.ow}, {y, b}, ys);
+    }
+    return act_ ? apply_activation(g, y, *act_) : y;
+  }
+
+ private:
+  int64_t filters_;
+  std::pair<int64_t, int64_t> kernel_, strides_;
+  bool same_, use_bias_;
+  std::optional<std::string> act_;
+  std::string where_;  // the `filters` key, for size errors at build time
+};
+
 }  // namespace
 
 KILN_CORE_OPS(conv) {
@@ -156,6 +213,7 @@ KILN_CORE_OPS(conv) {
     d.cases = cases_of(k, conv_cases);
     register_op(k, std::move(d));
   }
+  add_core_layer("conv2d", factory<Conv2dLayer>());
 }
 
 }  // namespace kiln::op_impl

@@ -1,7 +1,9 @@
 // Dropout, forward and backward: the same mask from kiln's counter-based RNG (dropout_uniform, reference.hpp), which
 // every backend computes bit for bit, so backward needs no saved mask. Semantics: ops.hpp.
+// Also the dropout layer that emits it.
 #include "kiln/reference.hpp"
 #include "kiln/step.hpp"
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -58,6 +60,26 @@ void dropout_cases(Table& t) {
       .alias = {{0, 0}};
 }
 
+// ---- the layer ---------------------------------------------------------------------------------------------
+
+class DropoutLayer : public Layer {
+ public:
+  explicit DropoutLayer(const ConfigNode& c) : rate_(static_cast<float>(c.get_float("rate"))) {
+    if (!(rate_ >= 0.f && rate_ < 1.f)) c.fail("rate", "expected a number in [0, 1), found " + std::to_string(rate_));
+    c.finish();
+  }
+  std::string type() const override { return "dropout"; }
+  // Identity at evaluation; at training keeps each element with probability 1 - rate, scaled by 1/(1 - rate).
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    if (!g.training() || rate_ == 0.f) return in[0];
+    const Shape& s = g.shape(in[0]);
+    return g.op1(OpKind::DropoutForward, DropoutAttrs{s.numel(), rate_, g.layer_seed(), 0}, {in[0]}, s);
+  }
+
+ private:
+  float rate_;
+};
+
 }  // namespace
 
 KILN_CORE_OPS(dropout) {
@@ -74,6 +96,7 @@ KILN_CORE_OPS(dropout) {
     d.cases = cases_of(k, dropout_cases);
     register_op(k, std::move(d));
   }
+  add_core_layer("dropout", factory<DropoutLayer>());
 }
 
 }  // namespace kiln::op_impl

@@ -1,5 +1,7 @@
 // Elementwise ops over `count` values: add (alpha x + beta y), mul, axpby (y = alpha x + beta y in place), scale,
 // fill and copy. Semantics: ops.hpp.
+// Also the add layer that emits add.
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -119,6 +121,24 @@ struct Ew {
   void (*grad)(GradContext&);
 };
 
+// ---- the layer ---------------------------------------------------------------------------------------------
+
+class AddLayer : public Layer {
+ public:
+  explicit AddLayer(const ConfigNode& c) { c.finish(); }
+  std::string type() const override { return "add"; }
+  int arity() const override { return -1; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    TensorId acc = in[0];
+    for (size_t i = 1; i < in.size(); ++i) {
+      if (g.shape(in[i]) != g.shape(acc))
+        shape_error(g, "add needs inputs of one shape, got " + g.shape(acc).str() + " and " + g.shape(in[i]).str());
+      acc = g.op1(OpKind::Add, ElementwiseAttrs{g.shape(acc).numel(), 1.f, 1.f}, {acc, in[i]}, g.shape(acc));
+    }
+    return acc;
+  }
+};
+
 }  // namespace
 
 KILN_CORE_OPS(elementwise) {
@@ -138,6 +158,7 @@ KILN_CORE_OPS(elementwise) {
     d.cases = cases_of(e.kind, elementwise_cases);
     register_op(e.kind, std::move(d));
   }
+  add_core_layer("add", factory<AddLayer>());
 }
 
 }  // namespace kiln::op_impl

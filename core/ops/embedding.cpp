@@ -1,7 +1,9 @@
 // Embedding lookup: rows of a (vocab, dim) table picked by token ids, and the table's gradient (rows summed per
 // id). The ids are data, never differentiated. Semantics: ops.hpp.
+// Also the embedding layer that emits it, and positional_embedding (a bias_add of a learned table).
 #include <cmath>
 
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -68,6 +70,64 @@ void embedding_cases(Table& t) {
          Check::elementwise);
 }
 
+// ---- the layers --------------------------------------------------------------------------------------------
+
+// PyTorch's nn.Embedding(vocab, dim): token ids (integers stored as floats) -> rows of a learned table, N(0,
+// init_std^2) at start (PyTorch's default 1; nanoGPT uses 0.02). An id outside [0, vocab) gives a row of NaN, which the
+// run's finiteness checks report.
+class EmbeddingLayer : public Layer {
+ public:
+  explicit EmbeddingLayer(const ConfigNode& c)
+      : vocab_(c.get_int("vocab")),
+        dim_(c.get_int("dim")),
+        std_(c.get_float("init_std", 1.0)),
+        where_(c.where("vocab")) {
+    if (vocab_ <= 0) c.fail("vocab", "expected a positive vocabulary size, found " + std::to_string(vocab_));
+    if (vocab_ >= (int64_t{1} << 24)) c.fail("vocab", "ids travel as float32: at most 2^24 - 1 ids are exact");
+    if (dim_ <= 0) c.fail("dim", "expected a positive embedding width, found " + std::to_string(dim_));
+    if (!(std_ > 0) || !std::isfinite(std_)) c.fail("init_std", "expected a positive, finite standard deviation");
+    c.finish();
+  }
+  std::string type() const override { return "embedding"; }
+  // ids (N, ...) -> (N, ..., dim)
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    std::vector<int64_t> od = s.dims();
+    od.push_back(dim_);
+    const Shape out(od);
+    check_size(g, {vocab_, dim_}, "table (vocab, dim)", where_);
+    check_size(g, out, "output", where_);
+    TensorId table = g.param("table", {vocab_, dim_}, Init{InitKind::normal, vocab_, dim_, static_cast<float>(std_)});
+    return g.op1(OpKind::EmbeddingForward, EmbeddingAttrs{s.numel(), vocab_, dim_}, {in[0], table}, out);
+  }
+
+ private:
+  int64_t vocab_, dim_;
+  double std_;
+  std::string where_;
+};
+
+// Learned positional embeddings (GPT-2, nanoGPT's wpe): x (N, T, D) + table (T, D), the same table for every example.
+class PositionalEmbeddingLayer : public Layer {
+ public:
+  explicit PositionalEmbeddingLayer(const ConfigNode& c) : std_(c.get_float("init_std", 1.0)) {
+    if (!(std_ > 0) || !std::isfinite(std_)) c.fail("init_std", "expected a positive, finite standard deviation");
+    c.finish();
+  }
+  std::string type() const override { return "positional_embedding"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 3)
+      shape_error(g, "positional_embedding expects input (batch, positions, features), got " + s.str());
+    const int64_t t = s[1], d = s[2];
+    TensorId table = g.param("table", {t, d}, Init{InitKind::normal, t, d, static_cast<float>(std_)});
+    return g.op1(OpKind::BiasAdd, BiasAttrs{s[0], t * d, 1}, {in[0], table}, s);
+  }
+
+ private:
+  double std_;
+};
+
 }  // namespace
 
 KILN_CORE_OPS(embedding) {
@@ -81,6 +141,8 @@ KILN_CORE_OPS(embedding) {
     d.cases = cases_of(k, embedding_cases);
     register_op(k, std::move(d));
   }
+  add_core_layer("embedding", factory<EmbeddingLayer>());
+  add_core_layer("positional_embedding", factory<PositionalEmbeddingLayer>());
 }
 
 }  // namespace kiln::op_impl

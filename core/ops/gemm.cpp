@@ -1,5 +1,9 @@
 // Matrix products: gemm, and batched_gemm (the same product on each of `batch` matrices, attention's scores and
 // values). Semantics: ops.hpp.
+// Also the dense layer that emits gemm.
+#include <cmath>
+
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -163,6 +167,81 @@ void batched_gemm_cases(Table& t) {
            GemmAttrs{5, 4, 3, (tr & 2) != 0, (tr & 1) != 0, 0.5f, 0.f, 3}, {kF, kF}, {kOut}, Check::reduction);
 }
 
+// ---- the layer ---------------------------------------------------------------------------------------------
+
+class DenseLayer : public Layer {
+ public:
+  explicit DenseLayer(const ConfigNode& c)
+      : tie_(c.get_string("tie", "")),
+        units_(tie_.empty() ? c.get_int("units") : c.get_int("units", 0)),
+        use_bias_(c.get_bool("use_bias", true)),
+        act_(read_activation(c, "activation", "linear")),
+        init_std_(c.get_float("init_std", 0.0)),
+        where_(c.where(tie_.empty() ? "units" : "tie")) {
+    if (c.has("init_std") && (!(init_std_ > 0) || !std::isfinite(init_std_)))
+      c.fail("init_std", "expected a positive, finite standard deviation (leave it out for Glorot-uniform)");
+    if (c.has("init_std") && !tie_.empty())
+      c.fail("init_std", "has no effect with tie: the kernel is the embedding's table");
+    if (!tie_.empty() && tie_.find('.') != std::string::npos)
+      c.fail("tie", "expected the name of an embedding layer (its table is shared), found '" + tie_ + "'");
+    if (units_ <= 0 && (tie_.empty() || c.has("units")))
+      c.fail("units", "expected a positive integer, found " + std::to_string(units_));
+    if (!Shape{units_}.fits())
+      c.fail("units", "is " + std::to_string(units_) + ", more than one tensor can hold (2^46 float32 values)");
+    c.finish();
+  }
+  std::string type() const override { return "dense"; }
+  // x: (N, F) -> y: (N, units); a sequence (N, T, F) -> (N, T, units), the same kernel at every position
+  // (PyTorch's nn.Linear on the last dimension).
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 2 && s.rank() != 3)
+      shape_error(g, "dense expects input (batch, features) or (batch, positions, features), got " + s.str() +
+                         "; add a flatten layer before it");
+    const int64_t f = s[s.rank() - 1], n = s.numel() / std::max<int64_t>(f, 1);
+    Shape out = s;
+    out[s.rank() - 1] = units_;
+    TensorId y;
+    int64_t units = units_;
+    if (!tie_.empty()) {
+      // Weight tying (nanoGPT's lm_head.weight = wte.weight): y = x table^T with the embedding's (vocab, dim) table.
+      const TensorId table = g.shared_param(tie_ + ".table", "tie = \"" + tie_ + "\"");
+      const Shape& ts = g.shape(table);
+      if (ts.rank() != 2 || ts[1] != f)
+        shape_error(g, "tie = \"" + tie_ + "\": the table is " + ts.str() + ", its width must equal this layer's " +
+                           std::to_string(f) + " input features");
+      if (units_ > 0 && units_ != ts[0])
+        shape_error(g, "units = " + std::to_string(units_) + " but the tied table has " + std::to_string(ts[0]) +
+                           " rows (leave units out with tie)");
+      units = ts[0];
+      out[s.rank() - 1] = units;
+      check_size(g, out, "output (batch, units)", where_);
+      y = g.op1(OpKind::Gemm, GemmAttrs{n, units, f, false, true}, {in[0], table}, out);
+    } else {
+      check_size(g, {f, units_}, "kernel (features, units)", where_);
+      check_size(g, out, "output (batch, units)", where_);
+      // Glorot-uniform (Keras), or N(0, init_std^2) (nanoGPT's nn.init.normal_(std=0.02)).
+      TensorId w = g.param("kernel", {f, units_},
+                           init_std_ > 0 ? Init{InitKind::normal, f, units_, static_cast<float>(init_std_)}
+                                         : Init{InitKind::glorot_uniform, f, units_});
+      y = g.op1(OpKind::Gemm, GemmAttrs{n, units_, f}, {in[0], w}, out);
+    }
+    if (use_bias_) {
+      TensorId b = g.param("bias", {units}, Init{});
+      y = g.op1(OpKind::BiasAdd, BiasAttrs{n, units, 1}, {y, b}, out);
+    }
+    return act_ ? apply_activation(g, y, *act_) : y;
+  }
+
+ private:
+  std::string tie_;  // an embedding layer's name: its table is this layer's (transposed) kernel
+  int64_t units_;
+  bool use_bias_;
+  std::optional<std::string> act_;
+  double init_std_;    // > 0: N(0, init_std^2) kernel init instead of Glorot-uniform
+  std::string where_;  // "run.toml:12: key 'model.layers[1].units'", for size errors at build time
+};
+
 }  // namespace
 
 KILN_CORE_OPS(gemm) {
@@ -181,6 +260,7 @@ KILN_CORE_OPS(gemm) {
     d.cases = cases_of(OpKind::BatchedGemm, batched_gemm_cases);
     register_op(OpKind::BatchedGemm, std::move(d));
   }
+  add_core_layer("dense", factory<DenseLayer>());
 }
 
 }  // namespace kiln::op_impl

@@ -1,6 +1,8 @@
 // 2-D max and average pooling (NCHW), forward and backward. Semantics: ops.hpp.
+// Also the max_pool2d, avg_pool2d and global_avg_pool2d layers that emit them.
 #include <algorithm>
 
+#include "layer_support.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -139,6 +141,59 @@ void pool_cases(Table& t) {
   }
 }
 
+// ---- the layers --------------------------------------------------------------------------------------------
+
+class Pool2dLayer : public Layer {
+ public:
+  Pool2dLayer(const ConfigNode& c, bool max)
+      : max_(max),
+        pool_(c.get_pair("pool", {2, 2})),
+        strides_(c.get_pair("strides", pool_)),
+        same_(c.get_choice("padding", {"same", "valid"}, "valid") == "same") {
+    if (pool_.first <= 0 || pool_.second <= 0) c.fail("pool", "expected positive sizes");
+    if (strides_.first <= 0 || strides_.second <= 0) c.fail("strides", "expected positive strides");
+    c.finish();
+  }
+  std::string type() const override { return max_ ? "max_pool2d" : "avg_pool2d"; }
+  // x: (N, C, H, W) -> y: (N, C, OH, OW)
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 4) shape_error(g, type() + " expects input (batch, channels, height, width), got " + s.str());
+    PoolAttrs a;
+    a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
+    a.kh = pool_.first, a.kw = pool_.second, a.stride_h = strides_.first, a.stride_w = strides_.second;
+    window_geometry(same_, a.h, a.kh, a.stride_h, a.oh, a.pad_h);
+    window_geometry(same_, a.w, a.kw, a.stride_w, a.ow, a.pad_w);
+    if (a.oh <= 0 || a.ow <= 0 || a.pad_h < 0 || a.pad_w < 0)
+      shape_error(g, "pool window does not fit input " + s.str());
+    return g.op1(max_ ? OpKind::MaxPoolForward : OpKind::AvgPoolForward, a, {in[0]}, {a.n, a.c, a.oh, a.ow});
+  }
+
+ private:
+  bool max_;
+  std::pair<int64_t, int64_t> pool_, strides_;
+  bool same_;
+};
+
+// (N, C, H, W) -> (N, C): the mean of each channel's plane (Keras' GlobalAveragePooling2D, PyTorch's
+// AdaptiveAvgPool2d(1) + flatten).
+class GlobalAvgPoolLayer : public Layer {
+ public:
+  explicit GlobalAvgPoolLayer(const ConfigNode& c) { c.finish(); }
+  std::string type() const override { return "global_avg_pool2d"; }
+  TensorId build(GraphBuilder& g, std::span<const TensorId> in) const override {
+    const Shape& s = g.shape(in[0]);
+    if (s.rank() != 4)
+      shape_error(g, "global_avg_pool2d expects input (batch, channels, height, width), got " + s.str());
+    PoolAttrs a;
+    a.n = s[0], a.c = s[1], a.h = s[2], a.w = s[3];
+    a.kh = a.h, a.kw = a.w, a.stride_h = std::max<int64_t>(a.h, 1), a.stride_w = std::max<int64_t>(a.w, 1);
+    a.oh = 1, a.ow = 1;
+    TensorId y = g.op1(OpKind::AvgPoolForward, a, {in[0]}, {a.n, a.c, 1, 1});
+    return g.reshape(y, {a.n, a.c});
+  }
+};
+
 }  // namespace
 
 KILN_CORE_OPS(pool) {
@@ -154,6 +209,11 @@ KILN_CORE_OPS(pool) {
     d.cases = cases_of(k, pool_cases);
     register_op(k, std::move(d));
   }
+  add_core_layer("max_pool2d",
+                 [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, true); });
+  add_core_layer("avg_pool2d",
+                 [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, false); });
+  add_core_layer("global_avg_pool2d", factory<GlobalAvgPoolLayer>());
 }
 
 }  // namespace kiln::op_impl

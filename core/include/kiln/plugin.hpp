@@ -110,8 +110,8 @@ class Registry {
   std::map<std::string, std::vector<std::string>> provided_;
 };
 
-// A layer of the core, registered when libkiln_core loads from the file of its op family (KILN_CORE_OPS);
-// Registry::with_builtins() adds every one.
+// A layer of the core, registered when libkiln_core loads from the file of its op family (KILN_CORE_OPS; flatten,
+// which emits no op, from core/src/model/layers.cpp); Registry::with_builtins() adds every one, by name.
 void add_core_layer(std::string type, LayerFactory f);
 
 // The one symbol a plugin exports. Use KILN_PLUGIN(desc, register_fn) in exactly one source file.

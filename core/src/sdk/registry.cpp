@@ -103,15 +103,17 @@ std::vector<std::string> Registry::layer_names() const { return keys_of(layers_)
 std::vector<std::string> Registry::stage_names() const { return keys_of(stages_); }
 std::vector<std::string> Registry::strategy_names() const { return keys_of(strategies_); }
 
-void register_builtin_layers(Registry& reg);      // layers.cpp
 void register_builtin_strategies(Registry& reg);  // strategy_single.cpp
 
 Registry Registry::with_builtins() {
   Registry r;
   r.set_current_plugin("core");
   check_builtin_ops();
-  register_builtin_layers(r);
-  for (const auto& [type, f] : core_layers()) r.add_layer(type, f);
+  // By name: core_layers() fills in the order libkiln_core's files happen to be initialized (link order), which
+  // `kiln plugins` would otherwise show.
+  std::vector<std::pair<std::string, LayerFactory>> layers = core_layers();
+  std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [type, f] : layers) r.add_layer(type, f);
   register_builtin_strategies(r);
   return r;
 }

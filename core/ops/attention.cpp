@@ -1,14 +1,14 @@
 // The `attention` layer: multi-head (causal) self-attention as nanoGPT's CausalSelfAttention computes it, built
 // from ordinary ops so every backend runs it and the planner sees each T x T tensor as an activation.
+// It has no op of its own: the ops it emits (gemm, bias_add, permute, split, batched_gemm, softmax, dropout) live in
+// their families' files.
 #include <cmath>
 #include <memory>
 
-#include "kiln/config.hpp"
-#include "kiln/error.hpp"
-#include "kiln/layer.hpp"
+#include "layer_support.hpp"
+#include "op_support.hpp"
 
-namespace kiln {
-
+namespace kiln::op_impl {
 namespace {
 
 class AttentionLayer : public Layer {
@@ -99,6 +99,6 @@ class AttentionLayer : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_attention_layer(const ConfigNode& c) { return std::make_unique<AttentionLayer>(c); }
+KILN_CORE_OPS(attention) { add_core_layer("attention", factory<AttentionLayer>()); }
 
-}  // namespace kiln
+}  // namespace kiln::op_impl
