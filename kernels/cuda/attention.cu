@@ -1,5 +1,5 @@
 // The ops attention is built from that cuBLAS does not run: axis permutation, one thread per output element
-// (batched GEMM is cublasGemmStridedBatchedEx in gemm.cu; causal softmax is reduce.cu's).
+// (batched GEMM is cublasGemmStridedBatchedEx in gemm.cu; causal softmax is softmax.cu's).
 #include "common.cuh"
 #include "kiln/op_table.hpp"
 

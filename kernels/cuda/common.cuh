@@ -1,6 +1,6 @@
 // Shared pieces of the CUDA kernels: launch sizing, the launch check, block reductions in a fixed order, and the
-// elementwise launchers other families reuse. A family's own launchers stay in its file (kernels/cuda/<family>.cu)
-// with the registration of its ops (cuda_kernel.hpp).
+// launchers other families reuse. A family's own launchers stay in its file (kernels/cuda/<family>.cu) with the
+// registration of its ops (cuda_kernel.hpp).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,6 +16,9 @@ namespace kiln::cuda::kernels {
 void fill(cudaStream_t s, float* y, int64_t n, float value);
 void scale(cudaStream_t s, const float* x, float* y, int64_t n, float alpha);
 
+// reduce.cu: y(o, i) = sum_r x(o, r, i) for x viewed as (outer, reduce, inner). Also BiasGrad's dense case (bias.cu).
+void reduce_sum(cudaStream_t s, const float* x, float* y, int64_t outer, int64_t reduce, int64_t inner);
+
 inline constexpr int kThreads = 256;
 
 // Blocks for a grid-stride loop over n items: enough to fill an H100 several times, never zero.
@@ -30,6 +33,9 @@ inline int row_threads(int64_t cols) {
   while (t < 256 && t < cols) t *= 2;
   return t;
 }
+
+// Blocks for a grid with one block per row (the reductions, softmax, BiasGrad): 1..65535.
+inline unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)); }
 
 // Throws DeviceError naming the kernel when its launch failed (bad configuration, no kernel image, ...).
 inline void check_launch(const char* kernel, const char* file, int line) {
