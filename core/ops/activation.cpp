@@ -2,6 +2,7 @@
 // Also the activation, gelu and silu layers that emit them.
 #include <cmath>
 
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -160,6 +161,41 @@ class SiluLayer : public Layer {
   }
 };
 
+// ONNX: Relu, Sigmoid, Tanh; silu and the gelus from elementwise nodes.
+void activation_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto act = std::get<ActivationAttrs>(n.attrs).act;
+  if (act == Activation::relu) {
+    e.add(OnnxNode{"Relu", {e.in(g, n, 0)}, {e.out(g, n, 0)}, {}});
+  } else if (act == Activation::sigmoid) {
+    e.add(OnnxNode{"Sigmoid", {e.in(g, n, 0)}, {e.out(g, n, 0)}, {}});
+  } else if (act == Activation::tanh) {
+    e.add(OnnxNode{"Tanh", {e.in(g, n, 0)}, {e.out(g, n, 0)}, {}});
+  } else if (act == Activation::silu) {
+    e.add(OnnxNode{"Sigmoid", {e.in(g, n, 0)}, {e.out(g, n, 0) + "/sig"}, {}});
+    e.add(OnnxNode{"Mul", {e.in(g, n, 0), e.out(g, n, 0) + "/sig"}, {e.out(g, n, 0)}, {}});
+  } else if (act == Activation::gelu) {  // 0.5 x (1 + erf(x / sqrt 2))
+    const std::string o = e.out(g, n, 0);
+    e.add(OnnxNode{"Mul", {e.in(g, n, 0), e.constant(static_cast<float>(1 / std::sqrt(2.0)))}, {o + "/s"}, {}});
+    e.add(OnnxNode{"Erf", {o + "/s"}, {o + "/erf"}, {}});
+    e.add(OnnxNode{"Add", {o + "/erf", e.constant(1.f)}, {o + "/1p"}, {}});
+    e.add(OnnxNode{"Mul", {e.in(g, n, 0), o + "/1p"}, {o + "/x1p"}, {}});
+    e.add(OnnxNode{"Mul", {o + "/x1p", e.constant(0.5f)}, {o}, {}});
+  } else if (act == Activation::gelu_tanh) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    const std::string o = e.out(g, n, 0), x = e.in(g, n, 0);
+    e.add(OnnxNode{"Mul", {x, x}, {o + "/x2"}, {}});
+    e.add(OnnxNode{"Mul", {o + "/x2", x}, {o + "/x3"}, {}});
+    e.add(OnnxNode{"Mul", {o + "/x3", e.constant(0.044715f)}, {o + "/cx3"}, {}});
+    e.add(OnnxNode{"Add", {x, o + "/cx3"}, {o + "/in"}, {}});
+    e.add(OnnxNode{"Mul", {o + "/in", e.constant(static_cast<float>(std::sqrt(2.0 / M_PI)))}, {o + "/k"}, {}});
+    e.add(OnnxNode{"Tanh", {o + "/k"}, {o + "/t"}, {}});
+    e.add(OnnxNode{"Add", {o + "/t", e.constant(1.f)}, {o + "/1p"}, {}});
+    e.add(OnnxNode{"Mul", {x, o + "/1p"}, {o + "/x1p"}, {}});
+    e.add(OnnxNode{"Mul", {o + "/x1p", e.constant(0.5f)}, {o}, {}});
+  } else {
+    e.refuse(n, "activation " + std::string(activation_name(act)));
+  }
+}
+
 }  // namespace
 
 KILN_CORE_OPS(activation) {
@@ -191,6 +227,7 @@ KILN_CORE_OPS(activation) {
   add_core_layer("activation", factory<ActivationLayer>());
   add_core_layer("gelu", factory<GeluLayer>());
   add_core_layer("silu", factory<SiluLayer>());
+  register_onnx_mapping(OpKind::ActivationForward, activation_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -3,6 +3,7 @@
 // Also the batch_norm layer that emits it (PyTorch's nn.BatchNorm2d on (N, C, H, W) and nn.BatchNorm1d on (N, F)).
 #include <cmath>
 
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -208,6 +209,19 @@ class BatchNormLayer : public Layer {
   bool sync_ = false;  // statistics over every data_parallel replica's rows (the strategy does it; see ops.hpp)
 };
 
+// ONNX: BatchNormalization in evaluation, with the running statistics.
+void batch_norm_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<BatchNormAttrs>(n.attrs);
+  if (a.training) e.refuse(n, "a batch norm in training mode");
+  const Shape& xs = g.tensor(n.in[0]).shape;
+  if (xs.rank() < 2 || xs[1] != a.c) e.refuse(n, "a batch norm whose channels are not axis 1");
+  e.add(OnnxNode{
+      "BatchNormalization",
+      {e.in(g, n, 0), e.in(g, n, 1), e.in(g, n, 2), e.out(g, n, 3), e.out(g, n, 4)},
+      {e.out(g, n, 0)},
+      {}}.f("epsilon", a.eps));
+}
+
 }  // namespace
 
 KILN_CORE_OPS(batch_norm) {
@@ -224,6 +238,7 @@ KILN_CORE_OPS(batch_norm) {
     register_op(k, std::move(d));
   }
   add_core_layer("batch_norm", factory<BatchNormLayer>());
+  register_onnx_mapping(OpKind::BatchNormForward, batch_norm_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -1,5 +1,6 @@
 // Per-channel bias: bias_add (y = x + b over (outer, channels, inner)) and bias_grad (db, its gradient).
 // Semantics: ops.hpp.
+#include "kiln/onnx_export.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -68,6 +69,27 @@ void bias_cases(Table& t) {
   t.add("40x9000x30.int", OpKind::BiasGrad, BiasAttrs{40, 9000, 30}, {kI}, {kOut}, Check::reduction, true).large = true;
 }
 
+// ONNX: the third input of the Gemm or Conv before it, when nothing else reads their output; else Add, the bias
+// reshaped to broadcast over the trailing dims.
+void bias_add_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<BiasAttrs>(n.attrs);
+  std::string b = e.in(g, n, 1);
+  OnnxNode* prev = e.fold_target(n.in[0]);
+  if (prev != nullptr && prev->in.size() == 2 && (prev->op == "Gemm" || prev->op == "Conv") &&
+      g.tensor(n.in[1]).shape.rank() == 1) {
+    prev->in.push_back(b);
+    prev->out[0] = e.out(g, n, 0);
+    return;
+  }
+  if (a.inner > 1) {  // (C) -> (C, 1, ..., 1)
+    std::vector<int64_t> dims{a.channels};
+    dims.resize(g.tensor(n.in[0]).shape.rank() - 1, 1);
+    e.add(OnnxNode{"Reshape", {b, e.int64s(b + "/bshape", dims)}, {b + "/b"}, {}});
+    b += "/b";
+  }
+  e.add(OnnxNode{"Add", {e.in(g, n, 0), b}, {e.out(g, n, 0)}, {}});
+}
+
 }  // namespace
 
 KILN_CORE_OPS(bias) {
@@ -84,6 +106,7 @@ KILN_CORE_OPS(bias) {
       ref_of<BiasAttrs, bias_grad_ref>());
   d.cases = cases_of(OpKind::BiasGrad, bias_cases);
   register_op(OpKind::BiasGrad, std::move(d));
+  register_onnx_mapping(OpKind::BiasAdd, bias_add_onnx);
 }
 
 }  // namespace kiln::op_impl

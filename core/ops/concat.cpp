@@ -1,6 +1,7 @@
 // Concatenation along the middle axis of (outer, sizes[j], inner) parts, and split, its inverse.
 // Semantics: ops.hpp.
 // Also the concat layer that emits it.
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -135,6 +136,38 @@ class ConcatLayer : public Layer {
   int64_t axis_;
 };
 
+// ONNX: Concat along the axis of the output's shape that the concat's (outer, sizes, inner) describe.
+void concat_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<ConcatAttrs>(n.attrs);
+  const Shape& s = g.tensor(n.out[0]).shape;
+  int64_t axis = -1, before = 1, total = 0;
+  for (auto k : a.sizes) total += k;
+  for (size_t d = 0; d < s.rank(); ++d) {
+    if (before == a.outer && axis < 0 && d > 0 && s[d] == total) {
+      int64_t after = 1;
+      for (size_t f = d + 1; f < s.rank(); ++f) after *= s[f];
+      if (after == a.inner) axis = static_cast<int64_t>(d);
+    }
+    before *= s[d];
+  }
+  if (axis < 0) e.refuse(n, "this concat");
+  OnnxNode x{"Concat", {}, {e.out(g, n, 0)}, {}};
+  for (size_t i = 0; i < n.in.size(); ++i) x.in.push_back(e.in(g, n, i));
+  e.add(std::move(x.i("axis", axis)));
+}
+
+// ONNX, for attention's q, k, v: equal parts of axis 0, each with that axis dropped (Gather with a scalar index).
+void split_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<ConcatAttrs>(n.attrs);
+  const Shape& xs = g.tensor(n.in[0]).shape;
+  if (a.outer != 1 || static_cast<int64_t>(n.out.size()) != xs[0])
+    e.refuse(n, "a split other than into the parts of the first axis");
+  for (size_t i = 0; i < n.out.size(); ++i) {
+    const std::string idx = e.int64_initializer("index/" + std::to_string(i), {}, {static_cast<int64_t>(i)});
+    e.add(OnnxNode{"Gather", {e.in(g, n, 0), idx}, {e.out(g, n, i)}, {}}.i("axis", 0));
+  }
+}
+
 }  // namespace
 
 KILN_CORE_OPS(concat) {
@@ -147,6 +180,8 @@ KILN_CORE_OPS(concat) {
     register_op(k, std::move(d));
   }
   add_core_layer("concat", factory<ConcatLayer>());
+  register_onnx_mapping(OpKind::Concat, concat_onnx);
+  register_onnx_mapping(OpKind::Split, split_onnx);
 }
 
 }  // namespace kiln::op_impl

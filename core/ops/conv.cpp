@@ -2,6 +2,7 @@
 // Also the conv2d layer that emits it.
 #include <algorithm>
 
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -200,6 +201,18 @@ class Conv2dLayer : public Layer {
   std::string where_;  // the `filters` key, for size errors at build time
 };
 
+// ONNX: Conv, padded at the end as far as Kiln's output size reaches (a bias add may fold into it).
+void conv_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<ConvAttrs>(n.attrs);
+  const int64_t pb = std::max<int64_t>(0, (a.oh - 1) * a.stride_h + a.r - a.h - a.pad_h);
+  const int64_t pr = std::max<int64_t>(0, (a.ow - 1) * a.stride_w + a.s - a.w - a.pad_w);
+  e.add(OnnxNode{"Conv", {e.in(g, n, 0), e.in(g, n, 1)}, {e.out(g, n, 0)}, {}}
+            .ints("kernel_shape", {a.r, a.s})
+            .ints("strides", {a.stride_h, a.stride_w})
+            .ints("pads", {a.pad_h, a.pad_w, pb, pr}));
+  e.mark_foldable(n.out[0]);
+}
+
 }  // namespace
 
 KILN_CORE_OPS(conv) {
@@ -214,6 +227,7 @@ KILN_CORE_OPS(conv) {
     register_op(k, std::move(d));
   }
   add_core_layer("conv2d", factory<Conv2dLayer>());
+  register_onnx_mapping(OpKind::Conv2dForward, conv_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -1,6 +1,7 @@
 // Elementwise ops over `count` values: add (alpha x + beta y), mul, axpby (y = alpha x + beta y in place), scale,
 // fill and copy. Semantics: ops.hpp.
 // Also the add layer that emits add.
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -139,6 +140,16 @@ class AddLayer : public Layer {
   }
 };
 
+// ONNX: Add (unscaled only) and Identity.
+void add_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<ElementwiseAttrs>(n.attrs);
+  if (a.alpha != 1.f || a.beta != 1.f) e.refuse(n, "a scaled add");
+  e.add(OnnxNode{"Add", {e.in(g, n, 0), e.in(g, n, 1)}, {e.out(g, n, 0)}, {}});
+}
+void copy_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  e.add(OnnxNode{"Identity", {e.in(g, n, 0)}, {e.out(g, n, 0)}, {}});
+}
+
 }  // namespace
 
 KILN_CORE_OPS(elementwise) {
@@ -159,6 +170,8 @@ KILN_CORE_OPS(elementwise) {
     register_op(e.kind, std::move(d));
   }
   add_core_layer("add", factory<AddLayer>());
+  register_onnx_mapping(OpKind::Add, add_onnx);
+  register_onnx_mapping(OpKind::Copy, copy_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -3,6 +3,7 @@
 // Also the embedding layer that emits it, and positional_embedding (a bias_add of a learned table).
 #include <cmath>
 
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -128,6 +129,12 @@ class PositionalEmbeddingLayer : public Layer {
   double std_;
 };
 
+// ONNX: the ids travel as floats; Cast to int64, then Gather rows of the table.
+void embedding_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  e.add(OnnxNode{"Cast", {e.in(g, n, 0)}, {e.out(g, n, 0) + "/ids"}, {}}.i("to", kOnnxInt64));
+  e.add(OnnxNode{"Gather", {e.in(g, n, 1), e.out(g, n, 0) + "/ids"}, {e.out(g, n, 0)}, {}}.i("axis", 0));
+}
+
 }  // namespace
 
 KILN_CORE_OPS(embedding) {
@@ -143,6 +150,7 @@ KILN_CORE_OPS(embedding) {
   }
   add_core_layer("embedding", factory<EmbeddingLayer>());
   add_core_layer("positional_embedding", factory<PositionalEmbeddingLayer>());
+  register_onnx_mapping(OpKind::EmbeddingForward, embedding_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -3,6 +3,7 @@
 // Also the dense layer that emits gemm.
 #include <cmath>
 
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -242,6 +243,54 @@ class DenseLayer : public Layer {
   std::string where_;  // "run.toml:12: key 'model.layers[1].units'", for size errors at build time
 };
 
+// ONNX: Gemm for (N, F) x (F, U) (a bias add may fold into it), else MatMul, which broadcasts over the leading dims
+// of (N, T, F) x (F, U).
+void gemm_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<GemmAttrs>(n.attrs);
+  if (a.trans_a || a.beta != 0.f || a.alpha != 1.f) e.refuse(n, "a transposed or scaled gemm");
+  if (g.tensor(n.in[0]).shape.rank() == 2) {
+    OnnxNode x{"Gemm", {e.in(g, n, 0), e.in(g, n, 1)}, {e.out(g, n, 0)}, {}};
+    if (a.trans_b) x.i("transB", 1);
+    e.add(std::move(x));
+    e.mark_foldable(n.out[0]);
+  } else {
+    std::string w = e.in(g, n, 1);
+    if (a.trans_b) {
+      e.add(OnnxNode{"Transpose", {w}, {w + "/T"}, {}}.ints("perm", {1, 0}));
+      w += "/T";
+    }
+    e.add(OnnxNode{"MatMul", {e.in(g, n, 0), w}, {e.out(g, n, 0)}, {}});
+  }
+}
+
+// ONNX: MatMul over the leading axes (Kiln's tensors are (batch, ..., rows, cols)).
+void batched_gemm_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<GemmAttrs>(n.attrs);
+  if (a.beta != 0.f) e.refuse(n, "a batched gemm that accumulates");
+  auto operand = [&](size_t i, int64_t rows, int64_t cols, bool trans) {
+    const Shape& sh = g.tensor(n.in[i]).shape;
+    std::string v = e.in(g, n, i);
+    if (sh.rank() < 3 || sh[sh.rank() - 2] != rows || sh[sh.rank() - 1] != cols)
+      e.refuse(n, "a batched gemm whose operands are not (..., rows, cols)");
+    if (trans) {
+      std::vector<int64_t> perm(sh.rank());
+      for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+      std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+      e.add(OnnxNode{"Transpose", {v}, {v + "/T"}, {}}.ints("perm", perm));
+      v += "/T";
+    }
+    return v;
+  };
+  const std::string A = a.trans_a ? operand(0, a.k, a.m, true) : operand(0, a.m, a.k, false);
+  const std::string B = a.trans_b ? operand(1, a.n, a.k, true) : operand(1, a.k, a.n, false);
+  if (a.alpha == 1.f) {
+    e.add(OnnxNode{"MatMul", {A, B}, {e.out(g, n, 0)}, {}});
+  } else {
+    e.add(OnnxNode{"MatMul", {A, B}, {e.out(g, n, 0) + "/mm"}, {}});
+    e.add(OnnxNode{"Mul", {e.out(g, n, 0) + "/mm", e.constant(a.alpha)}, {e.out(g, n, 0)}, {}});
+  }
+}
+
 }  // namespace
 
 KILN_CORE_OPS(gemm) {
@@ -261,6 +310,8 @@ KILN_CORE_OPS(gemm) {
     register_op(OpKind::BatchedGemm, std::move(d));
   }
   add_core_layer("dense", factory<DenseLayer>());
+  register_onnx_mapping(OpKind::Gemm, gemm_onnx);
+  register_onnx_mapping(OpKind::BatchedGemm, batched_gemm_onnx);
 }
 
 }  // namespace kiln::op_impl

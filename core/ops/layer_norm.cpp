@@ -5,6 +5,7 @@
 
 #include "kiln/config.hpp"
 #include "kiln/layer.hpp"
+#include "kiln/onnx_export.hpp"
 #include "kiln/plugin.hpp"
 #include "op_support.hpp"
 
@@ -143,6 +144,17 @@ class LayerNormLayer : public Layer {
   bool use_bias_;
 };
 
+// ONNX: LayerNormalization (opset 17) over the last axis.
+void layer_norm_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<LayerNormAttrs>(n.attrs);
+  const Shape& xs = g.tensor(n.in[0]).shape;
+  if (xs[xs.rank() - 1] != a.cols) e.refuse(n, "a layer norm over other than the last axis");
+  OnnxNode x{"LayerNormalization", {e.in(g, n, 0), e.in(g, n, 1)}, {e.out(g, n, 0)}, {}};
+  if (a.bias) x.in.push_back(e.in(g, n, 2));
+  e.add(std::move(x.i("axis", -1).f("epsilon", a.eps)));
+  e.require_opset(17);
+}
+
 }  // namespace
 
 KILN_CORE_OPS(layer_norm) {
@@ -160,6 +172,7 @@ KILN_CORE_OPS(layer_norm) {
   }
   add_core_layer("layer_norm",
                  [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<LayerNormLayer>(c); });
+  register_onnx_mapping(OpKind::LayerNormForward, layer_norm_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kiln/onnx_export.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -152,6 +153,9 @@ KILN_CORE_OPS(loss) {
     d.cases = cases_of(k, loss_cases);
     register_op(k, std::move(d));
   }
+  // Not part of inference: the exported model ends at the heads' predictions.
+  for (OpKind k : {OpKind::SoftmaxCrossEntropy, OpKind::MeanSquaredError, OpKind::BinaryCrossEntropy})
+    register_onnx_mapping(k, [](OnnxEmitter&, const Graph&, const Node&) {});
 }
 
 }  // namespace kiln::op_impl

@@ -1,5 +1,6 @@
 // Axis permutation: y's axis i is x's axis perm[i] (attention's (B, T, H, D) <-> (B, H, T, D) and the fused
 // (B, T, 3, H, D) projection). Semantics: ops.hpp.
+#include "kiln/onnx_export.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -89,6 +90,25 @@ void permute_cases(Table& t) {
   t.grad("2x3x3x2x2.perm20314", OpKind::Permute, p, {kF}, {kOut}, Check::elementwise);
 }
 
+// ONNX: the view's dims (batch first), then Transpose; the output keeps Kiln's shape.
+void permute_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<PermuteAttrs>(n.attrs);
+  std::vector<int64_t> dims(a.dims.begin(), a.dims.begin() + a.rank), perm(a.perm.begin(), a.perm.begin() + a.rank);
+  const std::string v = e.reshape(e.in(g, n, 0), dims, e.out(g, n, 0) + "/view");
+  e.add(OnnxNode{"Transpose", {v}, {e.out(g, n, 0) + "/t"}, {}}.ints("perm", perm));
+  std::vector<int64_t> od(static_cast<size_t>(a.rank));
+  for (int64_t i = 0; i < a.rank; ++i)
+    od[static_cast<size_t>(i)] = dims[static_cast<size_t>(perm[static_cast<size_t>(i)])];
+  const Shape& ys = g.tensor(n.out[0]).shape;
+  if (perm[0] == 0) {
+    e.reshape(e.out(g, n, 0) + "/t", ys.dims(), e.out(g, n, 0));
+  } else if (ys.dims() == od) {  // the batch moved off axis 0: the output is the transposed view as it is
+    e.add(OnnxNode{"Identity", {e.out(g, n, 0) + "/t"}, {e.out(g, n, 0)}, {}});
+  } else {
+    e.refuse(n, "a permute that moves the batch axis and reshapes");
+  }
+}
+
 }  // namespace
 
 KILN_CORE_OPS(permute) {
@@ -96,6 +116,7 @@ KILN_CORE_OPS(permute) {
   d.grad = permute_grad;
   d.cases = cases_of(OpKind::Permute, permute_cases);
   register_op(OpKind::Permute, std::move(d));
+  register_onnx_mapping(OpKind::Permute, permute_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -2,6 +2,7 @@
 // Also the max_pool2d, avg_pool2d and global_avg_pool2d layers that emit them.
 #include <algorithm>
 
+#include "kiln/onnx_export.hpp"
 #include "layer_support.hpp"
 #include "op_support.hpp"
 
@@ -194,6 +195,20 @@ class GlobalAvgPoolLayer : public Layer {
   }
 };
 
+// ONNX: MaxPool or AveragePool, padded at the end as far as Kiln's output size reaches.
+void pool_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<PoolAttrs>(n.attrs);
+  const int64_t pb = std::max<int64_t>(0, (a.oh - 1) * a.stride_h + a.kh - a.h - a.pad_h);
+  const int64_t pr = std::max<int64_t>(0, (a.ow - 1) * a.stride_w + a.kw - a.w - a.pad_w);
+  const bool mx = n.kind == OpKind::MaxPoolForward;
+  OnnxNode x{mx ? "MaxPool" : "AveragePool", {e.in(g, n, 0)}, {e.out(g, n, 0)}, {}};
+  x.ints("kernel_shape", {a.kh, a.kw})
+      .ints("strides", {a.stride_h, a.stride_w})
+      .ints("pads", {a.pad_h, a.pad_w, pb, pr});
+  if (!mx) x.i("count_include_pad", 0);  // Kiln averages over the valid elements
+  e.add(std::move(x));
+}
+
 }  // namespace
 
 KILN_CORE_OPS(pool) {
@@ -214,6 +229,8 @@ KILN_CORE_OPS(pool) {
   add_core_layer("avg_pool2d",
                  [](const ConfigNode& c) -> std::unique_ptr<Layer> { return std::make_unique<Pool2dLayer>(c, false); });
   add_core_layer("global_avg_pool2d", factory<GlobalAvgPoolLayer>());
+  register_onnx_mapping(OpKind::MaxPoolForward, pool_onnx);
+  register_onnx_mapping(OpKind::AvgPoolForward, pool_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kiln/onnx_export.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -88,6 +89,25 @@ void softmax_cases(Table& t) {
   }
 }
 
+// ONNX: Softmax over the last axis; a causal one adds a (T, T) mask of 0 on and below the diagonal and -inf above
+// first (exactly 0 there).
+void softmax_onnx(OnnxEmitter& e, const Graph& g, const Node& n) {
+  const auto& a = std::get<SoftmaxAttrs>(n.attrs);
+  const Shape& xs = g.tensor(n.in[0]).shape;
+  if (xs.rank() < 2 || xs[xs.rank() - 1] != a.cols) e.refuse(n, "a softmax over other than the last axis");
+  std::string x = e.in(g, n, 0);
+  if (a.causal) {
+    if (xs[xs.rank() - 2] != a.cols) e.refuse(n, "a causal softmax over a non-square block");
+    std::vector<float> mask(static_cast<size_t>(a.cols * a.cols), 0.f);
+    for (int64_t r = 0; r < a.cols; ++r)
+      for (int64_t c = r + 1; c < a.cols; ++c) mask[static_cast<size_t>(r * a.cols + c)] = -INFINITY;
+    const std::string m = e.float_initializer("causal_mask/" + std::to_string(a.cols), {a.cols, a.cols}, mask);
+    e.add(OnnxNode{"Add", {x, m}, {e.out(g, n, 0) + "/masked"}, {}});
+    x = e.out(g, n, 0) + "/masked";
+  }
+  e.add(OnnxNode{"Softmax", {x}, {e.out(g, n, 0)}, {}}.i("axis", -1));
+}
+
 }  // namespace
 
 KILN_CORE_OPS(softmax) {
@@ -100,6 +120,7 @@ KILN_CORE_OPS(softmax) {
     d.cases = cases_of(k, softmax_cases);
     register_op(k, std::move(d));
   }
+  register_onnx_mapping(OpKind::SoftmaxForward, softmax_onnx);
 }
 
 }  // namespace kiln::op_impl

@@ -7,6 +7,7 @@
 #include "kiln/config.hpp"
 #include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
+#include "kiln/onnx_export.hpp"
 #include "kiln/op_table.hpp"
 #include "kiln/single_runner.hpp"
 #include "test_support.hpp"
@@ -232,6 +233,24 @@ TEST_CASE("the finite-difference check fails a wrong gradient rule", "[op_table]
   CHECK_THAT(why, Catch::Contains("input 0") && Catch::Contains("finite differences"));
   c.kind = OpKind::Copy;
   CHECK(check_gradient(c) == "");
+}
+
+TEST_CASE("the ops kiln export --format onnx maps register their ONNX mapping with the op; others have none",
+          "[op_table]") {
+  for (OpKind k :
+       {OpKind::Gemm, OpKind::BatchedGemm, OpKind::Conv2dForward, OpKind::BiasAdd, OpKind::MaxPoolForward,
+        OpKind::AvgPoolForward, OpKind::ActivationForward, OpKind::SoftmaxForward, OpKind::LayerNormForward,
+        OpKind::BatchNormForward, OpKind::Permute, OpKind::Split, OpKind::Concat, OpKind::Add, OpKind::Copy,
+        OpKind::EmbeddingForward, OpKind::SoftmaxCrossEntropy, OpKind::MeanSquaredError, OpKind::BinaryCrossEntropy}) {
+    INFO(op_name(k));
+    CHECK(find_onnx_mapping(k) != nullptr);
+  }
+  // A backward op (never in an inference graph) and rms_norm (no ONNX form in this exporter) have none.
+  CHECK(find_onnx_mapping(OpKind::Conv2dBackwardData) == nullptr);
+  CHECK(find_onnx_mapping(*find_op("rms_norm_forward")) == nullptr);
+  CHECK_THROWS_WITH(register_onnx_mapping(OpKind::Gemm, nullptr), Catch::Contains("empty mapping"));
+  CHECK_THROWS_AS(register_onnx_mapping(static_cast<OpKind>(60000), [](OnnxEmitter&, const Graph&, const Node&) {}),
+                  Error);
 }
 
 TEST_CASE("register_op refuses built-in names, names taken by another plugin and incomplete descriptors",
