@@ -235,7 +235,7 @@ TEST_CASE("the finite-difference check fails a wrong gradient rule", "[op_table]
   CHECK(check_gradient(c) == "");
 }
 
-TEST_CASE("the ops kiln export --format onnx maps register their ONNX mapping with the op; others have none",
+TEST_CASE("the ops kiln export --format onnx maps register their ONNX mapping with the op, and others have none",
           "[op_table]") {
   for (OpKind k :
        {OpKind::Gemm, OpKind::BatchedGemm, OpKind::Conv2dForward, OpKind::BiasAdd, OpKind::MaxPoolForward,
