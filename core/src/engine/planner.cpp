@@ -42,7 +42,7 @@ std::vector<size_t> aliasable_inputs(OpKind k) {
 // Arena placement. Up to kGreedyPlacementMax tensors: greedy by size, the largest first at the lowest offset free
 // for its whole lifetime (the tightest packing; each placement scans those placed before it, so O(n^2) in the
 // worst case). Above it, a sweep in step order with a best-fit free list (what an allocator that knows every
-// lifetime would do): O(n log n), so a model with very many layers plans in near-linear time (issue 15 item 6).
+// lifetime would do): O(n log n), so a model with very many layers plans in near-linear time.
 void place_arena(const Graph& g, std::vector<size_t>& arena, const std::vector<size_t>& first,
                  const std::vector<size_t>& last, size_t alignment, MemoryPlan& p) {
   auto span = [&](size_t t) { return std::pair<size_t, size_t>{first[t] == SIZE_MAX ? 0 : first[t], last[t]}; };

@@ -393,7 +393,7 @@ void ConfigNode::finish() const {
       if (!doc_->used.count({table_, std::string(k.str())})) unknown.emplace_back(k.str());
     if (unknown.empty()) return;
     // Every key this table's reader asked for: `used` is ordered by table first, so only this table's range
-    // (a scan of the whole set made checking N tables O(N^2), issue 15 item 6).
+    // (a scan of the whole set made checking N tables O(N^2)).
     for (auto it = doc_->used.lower_bound({table_, std::string()}); it != doc_->used.end() && it->first == table_; ++it)
       known.push_back(it->second);
   }
