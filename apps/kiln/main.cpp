@@ -177,7 +177,12 @@ int main(int argc, char** argv) {
   add_train_commands(app, o, lo, c);
   add_plan_and_devices(app, o, c);
   add_sample(app, o, so, c);
-  app.add_subcommand("plugins", "List plugins: what loaded, versions, what each provides, and why any failed");
+  auto* plugins =
+      app.add_subcommand("plugins", "List plugins: what loaded, versions, what each provides, and why any failed");
+  plugins->add_flag("--check", o.check_plugins,
+                    "Load each plugin file alone in a child process and report OK, FAILED, CRASHED, EXITED or HUNG");
+  plugins->add_option("--check-timeout", o.check_timeout, "Seconds a --check child may take (default 10)")
+      ->check(CLI::PositiveNumber);
   add_conformance(app, o, c);
   add_model_commands(app, o, c);
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "kiln/error.hpp"
+#include "plugin_safety.hpp"
 
 namespace kiln {
 
@@ -33,6 +34,15 @@ const std::vector<LoadedPlugin>& PluginLoader::plugins() const { return impl_->p
 
 const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
   if (!fs::exists(path)) throw PluginError(path + ": plugin library not found");
+  // Before any of its code runs: the file, and its directory as listed and, for a symlink, where it really lives.
+  std::string why = untrusted_reason(path, false);
+  std::error_code ec;
+  const fs::path real_dir = fs::canonical(path, ec).parent_path();
+  const fs::path listed_dir = fs::weakly_canonical(fs::absolute(path).parent_path(), ec);
+  if (why.empty()) why = untrusted_reason(listed_dir.string(), true);
+  if (why.empty() && !real_dir.empty() && real_dir != listed_dir) why = untrusted_reason(real_dir.string(), true);
+  if (!why.empty()) throw PluginError(path + ": refused to load: " + why);
+  detail::PluginLoadGuard guard(path);
   boost::dll::shared_library lib;
   try {
     lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -82,16 +92,24 @@ const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
   return impl_->plugins.back();
 }
 
-void PluginLoader::load_dir(const std::string& dir, Registry& reg) {
-  if (!fs::is_directory(dir)) return;
+std::vector<std::string> PluginLoader::candidates(const std::string& dir) {
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir)) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     auto name = e.path().filename().string();
     if (name.rfind("libkiln_", 0) == 0 && e.path().extension() == ".so") files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
-  for (const auto& f : files) {
+  return files;
+}
+
+void PluginLoader::load_dir(const std::string& dir, Registry& reg) {
+  if (!fs::is_directory(dir)) return;
+  // Anyone who can add a file here can run code as the user: refuse every plugin of such a directory.
+  const std::string dir_why = untrusted_reason(dir, true);
+  for (const auto& f : candidates(dir)) {
     try {
+      if (!dir_why.empty()) throw PluginError(f + ": refused to load: " + dir_why);
       load(f, reg);
     } catch (const PluginError& e) {
       LoadedPlugin p;
@@ -110,7 +128,17 @@ std::vector<std::string> PluginLoader::default_dirs() {
     while (start <= s.size()) {
       auto end = s.find(':', start);
       if (end == std::string::npos) end = s.size();
-      if (end > start) dirs.push_back(s.substr(start, end - start));
+      if (end > start) {
+        std::string d = s.substr(start, end - start);
+        std::error_code ec;
+        const bool exists = fs::exists(d, ec);
+        if (!exists || !fs::is_directory(d, ec))
+          throw PluginError("KILN_PLUGIN_PATH entry \"" + d + "\" " +
+                            (exists ? "is not a directory" : "does not exist") + " (KILN_PLUGIN_PATH=" + s +
+                            "); every entry must be a plugin directory: correct or remove it, or unset "
+                            "KILN_PLUGIN_PATH to load the plugins next to the kiln binary");
+        dirs.push_back(d);
+      }
       start = end + 1;
     }
     return dirs;
