@@ -58,7 +58,9 @@ class ConfigNode {
   std::string path_;
 };
 
-// A parsed TOML file with --set overrides applied. Throws ConfigError (with file:line) on parse errors.
+// A parsed TOML file with --set overrides applied. Throws ConfigError (with file:line) on parse errors, and before
+// parsing on text the parser cannot take safely: over 16 MiB, a dotted key or table header of more than 64 parts,
+// arrays and inline tables nested more than 64 deep. Each --set is one line "key=value" (a line break is refused).
 class Config {
  public:
   static Config load_file(const std::string& path, const std::vector<std::string>& overrides = {});

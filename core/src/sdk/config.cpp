@@ -7,9 +7,12 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
+
+#include "toml_bounds.hpp"
 
 namespace kiln {
 
@@ -120,9 +123,23 @@ std::string apply_override(toml::table& root, const std::string& file, const std
     throw ConfigError("--set '" + assignment + "': expected key=value, e.g. --set train.epochs=1");
   std::string key = assignment.substr(0, eq);
   std::string value = assignment.substr(eq + 1);
+  // The value is parsed as the TOML document "v = <value>" and only v is kept: the lines after a line break became
+  // other keys of that document and were dropped without a word (or, where the first line is no TOML value, part
+  // of a string).
+  if (const size_t br = assignment.find_first_of("\r\n"); br != std::string::npos) {
+    const size_t next = assignment.find_first_not_of("\r\n", br);
+    const std::string rest = next == std::string::npos ? "" : assignment.substr(next);
+    throw ConfigError("--set '" + one_line(assignment) + "': a --set is one line, found a line break" +
+                      (rest.empty() ? std::string() : " before '" + one_line(rest, 40) + "'") +
+                      "; give each key its own --set and write a line break inside a string as \\n (\"a\\nb\")");
+  }
   while (!key.empty() && key.back() == ' ') key.pop_back();
   while (!key.empty() && key.front() == ' ') key.erase(key.begin());
   auto parts = split_path(key, assignment);
+  if (parts.size() > kMaxTomlKeyParts)
+    throw ConfigError("--set '" + one_line(assignment) + "': the key has " + std::to_string(parts.size()) +
+                      " parts; at most " + std::to_string(kMaxTomlKeyParts) + " are accepted");
+  if (auto e = find_toml_excess("v = " + value)) throw ConfigError("--set '" + one_line(assignment) + "': " + e->what);
   // The value is TOML (1, 0.5, true, "x", [1, 2]); a bare word is taken as a string.
   toml::table parsed;
   try {
@@ -407,40 +424,61 @@ void ConfigNode::finish() const {
            (hint.empty() ? " (misspelled? see docs/user_guide.md)" : " (did you mean '" + hint + "'?)"));
 }
 
-Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
-  if (!std::filesystem::exists(path)) throw ConfigError(path + ": config file not found");
-  if (!std::filesystem::is_regular_file(path))
-    throw ConfigError(path + ": expected a TOML file, found " +
-                      (std::filesystem::is_directory(path) ? std::string("a directory")
-                                                           : std::string("something that is not a regular file")));
-  Config c;
-  c.doc_ = std::make_shared<ConfigDocument>();
-  c.doc_->file = path;
+namespace {
+// Parses `text` as the config `name` once it is within the bounds toml++ handles without crashing.
+toml::table parse_config(const std::string& text, const std::string& name) {
+  if (auto e = find_toml_excess(text)) throw ConfigError(name + ":" + std::to_string(e->line) + ": " + e->what);
   try {
-    c.doc_->root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    std::ostringstream os;
-    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column
-       << ": TOML syntax error: " << e.description();
-    throw ConfigError(os.str());
-  }
-  for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, path, o));
-  return c;
-}
-
-Config Config::load_string(const std::string& text, const std::string& name,
-                           const std::vector<std::string>& overrides) {
-  Config c;
-  c.doc_ = std::make_shared<ConfigDocument>();
-  c.doc_->file = name;
-  try {
-    c.doc_->root = toml::parse(text, name);
+    return toml::parse(text, name);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << name << ":" << e.source().begin.line << ":" << e.source().begin.column
        << ": TOML syntax error: " << e.description();
     throw ConfigError(os.str());
   }
+}
+
+std::string too_large(const std::string& name, uint64_t bytes) {
+  std::ostringstream os;
+  os.precision(1);
+  os << name << ": the config is " << bytes << " bytes (" << std::fixed << static_cast<double>(bytes) / (1 << 20)
+     << " MiB); a config is at most " << (kMaxConfigBytes >> 20) << " MiB";
+  return os.str();
+}
+}  // namespace
+
+Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!std::filesystem::exists(path)) throw ConfigError(path + ": config file not found");
+  if (!std::filesystem::is_regular_file(path))
+    throw ConfigError(path + ": expected a TOML file, found " +
+                      (std::filesystem::is_directory(path) ? std::string("a directory")
+                                                           : std::string("something that is not a regular file")));
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxConfigBytes) throw ConfigError(too_large(path, size));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open the config file for reading");
+  // At most one byte past the bound: a file that grew after file_size() is still refused, never read whole.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) throw ConfigError(path + ": reading the config file failed");
+  if (text.size() > kMaxConfigBytes) throw ConfigError(too_large(path, text.size()));
+  Config c;
+  c.doc_ = std::make_shared<ConfigDocument>();
+  c.doc_->file = path;
+  c.doc_->root = parse_config(text, path);
+  for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, path, o));
+  return c;
+}
+
+Config Config::load_string(const std::string& text, const std::string& name,
+                           const std::vector<std::string>& overrides) {
+  if (text.size() > kMaxConfigBytes) throw ConfigError(too_large(name, text.size()));
+  Config c;
+  c.doc_ = std::make_shared<ConfigDocument>();
+  c.doc_->file = name;
+  c.doc_->root = parse_config(text, name);
   for (const auto& o : overrides) c.doc_->overridden.push_back(apply_override(c.doc_->root, name, o));
   return c;
 }
