@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Kiln's one-stop script: installs what is missing (Debian 12), builds, and runs the sample or the tests.
 #   ./setup.sh sample   install + build + train the Fashion-MNIST MLP sample on the CPU
-#   ./setup.sh test     install + build + run the whole test suite, then build the asan preset (clang, ASan + UBSan,
-#                       fuzz harnesses) in build-asan and run its unit, integration, conformance and fuzz tests (what CI
-#                       runs; KILN_ASAN=0 skips the asan part)
+#   ./setup.sh test     install (PyTorch too, for the export check) + build + run the whole test suite, then build
+#                       the asan preset (clang, ASan + UBSan, fuzz harnesses) in build-asan and run its unit,
+#                       integration, conformance and fuzz tests (what CI runs; KILN_ASAN=0 skips the asan part)
 #   ./setup.sh build    install + build only
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,10 +18,14 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev libxxha
   libtomlplusplus-dev libboost-dev libboost-filesystem-dev catch2 libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
   dataset-fashion-mnist python3-venv clang clang-format libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev)
+# Only for `./setup.sh test`: PyTorch for the export check (export_tools), about 170 packages with its dependencies,
+# so the sample and the build do not install it.
+TEST_PACKAGES=(python3-torch)
 
+# Installs those of the packages named that are not installed yet.
 install_missing() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -43,10 +47,11 @@ conan_tools() {
     echo "== could not install Conan 2 / TensorBoard: the conan_package and TensorBoard-reader tests will be skipped"
 }
 
-# The export checks (bench/accuracy/check_export.py, the [python] test): PyTorch from Debian's python3-torch where it is
-# installed, with safetensors, onnx and onnxruntime from pip in .venv-export (gitignored), which sees the system's
-# packages. NumPy 1.26 in the venv: Debian's torch is built against NumPy 1.x, and onnx needs at least 1.25. Without
-# them (no torch, no network) that test reports Skipped.
+# The export checks (bench/accuracy/check_export.py, the [python] test): PyTorch from Debian's python3-torch (test mode
+# installs it: TEST_PACKAGES), with safetensors, onnx and onnxruntime from pip in .venv-export (gitignored), which sees
+# the system's packages. NumPy 1.26 in the venv: Debian's torch is built against NumPy 1.x (Debian's own python3-numpy
+# 1.24 is too old for onnx, NumPy 2 breaks torch), and onnx needs at least 1.25. Without them (no network) that test
+# reports Skipped.
 export_tools() {
   /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "== no PyTorch in /usr/bin/python3 (python3-torch): the export check will be skipped"; return 0; }
   [ -x .venv-export/bin/python ] && .venv-export/bin/python -c 'import torch, safetensors, onnx, onnxruntime' 2>/dev/null && return 0
@@ -98,14 +103,14 @@ asan_suite() {
 
 case "$what" in
   sample)
-    install_missing
+    install_missing "${PACKAGES[@]}"
     build
     echo "== training samples/fashion_mnist_mlp.toml on the CPU"
     # --overwrite: running the sample again starts it over (kiln train refuses to overwrite a run silently)
     "$BUILD_DIR/bin/kiln" train samples/fashion_mnist_mlp.toml --overwrite
     ;;
   test)
-    install_missing
+    install_missing "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     conan_tools
     export_tools
     build
@@ -114,7 +119,7 @@ case "$what" in
     if [ "${KILN_ASAN:-1}" != 0 ]; then asan_suite; fi
     ;;
   build)
-    install_missing
+    install_missing "${PACKAGES[@]}"
     build
     ;;
   *)
