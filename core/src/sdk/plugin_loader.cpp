@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "kiln/error.hpp"
-#include "plugin_safety.hpp"
+#include "plugin_loader_impl.hpp"
 
 namespace kiln {
 

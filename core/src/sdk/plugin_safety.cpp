@@ -1,8 +1,6 @@
 // Who may have written a plugin before its code runs in this process, and what happens when that code crashes:
 // loading a plugin runs its static initializers with the user's rights, so, as ssh and sudo do with their files,
 // Kiln refuses a library that another user could have written, and names the plugin that took the process down.
-#include "plugin_safety.hpp"
-
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "kiln/plugin_loader.hpp"
+#include "plugin_loader_impl.hpp"
 
 namespace kiln {
 
