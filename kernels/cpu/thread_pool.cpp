@@ -30,14 +30,16 @@ constexpr uint64_t pack(uint64_t gen, uint64_t chunks, uint64_t next) { return (
 ThreadPool::ThreadPool(int threads) {
   // Each worker starts from the epoch of construction: one that starts late must still see a later bump.
   const uint32_t epoch = epoch_.load();
-  // Workers start with SIGINT and SIGTERM blocked (a thread inherits its creator's mask), so those signals go to a
-  // thread that is not a worker: the workers run oneDNN's JIT kernels, and a stop signal delivered to a thread
-  // inside one of them corrupted the heap (the trainer's stop handler runs on the main thread's alternate signal
-  // stack, trainer.cpp).
+  // Workers start with the trainer's stop signals (SIGINT, SIGTERM, SIGUSR1, SIGUSR2) blocked (a thread inherits
+  // its creator's mask), so those signals go to a thread that is not a worker: the workers run oneDNN's JIT kernels,
+  // and a stop signal delivered to a thread inside one of them corrupted the heap (the trainer's stop handler runs
+  // on the main thread's alternate signal stack, trainer.cpp).
   sigset_t stop, old;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGUSR1);
+  sigaddset(&stop, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &stop, &old);
   try {
     workers_.reserve(static_cast<size_t>(std::max(threads - 1, 0)));

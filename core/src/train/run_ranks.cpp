@@ -68,4 +68,11 @@ StepAgreement agree_after_step(ProcessGroup& pg, int stop_signal, bool checkpoin
   return a;
 }
 
+void agree_checkpoint_written(ProcessGroup& pg, const std::string& error) {
+  auto all = pg.all_gather({reinterpret_cast<const uint8_t*>(error.data()), error.size()});
+  if (pg.rank() == 0 || all[0].empty()) return;
+  throw Error("rank 0 could not write the checkpoint, so every rank stops: " +
+              std::string(all[0].begin(), all[0].end()));
+}
+
 }  // namespace kiln

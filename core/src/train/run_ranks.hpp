@@ -18,4 +18,9 @@ struct StepAgreement {
 };
 StepAgreement agree_after_step(ProcessGroup& pg, int stop_signal, bool checkpoint_due);
 
+// After rank 0 wrote a checkpoint (`error`: empty, or why the write failed; the other ranks pass ""): no rank goes on
+// before the file is whole, so a rank that exits after a stop cannot make mpirun end rank 0 during the write. Throws
+// Error on the other ranks when rank 0's write failed. Collective.
+void agree_checkpoint_written(ProcessGroup& pg, const std::string& error);
+
 }  // namespace kiln

@@ -47,8 +47,12 @@ std::string json_num(double v) {
 
 std::atomic<int> g_stop_signal{0};
 
+// SIGUSR1 and SIGUSR2 are stop requests that mpirun passes to every rank without killing them afterwards (as it
+// does on SIGTERM and SIGINT): `kiln launch` sends them, and a user of plain mpirun can. They stand for SIGTERM and
+// SIGINT, so the message and the exit code are those of a single process.
 extern "C" void kiln_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) {  // the second signal stops at once
+  const int as = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
+  if (g_stop_signal.exchange(as) != 0) {  // the second signal stops at once
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
@@ -78,10 +82,14 @@ class StopSignals {
     sa.sa_flags = SA_RESTART | (on_alt_stack_ ? SA_ONSTACK : 0);
     ::sigaction(SIGINT, &sa, &old_int_);
     ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGUSR1, &sa, &old_usr1_);
+    ::sigaction(SIGUSR2, &sa, &old_usr2_);
   }
   ~StopSignals() {
     ::sigaction(SIGINT, &old_int_, nullptr);
     ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+    ::sigaction(SIGUSR2, &old_usr2_, nullptr);
     if (on_alt_stack_) ::sigaltstack(&old_stack_, nullptr);
   }
   StopSignals(const StopSignals&) = delete;
@@ -89,7 +97,7 @@ class StopSignals {
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{};
+  }, old_term_{}, old_usr1_{}, old_usr2_{};
   stack_t old_stack_{};
   bool on_alt_stack_ = false;
   alignas(16) char alt_stack_[65536];
@@ -790,12 +798,16 @@ bool TrainingRun::checkpoint_due() const {
 
 void TrainingRun::write_checkpoint(Checkpoint& c) {
   c.tensors = runner_->save_state();  // every rank: it may gather the optimizer state's shards
-  if (!lead_) return;
-  try {
-    save_checkpoint(ckpt_path_, c, ts_.keep_checkpoints);
-  } catch (const Error& e) {
-    throw Error(std::string(e.what()) + " (the output directory comes from " + dir_key_ + ")");
+  std::string failed;
+  if (lead_) {
+    try {
+      save_checkpoint(ckpt_path_, c, ts_.keep_checkpoints);
+    } catch (const Error& e) {
+      failed = std::string(e.what()) + " (the output directory comes from " + dir_key_ + ")";
+    }
   }
+  if (pg_ && pg_->size() > 1) agree_checkpoint_written(*pg_, failed);
+  if (!failed.empty()) throw Error(failed);
   last_checkpoint_ = Clock::now();
 }
 
