@@ -2,6 +2,8 @@
 #pragma once
 #include <string>
 
+#include "kiln/config.hpp"
+#include "kiln/data.hpp"
 #include "kiln/strategy.hpp"
 
 namespace kiln {
@@ -9,6 +11,15 @@ namespace kiln {
 // Throws ConfigError on every rank when a rank's resolved config differs from rank 0's, naming the first differing
 // key, both values and the ranks' hosts. Collective.
 void check_same_config(ProcessGroup& pg, const std::string& resolved_text, const std::string& file);
+
+// What `pipeline` ([data.`split`] of `cfg`) will read, as this rank sees it: its example count and shapes, and for
+// every file its source names (images, labels, path, files, dir) the size and a hash of its first and last MiB
+// (file contents, not paths or times: ranks on other hosts or in other directories may resolve them differently).
+std::string describe_data(const Config& cfg, const std::string& split, const Stage& pipeline);
+
+// Throws DataError on every rank when a rank's describe_data differs from rank 0's, naming each differing rank, both
+// hosts, what differs and the files as each resolved them. Collective.
+void check_same_data(ProcessGroup& pg, const std::string& mine, const std::string& file);
 
 // What every rank does after a step: stop when any rank got a stop signal (its number, else 0); checkpoint when
 // rank 0's clock says one is due. Collective.

@@ -329,6 +329,13 @@ void TrainingRun::open_data() {
   train_data_ = s_.make_pipeline("train");
   if (!train_data_) throw ConfigError(s_.config().file() + ": missing [data.train] (stages = [...]) to train on");
   test_data_ = ts_.evaluate ? s_.make_pipeline("test") : nullptr;
+  // Ranks that would read different files (the same config resolved on other hosts or in other directories) are
+  // refused before a step mixes their examples into one batch.
+  if (pg_ && pg_->size() > 1) {
+    std::string what = describe_data(s_.config(), "train", *train_data_);
+    if (test_data_) what += describe_data(s_.config(), "test", *test_data_);
+    check_same_data(*pg_, what, s_.config().file());
+  }
   // Labels as the data shapes them tell the model what its heads are trained against.
   s_.model().label_shape = train_data_->label_shape();
   // Every batch, train and test, is checked against what the losses accept before it reaches a device.
