@@ -50,7 +50,7 @@ int cmd_train(const Options& o);
 std::string& error_prefix();
 // The mpirun command line of `kiln launch` (`self`: this kiln's path).
 std::vector<std::string> launch_argv(const Options& o, const LaunchOptions& lo, const std::string& self);
-int cmd_launch(const Options& o, const LaunchOptions& lo);  // launch_cmd.cpp: replaces this process with mpirun
+int cmd_launch(const Options& o, const LaunchOptions& lo);  // launch_cmd.cpp: runs mpirun, returns its exit code
 int cmd_plan(const Options& o);
 int cmd_devices(const Options& o);
 int cmd_plugins(const Options& o);
