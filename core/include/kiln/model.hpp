@@ -19,6 +19,9 @@ struct LayerSpec {
   std::vector<std::string> inputs;  // layer names or "input"
   std::string device;               // model-parallel placement ("" = strategy decides)
   std::unique_ptr<Layer> layer;
+  // The [[model.layers]] table it was read from, so errors found while the graph builds name its file, line and key;
+  // null for a layer made in code.
+  std::shared_ptr<const ConfigNode> config;
 };
 
 enum class LossKind : uint8_t { softmax_cross_entropy, mse, binary_cross_entropy };

@@ -2,6 +2,7 @@
 #include "kiln/model.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
@@ -57,6 +58,7 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
                 "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input)");
     s.device = lc.get_string("device", "");
     s.layer = reg.layer(s.type)(lc);  // reads the layer's own keys and rejects unknown ones
+    s.config = std::make_shared<const ConfigNode>(lc);
     int ar = s.layer->arity();
     if (ar > 0 && static_cast<int>(s.inputs.size()) != ar)
       lc.fail("inputs", "layer type " + s.type + " takes " + std::to_string(ar) + " input(s), got " +
@@ -421,6 +423,20 @@ void add_input(Graph& g, const ModelSpec& m, int64_t batch) {
   g.input = g.add_tensor(in);
 }
 
+// A layer's error found while the graph builds (a value that does not fit the shapes, e.g. heads = 5 for a width of
+// 32), prefixed with where the layer is configured: the key the message starts with ("heads = 5 ..."), else the
+// layer's table. Messages that already name the table are left as they are.
+std::string located_layer_error(const LayerSpec& l, const std::string& what) {
+  if (!l.config || what.find("'" + l.config->path()) != std::string::npos) return what;
+  const std::string own = "layer '" + l.name + "': ";
+  std::string rest = what.rfind(own, 0) == 0 ? what.substr(own.size()) : what;
+  size_t k = 0;
+  while (k < rest.size() && (std::isalnum(static_cast<unsigned char>(rest[k])) || rest[k] == '_')) ++k;
+  const std::string key = k > 0 && rest.compare(k, 3, " = ") == 0 ? rest.substr(0, k) : std::string();
+  const std::string at = !key.empty() && l.config->has(key) ? l.config->where(key) : l.config->where();
+  return at + ": layer '" + l.name + "' (type = \"" + l.type + "\"): " + rest;
+}
+
 // Every layer in order, each reading its inputs' outputs. Returns each layer's output by name ("input": the input).
 std::map<std::string, TensorId> add_layers(Graph& g, const ModelSpec& m, const GraphOptions& o) {
   GraphBuilder b(g, o.batch, o.training, m.seed);
@@ -429,7 +445,12 @@ std::map<std::string, TensorId> add_layers(Graph& g, const ModelSpec& m, const G
     b.begin_layer(l.name, o.place ? o.place(l) : 0);
     std::vector<TensorId> ins;
     for (const auto& i : l.inputs) ins.push_back(outs.at(i));
-    TensorId y = l.layer->build(b, ins);
+    TensorId y = kNoTensor;
+    try {
+      y = l.layer->build(b, ins);
+    } catch (const ConfigError& e) {
+      throw ConfigError(located_layer_error(l, e.what()));
+    }
     outs[l.name] = y;
     g.layer_outputs.push_back({l.name, l.type, y});
   }

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <set>
 
+#include "kiln/data_fit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/memory_fit.hpp"
 
@@ -330,6 +331,7 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
                                   " per example), but " + source + " delivers examples of shape " + x.str() + " (" +
                                   values(x) + "), shaped by " + shaped_by(false) +
                                   "; set input_shape = " + toml_list(x) + " or make the data match the model");
+  check_data_fit(cfg_, which, model_, vocab_, y);  // token ids and class indices the source can deliver
   // Labels against each head's loss. The heads' widths come from a forward graph of one example (nothing allocated).
   GraphOptions go;
   go.batch = 1;

@@ -19,6 +19,7 @@
 
 #include "evaluation.hpp"
 #include "kiln/checkpoint.hpp"
+#include "kiln/data_fit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/evaluation.hpp"
 #include "kiln/memory_report.hpp"
@@ -343,6 +344,7 @@ void TrainingRun::open_data() {
   train_data_ = checked_stage(std::move(train_data_), rules, describe_source(s_.config(), "train"));
   if (test_data_) test_data_ = checked_stage(std::move(test_data_), rules, describe_source(s_.config(), "test"));
   const int64_t hint = train_data_->size_hint();
+  check_last_batch(s_, hint);  // an epoch's last partial batch the model cannot train on, refused before step 1
   per_epoch_ = hint > 0 ? (hint + ts_.batch_size - 1) / ts_.batch_size : -1;
   if (ts_.steps_per_epoch > 0)
     per_epoch_ = per_epoch_ > 0 ? std::min(per_epoch_, ts_.steps_per_epoch) : ts_.steps_per_epoch;
