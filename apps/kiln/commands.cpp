@@ -88,8 +88,13 @@ int cmd_train(const Options& o) {
   if (rep.first_step_start)
     std::cout << " (first step began " << std::setprecision(2)
               << std::chrono::duration<double>(*rep.first_step_start - o.started).count() << " s after start)";
-  if (!rep.epochs.empty() && rep.epochs.back().test_accuracy >= 0)
-    std::cout << ", final test accuracy " << std::setprecision(4) << rep.epochs.back().test_accuracy;
+  // The figures of the weights the run ends with: early stopping may have restored an earlier epoch's.
+  const EpochMetrics* last = rep.final_metrics    ? &*rep.final_metrics
+                             : rep.epochs.empty() ? nullptr
+                                                  : &rep.epochs.back();
+  if (last && last->test_accuracy >= 0)
+    std::cout << ", final test accuracy " << std::setprecision(4) << last->test_accuracy
+              << (rep.final_metrics ? " (epoch " + std::to_string(last->epoch) + ", restored)" : std::string());
   std::cout << "; metrics in " << s.train().output_dir << "/metrics.jsonl\n";
   return 0;
 }

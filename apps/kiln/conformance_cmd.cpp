@@ -3,10 +3,15 @@
 
 #include "commands.hpp"
 #include "kiln/conformance.hpp"
+#include "kiln/files.hpp"
 
 namespace kiln::app {
 
 int cmd_conformance(const Options& o) {
+  // The report and the matrix are regenerated (replaced) on every run; a path that cannot be written, or that is a
+  // file of a run, is refused before the cases run.
+  if (!o.report.empty()) check_output_file(o.report, "--report", /*overwrite=*/true, {});
+  if (!o.matrix.empty()) check_output_file(o.matrix, "--matrix", /*overwrite=*/true, {});
   PluginLoader loader;
   Registry reg = Registry::with_builtins();
   load_plugins(o, loader, reg);

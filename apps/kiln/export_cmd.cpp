@@ -45,7 +45,7 @@ std::string safetensors(const TrainedModel& m) {
 }  // namespace
 
 int cmd_export(const Options& o) {
-  check_new_output(o.output, o.overwrite, "--output");
+  check_new_output(o, "--output");
   auto m = load_trained_model(o);
   std::string bytes;
   if (o.format == "safetensors")

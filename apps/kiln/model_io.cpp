@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 #include "kiln/graph.hpp"
 #include "kiln/memory_report.hpp"
 
@@ -95,14 +96,13 @@ std::unique_ptr<Runner> make_inference_runner(TrainedModel& m, const Shape& labe
   return runner;
 }
 
-void check_new_output(const std::string& path, bool overwrite, const std::string& option) {
-  std::error_code ec;
-  if (path.empty()) throw ConfigError(option + " is required");
-  if (fs::is_directory(path, ec)) throw ConfigError(option + " " + path + " is a directory; give a file name");
-  if (fs::exists(path, ec) && !overwrite)
-    throw ConfigError(
-        option + " " + path +
-        " already exists; it is not overwritten silently: pass --overwrite to replace it, or choose another name");
+void check_new_output(const Options& o, const std::string& option) {
+  // What the command reads: the config, --checkpoint, --input (the default checkpoint is a file of the run directory,
+  // which check_output_file refuses by itself).
+  std::vector<std::pair<std::string, std::string>> inputs{{o.config, "the config file"}};
+  if (!o.checkpoint.empty()) inputs.emplace_back(o.checkpoint, "--checkpoint");
+  if (!o.input.empty()) inputs.emplace_back(o.input, "--input");
+  check_output_file(o.output, option, o.overwrite, inputs);
 }
 
 std::string json_str(const std::string& s) {
@@ -127,26 +127,7 @@ std::string json_double(double v) {
   return os.str();
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(path + ": cannot write (" + tmp + "; disk full or no permission?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw Error(path + ": cannot put the file in place: " + why);
-  }
-}
+void write_file_atomic(const std::string& path, const std::string& text) { write_file_atomically(path, text); }
 
 void write_npy(const std::string& path, const std::vector<float>& data, const std::vector<int64_t>& shape) {
   std::string dims;  // NumPy's spelling: "(n,)" for one dim, "(n, k)" otherwise
@@ -169,6 +150,7 @@ void write_npy(const std::string& path, const std::vector<float>& data, const st
 }
 
 HostTensor read_npy(const std::string& path) {
+  require_regular_file(path, "a .npy file (--input)");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw DataError(path + ": cannot open --input");
   std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -37,8 +37,10 @@ std::unique_ptr<TrainedModel> load_trained_model(const Options& o);
 // the weights (the parameters only: evaluation needs no optimizer state).
 std::unique_ptr<Runner> make_inference_runner(TrainedModel& m, const Shape& label_shape);
 
-// Refuses (ConfigError, exit 2) an existing file unless `overwrite`: a user's file is never replaced silently.
-void check_new_output(const std::string& path, bool overwrite, const std::string& option);
+// Refuses (ConfigError, exit 2) o.output when it is one of the command's inputs (the config, --checkpoint, --input),
+// a file of a run directory, in a directory that does not exist, or an existing file without --overwrite: a user's
+// file is never replaced silently (kiln/files.hpp, check_output_file).
+void check_new_output(const Options& o, const std::string& option);
 
 std::string json_str(const std::string& s);
 std::string json_double(double v);

@@ -1,28 +1,18 @@
 // kiln plan CONFIG [--sweep]: the memory plan before anything is allocated; with --sweep, memory against batch
 // size, predicted and measured, as CSV and SVG.
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "commands.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 #include "kiln/memory_report.hpp"
 #include "kiln/session.hpp"
 
 namespace kiln::app {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p);
-  f << text;
-  if (!f) throw Error(p.string() + ": cannot write the sweep output");
-}
-
-}  // namespace
 
 int cmd_plan(const Options& o) {
   PluginLoader loader;
@@ -51,8 +41,9 @@ int cmd_plan(const Options& o) {
                 ": cannot create the sweep's directory '" + dir.string() + "': " + ec.message());
   std::cout << "\nsweep: one real training step per batch size that fits (allocator peak in use):\n";
   auto points = memory_sweep(s, batches, /*measure=*/true, &std::cout);
-  write_file(dir / "memory_sweep.csv", sweep_csv(points));
-  write_file(dir / "memory_sweep.svg", sweep_svg(points, s.run_name() + ": peak memory against batch size"));
+  write_file_atomically((dir / "memory_sweep.csv").string(), sweep_csv(points));
+  write_file_atomically((dir / "memory_sweep.svg").string(),
+                        sweep_svg(points, s.run_name() + ": peak memory against batch size"));
   std::cout << "wrote " << (dir / "memory_sweep.csv").string() << " and " << (dir / "memory_sweep.svg").string()
             << "\n";
   return 0;

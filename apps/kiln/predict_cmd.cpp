@@ -136,7 +136,7 @@ int cmd_predict(const Options& o) {
   const bool npy = o.output.size() > 4 && o.output.compare(o.output.size() - 4, 4, ".npy") == 0;
   const bool csv = o.output.size() > 4 && o.output.compare(o.output.size() - 4, 4, ".csv") == 0;
   if (!npy && !csv) throw ConfigError("--output " + o.output + ": expected a file name ending in .csv or .npy");
-  check_new_output(o.output, o.overwrite, "--output");
+  check_new_output(o, "--output");
   auto m = load_trained_model(o);
   Session& s = *m->session;
   const ModelSpec& model = s.model();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 
 namespace kiln::data {
 
@@ -19,7 +20,8 @@ constexpr unsigned kGzBuffer = 256 * 1024;
 
 ByteReader::ByteReader(std::string path, std::string who) : path_(std::move(path)), who_(std::move(who)) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path_, ec)) fail("is a directory, expected a data file");
+  // A FIFO or device would block or never end: only regular files are read.
+  if (std::string why = regular_file_problem(path_); !why.empty()) fail(why + ", expected a data file");
   std::FILE* probe = std::fopen(path_.c_str(), "rb");
   if (!probe) fail(std::string("cannot open: ") + std::strerror(errno));
   unsigned char magic[2] = {0, 0};

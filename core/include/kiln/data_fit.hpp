@@ -11,7 +11,6 @@
 namespace kiln {
 
 class Config;
-class Session;
 struct ModelSpec;
 
 // An embedding layer that reads the model input itself: the input's values are its row indices, integers in
@@ -28,14 +27,10 @@ std::vector<InputEmbedding> input_embeddings(const ModelSpec& m);
 // Refuses (ConfigError naming the data source and the layer's key) a [data.<which>] pipeline whose values cannot fit
 // the model: token ids of a text or tokens source beyond an embedding's rows, or its class indices (the next tokens)
 // beyond a softmax_cross_entropy head's classes. `vocabulary` is the [data.train] source's
-// (Stage::vocabulary); `labels` the pipeline's label shape per example. Pipelines whose stages change the values
+// (Stage::vocabulary); `labels` the pipeline's label shape per example; `source` what the messages call the pipeline
+// (describe_source). Pipelines whose stages change the values
 // (scale, normalize, a plugin's stage) are not checked here (each batch's labels still are, by the trainer).
 void check_data_fit(const Config& cfg, const std::string& which, const ModelSpec& m, const std::string& vocabulary,
-                    const Shape& labels);
-
-// Refuses (ConfigError with the sizes and the fixes) a training run whose epochs end in a partial batch the model
-// cannot train on, e.g. one example through batch norm. `examples`: the train pipeline's examples per epoch
-// (Stage::size_hint; -1 when a stage cannot tell, and then nothing is checked).
-void check_last_batch(const Session& s, int64_t examples);
+                    const Shape& labels, const std::string& source);
 
 }  // namespace kiln

@@ -49,6 +49,8 @@ struct TrainSettings {
   int64_t keep_checkpoints =
       1;  // the newest this many step/epoch checkpoints stay on disk (older: <stem>-step<N>.kiln)
   EarlyStopping early_stopping;
+  // Stop when the mean loss of the last 10 steps exceeds this many times the mean of the first 10 (0 = never).
+  double divergence_factor = 100;
   int64_t max_steps = 0;   // stop after this many global steps, mid-epoch if need be, with a checkpoint (0 = no cap)
   bool resume = false;     // continue from output_dir/checkpoint.kiln if it exists
   bool overwrite = false;  // start over in an output_dir that holds an earlier run (else refused)

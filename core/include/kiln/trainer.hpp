@@ -27,6 +27,9 @@ struct EpochMetrics {
 
 struct TrainReport {
   std::vector<EpochMetrics> epochs;
+  // The figures of the weights the run ends with, when they are not the last epoch's: early stopping restored the
+  // best epoch's weights ([train] early_stopping restore_best).
+  std::optional<EpochMetrics> final_metrics;
   double seconds = 0;
   int64_t steps = 0;
   // When this process began its first training step (steady clock); unset when it ran none. `kiln train` reports

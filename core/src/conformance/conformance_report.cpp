@@ -6,6 +6,7 @@
 
 #include "conformance_impl.hpp"
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 #include "kiln/op_table.hpp"
 
 namespace kiln {
@@ -51,10 +52,11 @@ const char* status_name(CaseStatus s) {
 }
 
 void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw ConfigError("conformance: cannot write " + path);
-  f << text;
-  if (!f.flush()) throw ConfigError("conformance: error writing " + path);
+  try {
+    write_file_atomically(path, text);  // a reader never sees half a report; never written through a link
+  } catch (const Error& e) {
+    throw ConfigError(std::string("conformance: ") + e.what());
+  }
 }
 
 std::string md_escape(std::string s) {

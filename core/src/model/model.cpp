@@ -16,6 +16,21 @@ namespace kiln {
 
 namespace {
 
+// from_logits = false says the layer before the loss already gives probabilities. Only binary cross-entropy has a
+// form for those; softmax_cross_entropy applies its own softmax (a Keras model with a softmax last layer and
+// from_logits=False would train a double softmax here) and mse has no logits, so the key is refused for them
+// rather than ignored.
+void check_from_logits(const ConfigNode& c, const OutputSpec& o) {
+  if (o.from_logits || o.loss == LossKind::binary_cross_entropy) return;
+  c.fail("from_logits",
+         o.loss == LossKind::softmax_cross_entropy
+             ? "is false, but softmax_cross_entropy takes logits and applies the softmax itself: remove the softmax "
+               "activation of the last layer and leave from_logits out (Keras' from_logits=False with a softmax last "
+               "layer is this same model)"
+             : "is false, but it applies to binary_cross_entropy only; mse compares the outputs as they are: leave it "
+               "out");
+}
+
 LossKind parse_loss(const ConfigNode& c, const std::string& key) {
   auto l = c.get_choice(key, {"softmax_cross_entropy", "sparse_softmax_cross_entropy", "mse", "binary_cross_entropy"},
                         "softmax_cross_entropy");
@@ -74,6 +89,7 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
     o.layer = m.layers.back().name;
     o.loss = parse_loss(model, "loss");
     o.from_logits = model.get_bool("from_logits", true);
+    check_from_logits(model, o);
     m.outputs.push_back(o);
   } else {
     if (model.has("loss")) model.fail("loss", "give the loss inside each [[model.outputs]] when outputs are listed");
@@ -85,6 +101,7 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
       o.loss = parse_loss(oc, "loss");
       o.weight = static_cast<float>(oc.get_float("weight", 1.0));
       o.from_logits = oc.get_bool("from_logits", true);
+      check_from_logits(oc, o);
       o.label = oc.get_string("label", "");
       oc.finish();
       m.outputs.push_back(o);

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 #include "plugin_loader_impl.hpp"
 
 namespace kiln {
@@ -34,6 +35,9 @@ const std::vector<LoadedPlugin>& PluginLoader::plugins() const { return impl_->p
 
 const LoadedPlugin& PluginLoader::load(const std::string& path, Registry& reg) {
   if (!fs::exists(path)) throw PluginError(path + ": plugin library not found");
+  // dlopen of a FIFO blocks until a writer comes; a directory or device is no library either.
+  if (std::string what = regular_file_problem(path); !what.empty())
+    throw PluginError(path + ": " + what + "; a plugin is a shared library file (libkiln_<name>.so)");
   // Before any of its code runs: the file, and its directory as listed and, for a symlink, where it really lives.
   std::string why = untrusted_reason(path, false);
   std::error_code ec;

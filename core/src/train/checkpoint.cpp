@@ -22,6 +22,7 @@
 
 #include "kiln/checkpoint.hpp"
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 
 namespace kiln {
 
@@ -162,6 +163,7 @@ std::vector<std::pair<int64_t, std::string>> kept_checkpoints(const std::string&
 
 // The step in the header of the checkpoint at `path`, or -1 when it has none (missing, too short, not a checkpoint).
 int64_t header_step(const std::string& path) {
+  if (!regular_file_problem(path).empty()) return -1;  // a FIFO would block the read below
   char h[24];
   std::ifstream f(path, std::ios::binary);
   if (!f.read(h, sizeof h)) return -1;
@@ -202,7 +204,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, int64_t keep)
   if (ec) throw Error(path + ": cannot create the checkpoint's directory '" + dir.string() + "': " + ec.message());
   // A temporary name of this process's own: two writers never share one (the run lock keeps them apart anyway).
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Created exclusively and never through a link planted under the temporary's name (one left by a killed writer of
+  // the same pid is removed first).
+  int fd = open_no_follow(tmp, O_WRONLY | O_CREAT | O_EXCL);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0) fd = open_no_follow(tmp, O_WRONLY | O_CREAT | O_EXCL);
   if (fd < 0) throw Error(tmp + ": cannot write checkpoint: " + std::strerror(errno));
   try {
     FileWriter w(fd, tmp);
@@ -252,6 +257,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& c, int64_t keep)
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  require_regular_file(path, "a Kiln checkpoint file");
   std::string buf;
   {
     std::ifstream f(path, std::ios::binary | std::ios::ate);
@@ -322,6 +328,10 @@ std::vector<std::string> checkpoint_files(const std::string& path) {
 
 LoadedCheckpoint load_newest_checkpoint(const std::string& path) {
   const auto files = checkpoint_files(path);
+  // Something that is not a file under a checkpoint's name is not a damaged checkpoint to move aside: it is refused.
+  for (const auto& f : files)
+    if (std::string why = regular_file_problem(f); !why.empty())
+      throw DataError(f + ": " + why + "; a checkpoint is a regular file. Move it out of the run directory");
   std::vector<std::pair<std::string, std::string>> damaged;  // file, why
   for (const auto& f : files) {
     try {

@@ -47,7 +47,7 @@ bool ensure_dir(const std::string& path) {
 class DirLock {
  public:
   explicit DirLock(const std::string& dir) {
-    fd_ = ::open((dir + "/.lock").c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = ::open((dir + "/.lock").c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd_ >= 0)
       while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
       }
@@ -256,7 +256,8 @@ std::unique_ptr<Reservation> Reservation::acquire(const DeviceInfo& device, size
   r->holder_.bytes = bytes;
   r->holder_.start_time = static_cast<int64_t>(std::time(nullptr));
   r->file_ = dir + "/" + std::to_string(::getpid()) + "-" + std::to_string(g_counter.fetch_add(1)) + ".json";
-  r->fd_ = ::open(r->file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The directory is shared by every user of the machine: never write through a link planted under this name.
+  r->fd_ = ::open(r->file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (r->fd_ < 0 || ::flock(r->fd_, LOCK_EX | LOCK_NB) != 0)
     throw DeviceError("cannot create the reservation file " + r->file_ + ": " + std::strerror(errno));
   const std::string js = to_json(r->holder_, device.hardware_id);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <toml++/toml.h>
 #include <unistd.h>
 
@@ -23,7 +24,9 @@
 #include <thread>
 
 #include "kiln/checkpoint.hpp"
+#include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/files.hpp"
 #include "kiln/session.hpp"
 
 namespace kiln {
@@ -39,33 +42,10 @@ std::string now_utc() {
   return buf;
 }
 
-// Writes `text` to `path` through a temporary name unique to this process, flushed to disk, then renamed.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(tmp + ": cannot write: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(tmp + ": write failed: " + std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::fsync(fd);
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": cannot put the file in place (renaming " + tmp + "): " + std::strerror(e));
-  }
-}
-
 }  // namespace
+
+// NAME_MAX of Linux file systems: a longer name fails only when the directory is created, as "File name too long".
+constexpr size_t kMaxNameBytes = 255;
 
 std::string check_output_dir(const Session& s) {
   namespace fs = std::filesystem;
@@ -91,6 +71,9 @@ std::string check_output_dir(const Session& s) {
       why = "contains a path separator";
     else if (std::any_of(name.begin(), name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
       why = "contains a control character";
+    else if (name.size() > kMaxNameBytes)
+      why = "is " + std::to_string(name.size()) + " bytes long; a directory name holds at most " +
+            std::to_string(kMaxNameBytes) + " bytes";
     if (!why.empty()) {
       const std::string msg = "\"" + name + "\" " + why +
                               "; the run writes to runs/<name>, so the name must be one directory name (no '/', "
@@ -101,6 +84,11 @@ std::string check_output_dir(const Session& s) {
   }
   std::error_code ec;
   const fs::path dir = s.train().output_dir;
+  for (const auto& part : dir)
+    if (part.native().size() > kMaxNameBytes)
+      throw ConfigError(key + ": the output directory '" + dir.string() + "' has a component of " +
+                        std::to_string(part.native().size()) + " bytes; a directory name holds at most " +
+                        std::to_string(kMaxNameBytes) + " bytes");
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw ConfigError(key + ": the output directory '" + dir.string() +
                       "' exists and is not a directory; choose another [train] output_dir or [run] name");
@@ -115,7 +103,13 @@ void create_output_dir(const std::string& dir, const std::string& key) {
 
 RunLock::RunLock(const std::string& dir, const std::string& key, const std::string& command) {
   const std::string path = dir + "/.kiln.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Never through a link: one planted here would make the pid written below truncate whatever file it points to.
+  fd_ = open_no_follow(path, O_RDWR | O_CREAT);
+  if (fd_ < 0 && errno == ELOOP)
+    throw Error(path +
+                ": is a symbolic link; Kiln does not open a run's files through links (a link there would make "
+                "it write wherever it points). Remove the link (the directory comes from " +
+                key + ")");
   if (fd_ < 0)
     throw Error(path + ": cannot open the run's lock file: " + std::strerror(errno) + " (the directory comes from " +
                 key + ")");
@@ -150,7 +144,8 @@ RunLock::RunLock(const std::string& dir, const std::string& key, const std::stri
   // Holding the lock, no other kiln process writes here: temporaries left by a killed writer (<file>.tmp.<pid> of the
   // files kiln train writes) go.
   std::error_code ec;
-  static const std::regex tmp_re(R"((checkpoint[^/]*\.kiln|config\.toml|run\.json|metrics\.jsonl)\.tmp\.[0-9]+)");
+  static const std::regex tmp_re(
+      R"((checkpoint[^/]*\.kiln|config\.toml|run\.json|metrics\.jsonl|vocab\.json)\.tmp\.[0-9]+)");
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code rm;
     if (it->is_regular_file(rm) && std::regex_match(it->path().filename().string(), tmp_re))
@@ -169,6 +164,19 @@ RunLock::~RunLock() {
 }
 
 PriorRun inspect_run_dir(const std::string& dir) {
+  // The run's files are regular files Kiln wrote: a link (metrics.jsonl is appended to in place, so a link would be
+  // written through) or a FIFO (a read would block) under one of their names is refused before anything reads them.
+  for (const char* name : {"checkpoint.kiln", "metrics.jsonl", "config.toml", "run.json", "vocab.json"}) {
+    const std::string f = dir + "/" + name;
+    struct stat st {};
+    if (::lstat(f.c_str(), &st) != 0) continue;
+    if (S_ISLNK(st.st_mode))
+      throw Error(f +
+                  ": is a symbolic link; Kiln does not read or write a run's files through links. Remove it (or "
+                  "replace it with the file itself)");
+    if (!S_ISREG(st.st_mode))
+      throw Error(f + ": " + regular_file_problem(f) + "; a run's " + name + " is a regular file. Move it away");
+  }
   PriorRun p;
   p.checkpoint = !checkpoint_files(dir + "/checkpoint.kiln").empty();  // the newest, or an earlier one kept
   std::ifstream f(dir + "/metrics.jsonl");
@@ -193,15 +201,16 @@ int64_t trim_metrics(const std::string& path, int64_t step) {
     kept += l + "\n";
   }
   f.close();
-  if (dropped > 0) write_atomically(path, kept);
+  if (dropped > 0) write_file_atomically(path, kept);
   return dropped;
 }
 
 void write_run_record(const std::string& dir, const std::string& resolved_config, const std::string& run_json) {
-  write_atomically(dir + "/config.toml",
-                   "# The configuration of this run as resolved (--set overrides applied), written by kiln train.\n" +
-                       resolved_config + "\n");
-  write_atomically(dir + "/run.json", run_json + "\n");
+  write_file_atomically(
+      dir + "/config.toml",
+      "# The configuration of this run as resolved (--set overrides applied), written by kiln train.\n" +
+          resolved_config + "\n");
+  write_file_atomically(dir + "/run.json", run_json + "\n");
 }
 
 namespace {
@@ -228,8 +237,8 @@ void flatten(const toml::node& n, const std::string& key, std::map<std::string, 
 bool may_change_on_resume(const std::string& key) {
   static const char* const prefixes[] = {
       "train.epochs", "train.max_steps", "train.resume", "train.overwrite", "train.progress", "train.checkpoint_every",
-      "train.keep_checkpoints", "train.evaluate", "train.output_dir", "train.device_prefetch", "train.memory_policy",
-      "log.", "device.", "memory.", "plugins.", "data.test", "run.name",
+      "train.keep_checkpoints", "train.evaluate", "train.divergence_factor", "train.output_dir",
+      "train.device_prefetch", "train.memory_policy", "log.", "device.", "memory.", "plugins.", "data.test", "run.name",
       // How data_parallel spreads the same global batch (the checkpoint does not depend on it): processes, devices,
       // buckets and where the optimizer state lives.
       "strategy.communicator", "strategy.process_group", "strategy.devices", "strategy.timeout_s", "strategy.reduction",
@@ -244,7 +253,10 @@ bool may_change_on_resume(const std::string& key) {
 std::vector<std::string> resume_incompatible_keys(const std::string& saved, const std::string& now) {
   std::map<std::string, std::string> a, b;
   try {
+    Config::load_string(saved, "config.toml");  // bounded first: a hand-edited file must not crash the parser
     flatten(toml::parse(saved), "", a);
+  } catch (const ConfigError&) {
+    return {"config.toml: the saved configuration does not parse, so it cannot be compared"};
   } catch (const toml::parse_error&) {
     return {"config.toml: the saved configuration does not parse, so it cannot be compared"};
   }

@@ -166,6 +166,11 @@ void parse_train(const ConfigNode& t, TrainSettings& train) {
     t.fail("keep_checkpoints", "expected a positive number of checkpoints to keep (1 = the newest only), got " +
                                    std::to_string(train.keep_checkpoints));
   if (auto es = t.table("early_stopping")) parse_early_stopping(*es, train.early_stopping);
+  train.divergence_factor = t.get_float("divergence_factor", 100.0);
+  if (!(train.divergence_factor == 0 || train.divergence_factor > 1) || !std::isfinite(train.divergence_factor))
+    t.fail("divergence_factor",
+           "expected 0 (no divergence check) or a factor above 1: the run stops when the mean loss of the last 10 "
+           "steps exceeds this many times that of its first 10 (default 100)");
   train.max_steps = t.get_int("max_steps", 0);
   if (train.max_steps < 0) t.fail("max_steps", "expected 0 (no cap) or a positive number of steps");
   train.resume = t.get_bool("resume", false);
@@ -331,7 +336,8 @@ void Session::check_data_shapes(const std::string& which, const ConfigNode& mode
                                   " per example), but " + source + " delivers examples of shape " + x.str() + " (" +
                                   values(x) + "), shaped by " + shaped_by(false) +
                                   "; set input_shape = " + toml_list(x) + " or make the data match the model");
-  check_data_fit(cfg_, which, model_, vocab_, y);  // token ids and class indices the source can deliver
+  check_data_fit(cfg_, which, model_, vocab_, y,
+                 describe_source(cfg_, which));  // token ids and class indices the source can deliver
   // Labels against each head's loss. The heads' widths come from a forward graph of one example (nothing allocated).
   GraphOptions go;
   go.batch = 1;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "kiln/error.hpp"
@@ -141,6 +142,18 @@ std::vector<std::string> read_tfrecords(const std::string& path) {
     pos += 12 + len + 4;
   }
   return out;
+}
+
+int remove_tensorboard_events(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code rm;
+    if (it->path().filename().string().rfind("events.out.tfevents.", 0) == 0 && it->is_regular_file(rm) &&
+        std::filesystem::remove(it->path(), rm))
+      ++removed;
+  }
+  return removed;
 }
 
 }  // namespace kiln

@@ -36,6 +36,10 @@ class TensorBoardWriter {
   std::FILE* f_ = nullptr;
 };
 
+// Removes the event files (events.out.tfevents.*) in `dir`, when a run there starts over: TensorBoard reads every
+// event file of a log directory as one run. Returns how many it removed.
+int remove_tensorboard_events(const std::string& dir);
+
 // Reads back every record of an event file, checking both CRCs of each (tests, and anyone checking a file): the
 // Events' raw bytes. Throws Error naming the file and the record's offset on a damaged record.
 std::vector<std::string> read_tfrecords(const std::string& path);

@@ -1,14 +1,17 @@
 // The training loop.
 #include "kiln/trainer.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -19,12 +22,13 @@
 
 #include "evaluation.hpp"
 #include "kiln/checkpoint.hpp"
-#include "kiln/data_fit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/evaluation.hpp"
+#include "kiln/files.hpp"
 #include "kiln/memory_report.hpp"
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
+#include "last_batch.hpp"
 #include "run_dir.hpp"
 #include "run_ranks.hpp"
 #include "tensorboard.hpp"
@@ -195,6 +199,40 @@ class EarlyStopper {
   int64_t best_epoch_ = 0, wait_ = 0;
 };
 
+// [train] divergence_factor: a loss that grows by orders of magnitude while staying finite. The baseline is the mean
+// loss of this process's first kWindow steps; the run stops when the mean of the last kWindow steps exceeds `factor`
+// times it. Every rank sees the same (global) loss, so every rank stops at the same step.
+class DivergenceGuard {
+ public:
+  static constexpr size_t kWindow = 10;
+  explicit DivergenceGuard(double factor) : factor_(factor) {}
+  // Returns true when the run has diverged after a step with this loss.
+  bool observe(double loss) {
+    if (!(factor_ > 0)) return false;
+    if (first_.size() < kWindow) {
+      first_.push_back(loss);
+      if (first_.size() == kWindow) baseline_ = mean(first_);
+      return false;
+    }
+    last_.push_back(loss);
+    if (last_.size() > kWindow) last_.erase(last_.begin());
+    return last_.size() == kWindow && baseline_ > 0 && mean(last_) > factor_ * baseline_;
+  }
+  double baseline() const { return baseline_; }
+  double recent() const { return mean(last_); }
+  double factor() const { return factor_; }
+
+ private:
+  static double mean(const std::vector<double>& v) {
+    double t = 0;
+    for (double x : v) t += x;
+    return v.empty() ? 0 : t / static_cast<double>(v.size());
+  }
+  double factor_;
+  double baseline_ = 0;
+  std::vector<double> first_, last_;
+};
+
 // What every rank decides after a step or an epoch: stop (a signal, or max_steps reached) and checkpoint (due by
 // steps or minutes).
 struct AfterStep {
@@ -230,6 +268,8 @@ class TrainingRun {
   void start_runner();
   void resume_or_start_over();
   void check_resume_config() const;
+  void check_resume_vocabulary() const;
+  void check_checkpoint_fits(const Checkpoint& c, const std::string& path);
   void resume_from_checkpoint();
   void write_run_json() const;
   void write_vocabulary() const;
@@ -242,6 +282,7 @@ class TrainingRun {
   bool more_batches(int64_t k) const { return ts_.steps_per_epoch == 0 || k < ts_.steps_per_epoch; }
   void train_step(EpochRun& e, const Element& b);
   [[noreturn]] void stop_on_nonfinite(EpochRun& e, const Element& b, float loss);
+  [[noreturn]] void stop_on_divergence(EpochRun& e);
   void write_step_record(const EpochRun& e, const StepResult& r, const StepScalars& sc, double el);
   std::string progress_extra(const EpochRun& e) const;
   bool stop_mid_epoch(EpochRun& e, const std::optional<Element>& next);
@@ -249,6 +290,7 @@ class TrainingRun {
   void print_epoch_line(const EpochMetrics& em);
   void write_epoch_record(const EpochMetrics& em);
   bool early_stop_after(const EpochMetrics& em, int64_t epoch);
+  std::optional<EpochMetrics> best_epoch_record() const;
   bool end_epoch(int64_t epoch, bool es_stop);
   // Stops, checkpoints.
   AfterStep after_step();
@@ -282,6 +324,8 @@ class TrainingRun {
   Clock::time_point t_run_, last_checkpoint_;
   std::optional<StopSignals> signals_;
   EarlyStopper es_;
+  std::optional<EpochMetrics> best_metrics_;  // the best epoch's, for the report when early stopping restores it
+  DivergenceGuard diverge_;
 };
 
 TrainingRun::TrainingRun(Session& s, std::ostream& out, const RunInfo& info)
@@ -294,7 +338,8 @@ TrainingRun::TrainingRun(Session& s, std::ostream& out, const RunInfo& info)
       ckpt_path_(ts_.output_dir + "/checkpoint.kiln"),
       metrics_path_(ts_.output_dir + "/metrics.jsonl"),
       best_path_(ts_.output_dir + "/checkpoint-best.kiln"),
-      es_(ts_.early_stopping) {}
+      es_(ts_.early_stopping),
+      diverge_(ts_.divergence_factor) {}
 
 TrainReport TrainingRun::run() {
   // Ranks started with different configs are refused before anything else.
@@ -349,6 +394,20 @@ void TrainingRun::open_data() {
   if (ts_.steps_per_epoch > 0)
     per_epoch_ = per_epoch_ > 0 ? std::min(per_epoch_, ts_.steps_per_epoch) : ts_.steps_per_epoch;
   auto& sched = s_.optimizer().schedule;
+  // A warmup as long as the run never reaches the learning rate the config asks for. The run is its epochs:
+  // [train] max_steps only says where this process stops (a resume with max_steps = 0 continues the same schedule).
+  // Said before step 1 rather than refused: a short trial of a long run's config (steps_per_epoch = 1) is common.
+  const int64_t total = per_epoch_ > 0 ? per_epoch_ * ts_.epochs : 0;
+  if (sched.warmup_steps > 0 && total > 0 && sched.warmup_steps >= total) {
+    const auto opt = s_.config().root().table("optimizer");
+    const auto sc = opt ? opt->table("schedule") : std::nullopt;
+    out_ << "warning: " << (sc ? sc->where("warmup_steps") : s_.config().file() + ": [optimizer.schedule] warmup_steps")
+         << ": " << sched.warmup_steps << " warmup steps, but the whole run is " << total << " steps (" << ts_.epochs
+         << " epoch(s) of " << per_epoch_ << "): the learning rate ends at "
+         << s_.optimizer().learning_rate_at(total - 1)
+         << ", never reaching learning_rate = " << s_.optimizer().learning_rate_at(sched.warmup_steps)
+         << ". Use fewer warmup steps, or train longer\n";
+  }
   if (sched.kind == ScheduleKind::cosine && sched.total_steps == 0 && per_epoch_ > 0)
     sched.total_steps = std::max<int64_t>(per_epoch_ * ts_.epochs - sched.warmup_steps, 1);  // the rest of the run
 }
@@ -403,10 +462,13 @@ void TrainingRun::resume_or_start_over() {
     remove_checkpoints(ckpt_path_);  // --overwrite: nothing of the old run may be resumed into the new one
     out_ << "overwriting the earlier run in " << ts_.output_dir << "\n";
   }
+  // A run started over leaves no TensorBoard events of the earlier one: TensorBoard would show both as one run.
+  if (lead_ && !resumed_) remove_tensorboard_events(ts_.output_dir);
 }
 
 // The run continues only with the model, data and optimizer it was started with (config.toml of the run).
 void TrainingRun::check_resume_config() const {
+  check_resume_vocabulary();
   std::ifstream saved_cfg(ts_.output_dir + "/config.toml");
   if (!saved_cfg) return;
   const std::string saved((std::istreambuf_iterator<char>(saved_cfg)), std::istreambuf_iterator<char>());
@@ -420,11 +482,90 @@ void TrainingRun::check_resume_config() const {
                     "are listed in docs/user_guide.md, \"Stopping and resuming\")");
 }
 
+// A text source's ids stand for the characters of vocab.json: a text whose characters changed since would give the
+// trained ids other meanings (and vocab.json would be rewritten), so the resume is refused before anything changes.
+void TrainingRun::check_resume_vocabulary() const {
+  const std::string vpath = ts_.output_dir + "/vocab.json";
+  if (s_.vocabulary().empty() || !regular_file_problem(vpath).empty()) return;
+  std::ifstream f(vpath);
+  std::string saved((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!saved.empty() && (saved.back() == '\n' || saved.back() == '\r')) saved.pop_back();
+  if (saved == s_.vocabulary()) return;
+  throw DataError(describe_source(s_.config(), "train") + ": its vocabulary differs from " + vpath +
+                  ", the one the checkpoint was trained with (saved: " + std::to_string(saved.size()) +
+                  " bytes of JSON, now: " + std::to_string(s_.vocabulary().size()) +
+                  "); the same id would stand for another character. Resume with the text the run was started with, "
+                  "or start over with --overwrite. Nothing was changed in " +
+                  ts_.output_dir);
+}
+
+// The checkpoint's header and tensors against this run: an epoch or step this run cannot have reached, a tensor the
+// model has not or of another shape, and state this run's optimizer keeps (Adam's moments, EMA shadows) that the
+// checkpoint lacks are refused before anything is loaded or trimmed.
+void TrainingRun::check_checkpoint_fits(const Checkpoint& c, const std::string& path) {
+  const std::string where = path + " (resuming " + s_.config().file() + ")";
+  std::ostringstream bad;
+  if (c.epoch < 0 || c.step < 0)
+    bad << "its header holds epoch " << c.epoch << ", step " << c.step << "; neither can be negative";
+  else if (c.epoch > ts_.epochs)
+    bad << "its header holds epoch " << c.epoch << ", beyond the run's [train] epochs = " << ts_.epochs
+        << " (raise epochs to continue it)";
+  else if (per_epoch_ > 0) {
+    // Steps per epoch as the data sizes them: an epoch ends after per_epoch_ batches, or one fewer when the batch
+    // stage drops a remainder.
+    const int64_t hint = train_data_->size_hint();
+    int64_t lo = hint / ts_.batch_size;
+    if (ts_.steps_per_epoch > 0) lo = std::min(lo, ts_.steps_per_epoch);
+    if (c.step > (c.epoch + 1) * per_epoch_ || c.step < c.epoch * lo)
+      bad << "its header holds epoch " << c.epoch << " and step " << c.step
+          << ", which this run cannot reach: " << c.epoch << " epoch(s) of "
+          << (lo == per_epoch_ ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(per_epoch_))
+          << " steps are steps " << c.epoch * lo << " to " << (c.epoch + 1) * per_epoch_;
+  }
+  if (!bad.str().empty())
+    throw DataError(where + ": " + bad.str() + ". The file is damaged or from another run; nothing was changed in " +
+                    ts_.output_dir);
+  const std::map<std::string, HostTensor> want = runner_->save_state();
+  std::vector<std::string> missing, extra, shapes;
+  for (const auto& [name, t] : want) {
+    auto it = c.tensors.find(name);
+    if (it == c.tensors.end())
+      missing.push_back(name);
+    else if (it->second.shape != t.shape)
+      shapes.push_back("'" + name + "' is " + it->second.shape.str() + " there, " + t.shape.str() + " in the model");
+  }
+  for (const auto& [name, t] : c.tensors)
+    if (!want.count(name)) extra.push_back(name);
+  if (missing.empty() && extra.empty() && shapes.empty()) return;
+  auto list = [](const std::vector<std::string>& v, bool quote) {
+    std::string o;
+    for (size_t i = 0; i < v.size() && i < 4; ++i) o += (i ? ", " : "") + (quote ? "'" + v[i] + "'" : v[i]);
+    if (v.size() > 4) o += " and " + std::to_string(v.size() - 4) + " more";
+    return o;
+  };
+  // Tensors of a parameter the checkpoint has (its name before the last '/'): optimizer state, not another model.
+  bool only_state = shapes.empty();
+  for (const auto& m : missing) only_state = only_state && m.find('/') != std::string::npos;
+  for (const auto& m : extra) only_state = only_state && m.find('/') != std::string::npos;
+  std::string why = where + ": the checkpoint does not match this run:";
+  if (!shapes.empty()) why += " " + list(shapes, false) + ";";
+  if (!missing.empty()) why += " this run needs " + list(missing, true) + ", which the checkpoint does not hold;";
+  if (!extra.empty()) why += " it holds " + list(extra, true) + ", which this run has no use for;";
+  why += only_state ? " the optimizer state differs: it was written with another [optimizer] type or ema, and "
+                      "resuming would start this run's optimizer state from zero."
+                    : " it was written by another model.";
+  throw DataError(why +
+                  " Resume with the configuration the checkpoint was written with, or start over with "
+                  "--overwrite. Nothing was changed in " +
+                  ts_.output_dir);
+}
+
 void TrainingRun::resume_from_checkpoint() {
   // The newest checkpoint that loads: a damaged one falls back to the one before ([train] keep_checkpoints).
   LoadedCheckpoint lc = load_newest_checkpoint(ckpt_path_);
-  if (!lc.warning.empty()) out_ << lc.warning << "\n";
   Checkpoint& c = lc.checkpoint;
+  check_checkpoint_fits(c, lc.path);
+  if (!lc.warning.empty()) out_ << lc.warning << "\n";
   runner_->load_state(c.tensors);
   start_epoch_ = c.epoch;
   step_ = c.step;
@@ -459,19 +600,24 @@ void TrainingRun::write_run_json() const {
 }
 
 void TrainingRun::write_vocabulary() const {
-  const std::string vpath = ts_.output_dir + "/vocab.json", tmp = vpath + ".tmp";
-  {
-    std::ofstream v(tmp, std::ios::trunc);
-    v << s_.vocabulary() << "\n";
-    if (!v) throw Error(tmp + ": cannot write the vocabulary (the output directory comes from " + dir_key_ + ")");
+  const std::string vpath = ts_.output_dir + "/vocab.json";
+  try {
+    write_file_atomically(vpath, s_.vocabulary() + "\n");
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the vocabulary; the output directory comes from " + dir_key_ + ")");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, vpath, ec);
-  if (ec) throw Error(vpath + ": cannot write the vocabulary: " + ec.message());
 }
 
 void TrainingRun::open_logs() {
-  if (lead_) metrics_.open(metrics_path_, resumed_ ? std::ios::app : std::ios::trunc);
+  if (lead_) {
+    // Created (or emptied) without following a link at its name, then appended to.
+    const int fd = open_no_follow(metrics_path_, O_WRONLY | O_CREAT | (resumed_ ? 0 : O_TRUNC));
+    if (fd < 0)
+      throw Error(metrics_path_ + ": cannot open the metrics file for writing: " + std::strerror(errno) +
+                  " (the output directory comes from " + dir_key_ + ")");
+    ::close(fd);
+    metrics_.open(metrics_path_, std::ios::app);
+  }
   if (lead_ && !metrics_)
     throw Error(metrics_path_ + ": cannot open the metrics file for writing (the output directory comes from " +
                 dir_key_ + ")");
@@ -553,6 +699,10 @@ void TrainingRun::train_step(EpochRun& e, const Element& b) {
   if (!report_.first_step_start) report_.first_step_start = Clock::now();
   StepResult r = runner_->train_step(b, sc);
   if (!std::isfinite(r.total_loss)) stop_on_nonfinite(e, b, r.total_loss);
+  if (diverge_.observe(r.total_loss)) {
+    ++step_;  // this step's weights are applied: the message counts it
+    stop_on_divergence(e);
+  }
   e.loss_sum += r.total_loss * static_cast<double>(b.batch);
   for (size_t i = 0; i < r.losses.size() && i < e.head_sum.size(); ++i)
     e.head_sum[i] += static_cast<double>(r.losses[i]) * static_cast<double>(b.batch);
@@ -576,6 +726,19 @@ void TrainingRun::stop_on_nonfinite(EpochRun& e, const Element& b, float loss) {
      << (layer.empty() ? "every layer output is finite, so the loss itself overflowed (check labels and learning rate)"
                        : "the first layer whose output is non-finite is '" + layer + "'")
      << ". The weights were not updated by this step; the last checkpoint and metrics are intact.";
+  throw NumericError(os.str());
+}
+
+void TrainingRun::stop_on_divergence(EpochRun& e) {
+  e.prog.finish();
+  metrics_.flush();
+  std::ostringstream os;
+  os << "training stopped: the loss diverged at step " << step_ << " (epoch " << e.epoch + 1 << "): the mean loss of "
+     << "the last " << DivergenceGuard::kWindow << " steps is " << diverge_.recent() << ", more than "
+     << diverge_.factor() << " times the mean of the first " << DivergenceGuard::kWindow << " steps ("
+     << diverge_.baseline()
+     << ") ([train] divergence_factor). Lower [optimizer] learning_rate (or add warmup or clip_norm); set [train] "
+        "divergence_factor = 0 to train on regardless. The last checkpoint and metrics are intact.";
   throw NumericError(os.str());
 }
 
@@ -740,6 +903,7 @@ bool TrainingRun::early_stop_after(const EpochMetrics& em, int64_t epoch) {
                                               : em.test_accuracy;
   const int64_t before = es_.best_epoch();
   const bool stop = es_.observe(v, epoch + 1) && epoch + 1 < ts_.epochs;
+  if (es_.best_epoch() != before) best_metrics_ = em;
   if (es.restore_best && es_.best_epoch() != before) {  // a new best: keep its weights
     Checkpoint c;
     c.epoch = epoch + 1;
@@ -754,10 +918,46 @@ bool TrainingRun::early_stop_after(const EpochMetrics& em, int64_t epoch) {
     if (es.restore_best && es_.best_epoch() != epoch + 1) {
       runner_->load_state(load_checkpoint(best_path_).tensors);
       out_ << " (its weights are restored, from " << best_path_ << ")";
+      // The run ends with the best epoch's weights: its figures are the final ones, not the discarded epoch's.
+      report_.final_metrics = best_metrics_ ? best_metrics_ : best_epoch_record();
+      if (report_.final_metrics && report_.final_metrics->test_accuracy >= 0)
+        out_ << "; final test accuracy " << std::fixed << std::setprecision(4) << report_.final_metrics->test_accuracy
+             << " (epoch " << es_.best_epoch() << ")";
+      if (report_.final_metrics) {
+        const EpochMetrics& b = *report_.final_metrics;
+        metrics_ << "{\"event\":\"restore_best\",\"epoch\":" << epoch + 1 << ",\"step\":" << step_
+                 << ",\"restored_epoch\":" << b.epoch << ",\"train_loss\":" << json_num(b.train_loss)
+                 << ",\"test_loss\":" << (b.test_loss >= 0 ? json_num(b.test_loss) : "null")
+                 << ",\"test_accuracy\":" << (b.test_accuracy >= 0 ? json_num(b.test_accuracy) : "null") << "}\n"
+                 << std::flush;
+      }
     }
     out_ << "\n";
   }
   return stop;
+}
+
+// The best epoch's record in metrics.jsonl (a resumed run's best may be an epoch an earlier process trained).
+std::optional<EpochMetrics> TrainingRun::best_epoch_record() const {
+  std::ifstream f(metrics_path_);
+  const std::string tag = "\"event\":\"epoch\",\"epoch\":" + std::to_string(es_.best_epoch()) + ",";
+  auto value = [](const std::string& l, const std::string& key) {
+    const auto at = l.find("\"" + key + "\":");
+    if (at == std::string::npos) return -1.0;
+    const char* p = l.c_str() + at + key.size() + 3;
+    return std::strncmp(p, "null", 4) == 0 ? -1.0 : std::strtod(p, nullptr);
+  };
+  std::optional<EpochMetrics> found;
+  for (std::string l; std::getline(f, l);) {
+    if (l.find(tag) == std::string::npos) continue;
+    EpochMetrics m;
+    m.epoch = es_.best_epoch();
+    m.train_loss = value(l, "train_loss");
+    m.test_loss = value(l, "test_loss");
+    m.test_accuracy = value(l, "test_accuracy");
+    found = m;
+  }
+  return found;
 }
 
 // The epoch's checkpoint ([train] checkpoint_every, a stop before the last epoch, or due by steps or minutes) and the
