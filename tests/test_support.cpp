@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "kiln/config.hpp"
@@ -54,10 +55,9 @@ std::filesystem::path temp_dir(const std::string& tag) {
   return p;
 }
 
-AppResult run_app(const std::string& args) {
+AppResult run_shell(const std::string& cmd) {
   AppResult r;
-  std::string cmd = std::string(KILN_APP) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
   if (!pipe) return {127, "popen failed"};
   std::array<char, 4096> buf{};
   size_t n;
@@ -65,6 +65,18 @@ AppResult run_app(const std::string& args) {
   int status = ::pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+AppResult run_app(const std::string& args) { return run_shell(std::string(KILN_APP) + " " + args); }
+
+std::string mpi_missing() {
+  if (run_shell("command -v mpirun").exit_code != 0)
+    return "mpirun not found: install OpenMPI (Debian: apt-get install openmpi-bin libopenmpi-dev)";
+  if (!std::filesystem::exists(std::string(KILN_PLUGIN_DIR) + "/libkiln_mpi.so"))
+    return "the mpi plugin was not built (CMake did not find MPI)";
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    return "Fashion-MNIST is not installed (Debian: dataset-fashion-mnist, see setup.sh)";
+  return {};
 }
 
 }  // namespace kiln::test

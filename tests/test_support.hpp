@@ -43,8 +43,12 @@ ModelSpec model_from(const std::string& toml, uint32_t seed = 7);
 // A batch of `n` examples of shape `x`: features ~ N(0, 1), class labels below `classes`, all from `seed`.
 Element random_batch(int64_t n, const Shape& x, int64_t classes, uint32_t seed);
 
+// Runs `cmd` with /bin/sh, capturing its stdout and stderr.
+AppResult run_shell(const std::string& cmd);
 // Runs the built `kiln` app with `args` (shell-quoted by the caller), capturing its output.
 AppResult run_app(const std::string& args);
+// Why this host cannot run the app across MPI ranks (no mpirun, no mpi plugin, no Fashion-MNIST); "" when it can.
+std::string mpi_missing();
 
 // Skipping (Catch2 v2 has no SKIP; test_main.cpp): a test binary whose every test case skipped exits with
 // kSkipReturnCode, which CTest reports as "Skipped". skip() records the running test case as skipped and prints

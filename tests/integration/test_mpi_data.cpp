@@ -10,17 +10,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-kiln::test::AppResult shell(const std::string& cmd) {
-  kiln::test::AppResult r;
-  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!pipe) return {127, "popen failed"};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+kiln::test::AppResult shell(const std::string& cmd) { return kiln::test::run_shell(cmd); }
 
 // A rank's directory: run.toml (the same text in every directory) reading data.csv by a relative path, and its own
 // data.csv: 64 rows of 4 features and a class in [0, 3); `changed_row` gets another first feature.

@@ -22,27 +22,12 @@ const std::string kRun =
     " --set train.epochs=1 --set train.evaluate=false --set 'train.progress=\"none\"' --set log.every_steps=1"
     " --set device.virtual_devices=1 --set 'strategy.devices=[0]' --set 'strategy.communicator=\"mpi\"'";
 
-kiln::test::AppResult shell(const std::string& cmd) {
-  kiln::test::AppResult r;
-  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!pipe) return {127, "popen failed"};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+kiln::test::AppResult shell(const std::string& cmd) { return kiln::test::run_shell(cmd); }
 
 // Skips the test case unless mpirun, the mpi plugin and the dataset are there.
-#define REQUIRE_MPI_STOP()                                                                                 \
-  do {                                                                                                     \
-    if (shell("command -v mpirun").exit_code != 0)                                                         \
-      KILN_SKIP("mpirun not found: install OpenMPI (Debian: apt-get install openmpi-bin libopenmpi-dev)"); \
-    if (!fs::exists(std::string(KILN_PLUGIN_DIR) + "/libkiln_mpi.so"))                                     \
-      KILN_SKIP("the mpi plugin was not built (CMake did not find MPI)");                                  \
-    if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))                       \
-      KILN_SKIP("Fashion-MNIST is not installed (Debian: dataset-fashion-mnist, see setup.sh)");           \
+#define REQUIRE_MPI_STOP()                                                         \
+  do {                                                                             \
+    if (std::string why = kiln::test::mpi_missing(); !why.empty()) KILN_SKIP(why); \
   } while (0)
 
 // Runs `command` (which writes its step records to `run`/metrics.jsonl) in the background, sends `sig` to it once a

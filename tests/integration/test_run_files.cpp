@@ -1,11 +1,9 @@
 // What a command writes never destroys what it reads, what it reads is a regular file, and a resumed run refuses
 // state that does not match it: the real `kiln` app on small Fashion-MNIST and tiny Shakespeare runs.
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -56,14 +54,7 @@ kiln::test::AppResult app(const std::string& args) {
 
 // The app under `timeout`: a command that would hang (reading a FIFO) is killed after 20 s and fails the test.
 kiln::test::AppResult app_bounded(const std::string& args) {
-  kiln::test::AppResult r;
-  const std::string cmd = std::string("timeout -s KILL 20 ") + KILN_APP + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe);
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto r = kiln::test::run_shell(std::string("timeout -s KILL 20 ") + KILN_APP + " " + args);
   UNSCOPED_INFO("kiln " << args << "\n" << r.output);
   return r;
 }
@@ -267,13 +258,14 @@ TEST_CASE("early stopping that restores the best epoch reports that epoch's accu
   std::smatch m1, fin;
   REQUIRE(std::regex_search(r.output, m1, std::regex("epoch 1/4: [^\n]*test accuracy ([0-9.]+)")));
   REQUIRE(std::regex_search(r.output, fin, std::regex("final test accuracy ([0-9.]+) \\(epoch 1, restored\\)")));
-  CHECK(fin[1].str() == m1[1].str());
+  const std::string epoch1 = m1[1].str();  // the matches point into r.output, which the next run replaces
+  CHECK(fin[1].str() == epoch1);
   // The restored weights are the checkpoint's: evaluating it gives epoch 1's accuracy.
   r = app("evaluate " + cfg.string() + " --data test");
   REQUIRE(r.exit_code == 0);
   std::smatch ev;
   REQUIRE(std::regex_search(r.output, ev, std::regex("accuracy ([0-9.]+)")));
-  CHECK(std::stod(ev[1].str()) == Approx(std::stod(m1[1].str())).margin(1e-4));
+  CHECK(std::stod(ev[1].str()) == Approx(std::stod(epoch1)).margin(1e-4));
   CHECK(slurp(dir / "run" / "metrics.jsonl").find("\"event\":\"restore_best\"") != std::string::npos);
 }
 
