@@ -148,23 +148,26 @@ int main(int argc, char** argv) {
 
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream st(eng);
-  // The shapes of the GEMM-bound steps: the MLP sample at batch 512 (784 -> 512 -> 10 in the forward pass; the
-  // backward products have the transposed shapes and the same FLOP), nanoGPT's character model (batch 64 x block
-  // 256 = 16384 rows, n_embd 384, the MLP's 4 x 384 = 1536), and a square reference.
+  // The shapes of the GEMM-bound steps: the MLP sample at batch 512 (784 -> 512 in the forward pass; the backward
+  // products have the transposed shapes and the same FLOP), the GPT sample (samples/shakespeare_char.toml: batch 12 x
+  // block 64 = 768 rows, n_embd 128, the MLP's 4 x 128 = 512), nanoGPT's default model (batch 64 x block 256 = 16384
+  // rows, n_embd 384), and a square reference.
   struct Shape {
     const char* what;
     int64_t m, k, n;
   };
   const Shape shapes[] = {{"mlp512 layer 1 (512x784 . 784x512)", 512, 784, 512},
-                          {"gpt qkv (16384x384 . 384x1152)", 16384, 384, 1152},
-                          {"gpt mlp up (16384x384 . 384x1536)", 16384, 384, 1536},
-                          {"gpt mlp down (16384x1536 . 1536x384)", 16384, 1536, 384},
+                          {"gpt sample qkv (768x128 . 128x384)", 768, 128, 384},
+                          {"gpt sample mlp up (768x128 . 128x512)", 768, 128, 512},
+                          {"gpt sample mlp down (768x512 . 512x128)", 768, 512, 128},
+                          {"nanogpt mlp up (16384x384 . 384x1536)", 16384, 384, 1536},
+                          {"nanogpt mlp down (16384x1536 . 1536x384)", 16384, 1536, 384},
                           {"square 1024", 1024, 1024, 1024}};
   std::printf("\noneDNN %d.%d matmul, %d threads, best over %.1f s each (GFLOP/s; fraction of the measured peak):\n",
               dnnl_version()->major, dnnl_version()->minor, hw, seconds);
   for (const Shape& s : shapes) {
     const double f = matmul(eng, st, s.m, s.k, s.n, dnnl::memory::data_type::f32, seconds);
-    std::printf("  %-38s fp32 %7.1f (%.0f%%)", s.what, f, 100 * f / fa);
+    std::printf("  %-42s fp32 %7.1f (%.0f%%)", s.what, f, 100 * f / fa);
     if (has_bf16) {
       const double b = matmul(eng, st, s.m, s.k, s.n, dnnl::memory::data_type::bf16, seconds);
       std::printf("  bf16 %7.1f (%.0f%% of bf16 peak)  %.2fx", b, 100 * b / ba, b / f);

@@ -89,6 +89,17 @@ class DeviceState {
   DeviceState* owner_ = nullptr;
 };
 
+// The device time of each op over the steps an Executor ran while the profile was attached (Executor::set_profile):
+// every op, or group of ops a backend fuses, is followed by Device::synchronize, so each time is the device's own and
+// a profiled step runs somewhat slower than an unprofiled one. Keyed by op name; a fused group as "conv2d+relu".
+struct OpProfile {
+  struct Entry {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Entry> ops;
+};
+
 // Runs one graph's nodes for device `device_index` against a DeviceState. Calls are bound once (a flat array of
 // prepared OpCalls); per-step scalars (learning rate, Adam's t, dropout counters) are patched in place.
 class Executor {
@@ -103,6 +114,8 @@ class Executor {
   // Runs nodes [begin, end) (strategies that interleave communication with compute).
   void run_range(size_t begin, size_t end, const StepScalars& s, int slot = 0);
   int input_slots() const { return opts_.input_slots; }
+  // Times every op of the runs that follow into `p` (nullptr: stop); for measurements (kiln_step_bench --profile).
+  void set_profile(OpProfile* p) { profile_ = p; }
   size_t first_node_of(Phase p) const;  // index of the first node of a phase (size() when none)
   size_t size() const { return node_index_.size(); }
   float read_scalar(TensorId t);
@@ -129,6 +142,7 @@ class Executor {
   uint64_t bound_generation_ = ~0ull;
   int64_t patched_step_ = -1;
   float patched_lr_ = -1.f;
+  OpProfile* profile_ = nullptr;
 };
 
 // Runs the forward pass of training graph `g` for `batch` on `state`, keeping every layer output, and returns the
