@@ -9,6 +9,7 @@
 // oneDNN reaches. bench/results/precision.md holds the figures and the command.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -122,6 +123,60 @@ double matmul(dnnl::engine& eng, dnnl::stream& st, int64_t m, int64_t k, int64_t
   return best;
 }
 
+// A 3x3 convolution, stride 1, padding 1 (n, c, h, w) -> (n, k, h, w), in oneDNN's preferred layouts (format "any"):
+// the forward pass, the backward pass to the data and to the weights, inputs of type `in`, outputs fp32. Best
+// GFLOP/s of each over `seconds` (2 n k c h w 9 FLOP each).
+struct ConvRates {
+  double fwd = 0, bwd_data = 0, bwd_weights = 0;
+};
+
+ConvRates conv3x3(dnnl::engine& eng, dnnl::stream& st, int64_t n, int64_t c, int64_t k, int64_t hw,
+                  dnnl::memory::data_type in, double seconds) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  using namespace dnnl;
+  const memory::dims src_d{n, c, hw, hw}, wei_d{k, c, 3, 3}, dst_d{n, k, hw, hw}, strides{1, 1}, pad{1, 1};
+  memory::desc src(src_d, in, tag::any), wei(wei_d, in, tag::any), dst(dst_d, dt::f32, tag::any);
+  convolution_forward::primitive_desc fpd(
+      convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, src, wei, dst, strides, pad,
+                                pad),
+      eng);
+  // Backward to the data: dy in `in`, dx fp32; to the weights: x and dy in `in`, dw fp32.
+  memory::desc dy(dst_d, in, tag::any), dx(src_d, dt::f32, tag::any), dw(wei_d, dt::f32, tag::any);
+  convolution_backward_data::primitive_desc dpd(
+      convolution_backward_data::desc(algorithm::convolution_direct, dx, wei, dy, strides, pad, pad), eng, fpd);
+  convolution_backward_weights::primitive_desc wpd(
+      convolution_backward_weights::desc(algorithm::convolution_direct, src, dw, dy, strides, pad, pad), eng, fpd);
+  auto filled = [&](const memory::desc& d) {
+    memory m(d, eng);
+    std::memset(m.get_data_handle(), 0x3c, d.get_size());
+    return m;
+  };
+  memory x = filled(fpd.src_desc()), w = filled(fpd.weights_desc()), y = filled(fpd.dst_desc());
+  memory gy = filled(dpd.diff_dst_desc()), gx = filled(dpd.diff_src_desc()), gw = filled(wpd.diff_weights_desc());
+  memory gy_w = filled(wpd.diff_dst_desc()), x_w = filled(wpd.src_desc()), w_d = filled(dpd.weights_desc());
+  const double flop = 2.0 * static_cast<double>(n * k * c * hw * hw * 9);
+  auto best = [&](primitive p, const std::unordered_map<int, memory>& args) {
+    p.execute(st, args);
+    st.wait();
+    double b = 0;
+    for (const auto start = Clock::now(); since(start) < seconds;) {
+      const auto t0 = Clock::now();
+      p.execute(st, args);
+      st.wait();
+      b = std::max(b, flop / since(t0) / 1e9);
+    }
+    return b;
+  };
+  ConvRates r;
+  r.fwd = best(convolution_forward(fpd), {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}});
+  r.bwd_data =
+      best(convolution_backward_data(dpd), {{DNNL_ARG_DIFF_DST, gy}, {DNNL_ARG_WEIGHTS, w_d}, {DNNL_ARG_DIFF_SRC, gx}});
+  r.bwd_weights = best(convolution_backward_weights(wpd),
+                       {{DNNL_ARG_SRC, x_w}, {DNNL_ARG_DIFF_DST, gy_w}, {DNNL_ARG_DIFF_WEIGHTS, gw}});
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,6 +228,31 @@ int main(int argc, char** argv) {
       std::printf("  bf16 %7.1f (%.0f%% of bf16 peak)  %.2fx", b, 100 * b / ba, b / f);
     }
     std::printf("\n");
+  }
+
+  // The convolutions of the CNN sample at batch 256 and of the ResNet sample (batch 128), 3x3 stride 1 padding 1.
+  struct Conv {
+    const char* what;
+    int64_t n, c, k, hw;
+  };
+  const Conv convs[] = {{"cnn256 conv1 (256x1x28x28 -> 32)", 256, 1, 32, 28},
+                        {"cnn256 conv2 (256x32x14x14 -> 64)", 256, 32, 64, 14},
+                        {"resnet 16 ch (128x16x28x28 -> 16)", 128, 16, 16, 28},
+                        {"resnet 32 ch (128x32x14x14 -> 32)", 128, 32, 32, 14},
+                        {"resnet 64 ch (128x64x7x7 -> 64)", 128, 64, 64, 7}};
+  std::printf("\noneDNN %d.%d 3x3 convolutions, %d threads (GFLOP/s fp32 -> bf16, bf16/fp32):\n", dnnl_version()->major,
+              dnnl_version()->minor, hw);
+  for (const Conv& c : convs) {
+    const ConvRates f = conv3x3(eng, st, c.n, c.c, c.k, c.hw, dnnl::memory::data_type::f32, seconds);
+    std::printf("  %-36s fwd %6.1f", c.what, f.fwd);
+    if (!has_bf16) {
+      std::printf("  bwd data %6.1f  bwd weights %6.1f\n", f.bwd_data, f.bwd_weights);
+      continue;
+    }
+    const ConvRates b = conv3x3(eng, st, c.n, c.c, c.k, c.hw, dnnl::memory::data_type::bf16, seconds);
+    std::printf(" -> %6.1f %.2fx  bwd data %6.1f -> %6.1f %.2fx  bwd weights %6.1f -> %6.1f %.2fx\n", b.fwd,
+                b.fwd / f.fwd, f.bwd_data, b.bwd_data, b.bwd_data / f.bwd_data, f.bwd_weights, b.bwd_weights,
+                b.bwd_weights / f.bwd_weights);
   }
   return 0;
 }
