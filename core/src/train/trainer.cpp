@@ -29,8 +29,12 @@
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "last_batch.hpp"
+#include "progress.hpp"
+#include "resume_checks.hpp"
 #include "run_dir.hpp"
+#include "run_guards.hpp"
 #include "run_ranks.hpp"
+#include "stop_signals.hpp"
 #include "tensorboard.hpp"
 #include "train_position.hpp"
 
@@ -48,123 +52,6 @@ std::string json_num(double v) {
   return os.str();
 }
 
-// ---- SIGINT / SIGTERM: finish the step, checkpoint, exit ----
-
-std::atomic<int> g_stop_signal{0};
-
-// SIGUSR1 and SIGUSR2 are stop requests that mpirun passes to every rank without killing them afterwards (as it
-// does on SIGTERM and SIGINT): `kiln launch` sends them, and a user of plain mpirun can. They stand for SIGTERM and
-// SIGINT, so the message and the exit code are those of a single process.
-extern "C" void kiln_stop_signal(int sig) {
-  const int as = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
-  if (g_stop_signal.exchange(as) != 0) {  // the second signal stops at once
-    ::signal(sig, SIG_DFL);
-    ::raise(sig);
-    return;
-  }
-  static const char msg[] =
-      "\nkiln: stopping after the current step and writing a checkpoint (press Ctrl-C again to stop at once)\n";
-  ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
-  (void)n;
-}
-
-// Installs the handlers for the duration of a run and puts the previous ones back. The handler runs on an alternate
-// signal stack of the installing thread (the main thread, which is also a CPU device's first pool thread). With
-// GEMMs through oneDNN's sgemm, a stop signal delivered on the threads' own stacks corrupted the heap in 4 of 30
-// runs of the SIGTERM test (presumably its JIT kernels use stack below their stack pointer, where the signal frame
-// goes); with the handler on this stack and the CPU backend's workers blocking these signals, 0 of 40.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal = 0;
-    stack_t ss{};
-    ss.ss_sp = alt_stack_;
-    ss.ss_size = sizeof alt_stack_;
-    on_alt_stack_ = ::sigaltstack(&ss, &old_stack_) == 0;
-    struct sigaction sa {};
-    sa.sa_handler = kiln_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | (on_alt_stack_ ? SA_ONSTACK : 0);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-    ::sigaction(SIGUSR1, &sa, &old_usr1_);
-    ::sigaction(SIGUSR2, &sa, &old_usr2_);
-  }
-  ~StopSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
-    ::sigaction(SIGUSR2, &old_usr2_, nullptr);
-    if (on_alt_stack_) ::sigaltstack(&old_stack_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{}, old_usr1_{}, old_usr2_{};
-  stack_t old_stack_{};
-  bool on_alt_stack_ = false;
-  alignas(16) char alt_stack_[65536];
-};
-
-class Progress {
- public:
-  Progress(std::ostream& out, const std::string& mode, int64_t epoch, int64_t epochs, int64_t total)
-      : out_(out), epoch_(epoch), epochs_(epochs), total_(total) {
-    bar_ = mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO) && &out == &std::cout);
-    none_ = mode == "none";
-    every_ = std::max<int64_t>(1, total > 0 ? total / 10 : 100);
-  }
-  // `extra`: per-head losses and the gradient norm, when there are any.
-  void update(int64_t done, double loss, double ex_per_s, double s_per_batch, bool force = false,
-              const std::string& extra = {}) {
-    if (none_) return;
-    if (!bar_ && done == last_printed_) return;  // the forced line at the epoch's end may repeat the last one
-    char stats[200];
-    // Slow models run below one example per second: show what is there instead of "0 examples/s".
-    std::snprintf(
-        stats, sizeof stats,
-        ex_per_s >= 10 ? "loss %.4f  %.0f examples/s  %.4f s/batch" : "loss %.4f  %.3g examples/s  %.4f s/batch", loss,
-        ex_per_s, s_per_batch);
-    std::string eta = extra;
-    if (total_ > 0 && done < total_ && s_per_batch > 0) {
-      const double left = static_cast<double>(total_ - done) * s_per_batch;
-      char e[64];
-      if (left >= 3600)
-        std::snprintf(e, sizeof e, "  eta %dh%02dm", static_cast<int>(left / 3600), static_cast<int>(left / 60) % 60);
-      else if (left >= 60)
-        std::snprintf(e, sizeof e, "  eta %dm%02ds", static_cast<int>(left / 60), static_cast<int>(left) % 60);
-      else
-        std::snprintf(e, sizeof e, "  eta %.0fs", left);
-      eta += e;
-    }
-    if (bar_) {
-      const int width = 30;
-      int filled = total_ > 0 ? static_cast<int>(width * done / total_) : 0;
-      std::string b(static_cast<size_t>(filled), '=');
-      if (filled < width) b += '>', b += std::string(static_cast<size_t>(width - filled - 1), ' ');
-      out_ << "\repoch " << epoch_ << "/" << epochs_ << " [" << b << "] " << done << "/"
-           << (total_ > 0 ? std::to_string(total_) : "?") << "  " << stats << eta << "   " << std::flush;
-    } else if (force || done % every_ == 0) {
-      out_ << "epoch " << epoch_ << "/" << epochs_ << " batch " << done << "/"
-           << (total_ > 0 ? std::to_string(total_) : "?") << "  " << stats << eta << "\n"
-           << std::flush;
-      last_printed_ = done;
-    }
-  }
-  void finish() {
-    if (bar_) out_ << "\n";
-  }
-
- private:
-  std::ostream& out_;
-  int64_t epoch_, epochs_, total_;
-  bool bar_ = false, none_ = false;
-  int64_t every_;
-  int64_t last_printed_ = -1;
-};
-
 // {"digit": 0.31, "parity": 0.05}: one value per head; skip_negative writes a negative value (no accuracy) as null.
 std::string per_head_json(const std::vector<OutputSpec>& heads, const std::vector<double>& v, bool skip_negative) {
   std::string j = "{";
@@ -174,64 +61,6 @@ std::string per_head_json(const std::vector<OutputSpec>& heads, const std::vecto
   }
   return j + "}";
 }
-
-// [train] early_stopping: the best value of its metric so far and the epochs since.
-class EarlyStopper {
- public:
-  explicit EarlyStopper(const EarlyStopping& es) : es_(es), maximize_(es.metric == "test_accuracy") {}
-  // Returns true when the run should stop.
-  bool observe(double v, int64_t epoch_1) {
-    if (best_epoch_ == 0 || (maximize_ ? v > best_ + es_.min_delta : v < best_ - es_.min_delta)) {
-      best_ = v;
-      best_epoch_ = epoch_1;
-      wait_ = 0;
-      return false;
-    }
-    return ++wait_ >= es_.patience;
-  }
-  double best() const { return best_; }
-  int64_t best_epoch() const { return best_epoch_; }
-
- private:
-  const EarlyStopping& es_;
-  bool maximize_;
-  double best_ = 0;
-  int64_t best_epoch_ = 0, wait_ = 0;
-};
-
-// [train] divergence_factor: a loss that grows by orders of magnitude while staying finite. The baseline is the mean
-// loss of this process's first kWindow steps; the run stops when the mean of the last kWindow steps exceeds `factor`
-// times it. Every rank sees the same (global) loss, so every rank stops at the same step.
-class DivergenceGuard {
- public:
-  static constexpr size_t kWindow = 10;
-  explicit DivergenceGuard(double factor) : factor_(factor) {}
-  // Returns true when the run has diverged after a step with this loss.
-  bool observe(double loss) {
-    if (!(factor_ > 0)) return false;
-    if (first_.size() < kWindow) {
-      first_.push_back(loss);
-      if (first_.size() == kWindow) baseline_ = mean(first_);
-      return false;
-    }
-    last_.push_back(loss);
-    if (last_.size() > kWindow) last_.erase(last_.begin());
-    return last_.size() == kWindow && baseline_ > 0 && mean(last_) > factor_ * baseline_;
-  }
-  double baseline() const { return baseline_; }
-  double recent() const { return mean(last_); }
-  double factor() const { return factor_; }
-
- private:
-  static double mean(const std::vector<double>& v) {
-    double t = 0;
-    for (double x : v) t += x;
-    return v.empty() ? 0 : t / static_cast<double>(v.size());
-  }
-  double factor_;
-  double baseline_ = 0;
-  std::vector<double> first_, last_;
-};
 
 // What every rank decides after a step or an epoch: stop (a signal, or max_steps reached) and checkpoint (due by
 // steps or minutes).
@@ -268,8 +97,6 @@ class TrainingRun {
   void start_runner();
   void resume_or_start_over();
   void check_resume_config() const;
-  void check_resume_vocabulary() const;
-  void check_checkpoint_fits(const Checkpoint& c, const std::string& path);
   void resume_from_checkpoint();
   void write_run_json() const;
   void write_vocabulary() const;
@@ -468,7 +295,7 @@ void TrainingRun::resume_or_start_over() {
 
 // The run continues only with the model, data and optimizer it was started with (config.toml of the run).
 void TrainingRun::check_resume_config() const {
-  check_resume_vocabulary();
+  check_resume_vocabulary(s_);
   std::ifstream saved_cfg(ts_.output_dir + "/config.toml");
   if (!saved_cfg) return;
   const std::string saved((std::istreambuf_iterator<char>(saved_cfg)), std::istreambuf_iterator<char>());
@@ -482,89 +309,11 @@ void TrainingRun::check_resume_config() const {
                     "are listed in docs/user_guide.md, \"Stopping and resuming\")");
 }
 
-// A text source's ids stand for the characters of vocab.json: a text whose characters changed since would give the
-// trained ids other meanings (and vocab.json would be rewritten), so the resume is refused before anything changes.
-void TrainingRun::check_resume_vocabulary() const {
-  const std::string vpath = ts_.output_dir + "/vocab.json";
-  if (s_.vocabulary().empty() || !regular_file_problem(vpath).empty()) return;
-  std::ifstream f(vpath);
-  std::string saved((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  while (!saved.empty() && (saved.back() == '\n' || saved.back() == '\r')) saved.pop_back();
-  if (saved == s_.vocabulary()) return;
-  throw DataError(describe_source(s_.config(), "train") + ": its vocabulary differs from " + vpath +
-                  ", the one the checkpoint was trained with (saved: " + std::to_string(saved.size()) +
-                  " bytes of JSON, now: " + std::to_string(s_.vocabulary().size()) +
-                  "); the same id would stand for another character. Resume with the text the run was started with, "
-                  "or start over with --overwrite. Nothing was changed in " +
-                  ts_.output_dir);
-}
-
-// The checkpoint's header and tensors against this run: an epoch or step this run cannot have reached, a tensor the
-// model has not or of another shape, and state this run's optimizer keeps (Adam's moments, EMA shadows) that the
-// checkpoint lacks are refused before anything is loaded or trimmed.
-void TrainingRun::check_checkpoint_fits(const Checkpoint& c, const std::string& path) {
-  const std::string where = path + " (resuming " + s_.config().file() + ")";
-  std::ostringstream bad;
-  if (c.epoch < 0 || c.step < 0)
-    bad << "its header holds epoch " << c.epoch << ", step " << c.step << "; neither can be negative";
-  else if (c.epoch > ts_.epochs)
-    bad << "its header holds epoch " << c.epoch << ", beyond the run's [train] epochs = " << ts_.epochs
-        << " (raise epochs to continue it)";
-  else if (per_epoch_ > 0) {
-    // Steps per epoch as the data sizes them: an epoch ends after per_epoch_ batches, or one fewer when the batch
-    // stage drops a remainder.
-    const int64_t hint = train_data_->size_hint();
-    int64_t lo = hint / ts_.batch_size;
-    if (ts_.steps_per_epoch > 0) lo = std::min(lo, ts_.steps_per_epoch);
-    if (c.step > (c.epoch + 1) * per_epoch_ || c.step < c.epoch * lo)
-      bad << "its header holds epoch " << c.epoch << " and step " << c.step
-          << ", which this run cannot reach: " << c.epoch << " epoch(s) of "
-          << (lo == per_epoch_ ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(per_epoch_))
-          << " steps are steps " << c.epoch * lo << " to " << (c.epoch + 1) * per_epoch_;
-  }
-  if (!bad.str().empty())
-    throw DataError(where + ": " + bad.str() + ". The file is damaged or from another run; nothing was changed in " +
-                    ts_.output_dir);
-  const std::map<std::string, HostTensor> want = runner_->save_state();
-  std::vector<std::string> missing, extra, shapes;
-  for (const auto& [name, t] : want) {
-    auto it = c.tensors.find(name);
-    if (it == c.tensors.end())
-      missing.push_back(name);
-    else if (it->second.shape != t.shape)
-      shapes.push_back("'" + name + "' is " + it->second.shape.str() + " there, " + t.shape.str() + " in the model");
-  }
-  for (const auto& [name, t] : c.tensors)
-    if (!want.count(name)) extra.push_back(name);
-  if (missing.empty() && extra.empty() && shapes.empty()) return;
-  auto list = [](const std::vector<std::string>& v, bool quote) {
-    std::string o;
-    for (size_t i = 0; i < v.size() && i < 4; ++i) o += (i ? ", " : "") + (quote ? "'" + v[i] + "'" : v[i]);
-    if (v.size() > 4) o += " and " + std::to_string(v.size() - 4) + " more";
-    return o;
-  };
-  // Tensors of a parameter the checkpoint has (its name before the last '/'): optimizer state, not another model.
-  bool only_state = shapes.empty();
-  for (const auto& m : missing) only_state = only_state && m.find('/') != std::string::npos;
-  for (const auto& m : extra) only_state = only_state && m.find('/') != std::string::npos;
-  std::string why = where + ": the checkpoint does not match this run:";
-  if (!shapes.empty()) why += " " + list(shapes, false) + ";";
-  if (!missing.empty()) why += " this run needs " + list(missing, true) + ", which the checkpoint does not hold;";
-  if (!extra.empty()) why += " it holds " + list(extra, true) + ", which this run has no use for;";
-  why += only_state ? " the optimizer state differs: it was written with another [optimizer] type or ema, and "
-                      "resuming would start this run's optimizer state from zero."
-                    : " it was written by another model.";
-  throw DataError(why +
-                  " Resume with the configuration the checkpoint was written with, or start over with "
-                  "--overwrite. Nothing was changed in " +
-                  ts_.output_dir);
-}
-
 void TrainingRun::resume_from_checkpoint() {
   // The newest checkpoint that loads: a damaged one falls back to the one before ([train] keep_checkpoints).
   LoadedCheckpoint lc = load_newest_checkpoint(ckpt_path_);
   Checkpoint& c = lc.checkpoint;
-  check_checkpoint_fits(c, lc.path);
+  check_checkpoint_fits(s_, *runner_, c, lc.path, per_epoch_, train_data_->size_hint());
   if (!lc.warning.empty()) out_ << lc.warning << "\n";
   runner_->load_state(c.tensors);
   start_epoch_ = c.epoch;
@@ -987,7 +736,7 @@ bool TrainingRun::end_epoch(int64_t epoch, bool es_stop) {
 // checkpoints after the same step.
 AfterStep TrainingRun::after_step() {
   AfterStep a;
-  a.stop_signal = g_stop_signal.load();
+  a.stop_signal = stop_signal_received();
   a.at_max = ts_.max_steps > 0 && step_ >= ts_.max_steps;
   a.due = checkpoint_due();
   if (pg_ && pg_->size() > 1) {
