@@ -38,6 +38,7 @@ class CpuDevice final : public Device, public FusedRunner {
   Block* allocate_block(size_t bytes) override;
   void free_block(Block* b) noexcept override;
   size_t workspace_bytes(const OpCall& call) const override;
+  Support supports_dtype(DType t) const override;  // dispatch.cpp
   // Waits for uploads still in flight on the transfer thread (ops run synchronously on the caller).
   void synchronize() override;
   void wait_upload(uint64_t ticket) override;

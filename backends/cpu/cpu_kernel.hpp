@@ -16,6 +16,9 @@ struct CpuKernel {
   Support (*supports)(OpKind kind, const OpAttrs& attrs) = nullptr;
   // Scratch the call needs in its workspace; null: none.
   size_t (*workspace_bytes)(const CpuDevice& d, const OpCall& c) = nullptr;
+  // Whether run() reads and writes these buffers in the types they hold (BufferView::dtype); null: float32 only.
+  // For any other call the backend converts 16-bit buffers to float32 in the workspace around run() (dispatch.cpp).
+  bool (*takes_types)(const OpCall& c) = nullptr;
 };
 
 // A call's buffers as host pointers (null for an unbound one, e.g. an output the op ignores).

@@ -19,6 +19,7 @@
 //  - ActivationBackward relu dy, BatchNormBackward of dy (inner >= 16): the ReLU's gradient is computed and written in
 //    the batch norm's statistics sweep (batch_norm_backward_relu).
 // KILN_CPU_FUSION=0 turns it off (to measure it, or to rule it out).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -217,6 +218,13 @@ void* CpuDevice::extension(std::string_view name) {
 
 size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
   if (calls.size() < 2) return 0;
+  // The fused kernels read and write float32: a 16-bit call runs on its own (dispatch.cpp converts for it).
+  for (size_t i = 0; i < std::min<size_t>(calls.size(), 6); ++i) {
+    for (const auto& v : calls[i].in)
+      if (v.dtype != DType::f32) return 0;
+    for (const auto& v : calls[i].out)
+      if (v.dtype != DType::f32) return 0;
+  }
   const BufferView *y = nullptr, *relu_out = nullptr;
   const OpCall* pool = nullptr;
   if (const size_t k = conv_run(calls, y, relu_out, pool)) {

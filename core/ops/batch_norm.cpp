@@ -29,7 +29,7 @@ OpArity batch_norm_arity(OpKind k, std::string_view op, const OpAttrs& attrs) {
 void batch_norm_grad(GradContext& g) {
   const Node& n = g.node();
   std::vector<TensorId> parts;
-  for (size_t i = 0; i < 3; ++i) parts.push_back(g.new_tensor(g.shape(n.in[i])));
+  for (size_t i = 0; i < 3; ++i) parts.push_back(g.grad_tensor(n.in[i]));
   g.emit(OpKind::BatchNormBackward, n.attrs, {n.in[0], n.in[1], n.out[1], n.out[2], g.dy()}, parts);
   for (size_t i = 0; i < 3; ++i)
     if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);

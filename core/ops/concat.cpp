@@ -27,7 +27,7 @@ OpArity concat_arity(OpKind k, std::string_view name, const OpAttrs& attrs) {
 void concat_grad(GradContext& g) {
   const Node& n = g.node();
   std::vector<TensorId> parts;
-  for (auto x : n.in) parts.push_back(g.new_tensor(g.shape(x)));
+  for (auto x : n.in) parts.push_back(g.grad_tensor(x));
   g.emit(OpKind::Split, n.attrs, {g.dy()}, parts);
   for (size_t i = 0; i < n.in.size(); ++i)
     if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);
@@ -40,7 +40,7 @@ void split_grad(GradContext& g) {
   for (size_t i = 0; i < n.out.size(); ++i) {
     TensorId d = g.dy(i);
     if (d == kNoTensor) {  // an unused part contributes zeros
-      d = g.new_tensor(g.shape(n.out[i]));
+      d = g.grad_tensor(n.out[i]);
       g.emit(OpKind::Fill, ElementwiseAttrs{g.shape(n.out[i]).numel(), 0.f, 0.f}, {}, {d});
     }
     parts.push_back(d);

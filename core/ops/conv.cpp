@@ -223,6 +223,7 @@ KILN_CORE_OPS(conv) {
         name, [k = k, name = name](const OpAttrs& a) { return conv_arity(k, name, a); },
         ref_of<ConvAttrs, conv2d_ref>(k));
     if (k == OpKind::Conv2dForward) d.grad = conv_grad;
+    d.low_precision = {0, 1};
     d.cases = cases_of(k, conv_cases);
     register_op(k, std::move(d));
   }

@@ -298,6 +298,7 @@ KILN_CORE_OPS(gemm) {
     OpDesc d = desc<GemmAttrs>(
         "gemm", [](const OpAttrs& a) { return gemm_arity(OpKind::Gemm, a); }, ref_of<GemmAttrs, gemm_ref>());
     d.grad = gemm_grad;
+    d.low_precision = {0, 1};
     d.cases = cases_of(OpKind::Gemm, gemm_cases);
     register_op(OpKind::Gemm, std::move(d));
   }
@@ -306,6 +307,7 @@ KILN_CORE_OPS(gemm) {
         "batched_gemm", [](const OpAttrs& a) { return gemm_arity(OpKind::BatchedGemm, a); },
         ref_of<GemmAttrs, batched_gemm_ref>());
     d.grad = gemm_grad;
+    d.low_precision = {0, 1};
     d.cases = cases_of(OpKind::BatchedGemm, batched_gemm_cases);
     register_op(OpKind::BatchedGemm, std::move(d));
   }

@@ -33,7 +33,7 @@ void layer_norm_grad(GradContext& g) {
   const auto& a = std::get<LayerNormAttrs>(n.attrs);
   std::vector<TensorId> parts;
   const size_t params = a.bias ? 3 : 2;
-  for (size_t i = 0; i < params; ++i) parts.push_back(g.new_tensor(g.shape(n.in[i])));
+  for (size_t i = 0; i < params; ++i) parts.push_back(g.grad_tensor(n.in[i]));
   g.emit(OpKind::LayerNormBackward, n.attrs, {n.in[0], n.in[1], n.out[1], n.out[2], g.dy()}, parts);
   for (size_t i = 0; i < params; ++i)
     if (g.needs_grad(n.in[i])) g.contribute(n.in[i], parts[i]);

@@ -81,7 +81,7 @@ void backward_ref(const OpAttrs& attrs, std::span<const float* const> in, std::s
 
 void grad(GradContext& g) {
   const Node& n = g.node();
-  const TensorId dx = g.new_tensor(g.shape(n.in[0])), dgamma = g.new_tensor(g.shape(n.in[1]));
+  const TensorId dx = g.grad_tensor(n.in[0]), dgamma = g.grad_tensor(n.in[1]);
   g.emit(g_backward, n.attrs, {n.in[0], n.in[1], n.out[1], g.dy()}, {dx, dgamma});
   if (g.needs_grad(n.in[0])) g.contribute(n.in[0], dx);
   if (g.needs_grad(n.in[1])) g.contribute(n.in[1], dgamma);

@@ -9,6 +9,13 @@
 #ifdef KILN_WITH_DNNL
 #include <oneapi/dnnl/dnnl.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <unordered_map>
+
 #include "one_omp_thread.hpp"
 #endif
 
@@ -22,6 +29,7 @@
 
 #include "cpu_kernel.hpp"
 #include "gemm.hpp"
+#include "kiln/error.hpp"
 
 namespace kiln::cpu {
 
@@ -127,9 +135,161 @@ Support conv_supports(OpKind, const OpAttrs& a) {
   return blas_dims({c.k, c.c * c.r * c.s, c.oh * c.ow});
 }
 
+#ifdef KILN_WITH_DNNL
+// ---- bf16 products: oneDNN's matmul with bf16 inputs and float32 accumulation ----------------------------------
+// One primitive per (rows, shape, transposes, alpha, beta, output type), created once; each pool thread runs it on
+// its own slab of rows (OneOmpThread), like sgemm_1t above, with its scratchpad in the call's workspace (a primitive
+// with a user scratchpad may run on several threads at once). oneDNN picks avx512_core_bf16 (vdpbf16ps) where the
+// CPU has AVX512_BF16 and an emulation on plain AVX-512; where it has no bf16 matmul at all gemm_takes says no and
+// the backend converts the call to float32 instead (dispatch.cpp).
+namespace {
+
+using MatmulKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, float, float, int>;
+struct Matmul {
+  dnnl::matmul prim;
+  size_t scratch = 0;
+};
+
+dnnl::engine& bf16_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+const Matmul* bf16_matmul(int64_t m, const GemmAttrs& a, DType out) {
+  static std::mutex mu;
+  static std::map<MatmulKey, std::unique_ptr<Matmul>> cache;
+  dnnl::engine& eng = bf16_engine();
+  const MatmulKey key{m, a.m, a.n, a.k, a.trans_a, a.trans_b, a.alpha, a.beta, static_cast<int>(out)};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second.get();
+  using dt = dnnl::memory::data_type;
+  // A slab of m of A's a.m rows: with trans_a, A is stored (k, a.m) and the slab's rows are columns of it.
+  const dnnl::memory::dims as = a.trans_a ? dnnl::memory::dims{1, a.m} : dnnl::memory::dims{a.k, 1};
+  const dnnl::memory::dims bs = a.trans_b ? dnnl::memory::dims{1, a.k} : dnnl::memory::dims{a.n, 1};
+  std::unique_ptr<Matmul> mm;
+  try {
+    dnnl::memory::desc ad({m, a.k}, dt::bf16, as), bd({a.k, a.n}, dt::bf16, bs),
+        cd({m, a.n}, out == DType::f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{a.n, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (a.alpha != 1.f) attr.set_output_scales(0, {a.alpha});
+    if (a.beta != 0.f) {
+      dnnl::post_ops po;
+      po.append_sum(a.beta);
+      attr.set_post_ops(po);
+    }
+    const OneOmpThread one;
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, eng);
+    mm = std::make_unique<Matmul>(Matmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()});
+  } catch (const dnnl::error&) {
+    mm = nullptr;  // no implementation here: the caller converts
+  }
+  return (cache[key] = std::move(mm)).get();
+}
+
+// Row slabs: one per pool thread (whole 16-row tiles), or one for a small product.
+struct Slabs {
+  int64_t parts = 1, chunk = 0, last = 0;
+};
+Slabs slabs(const GemmAttrs& a, int threads) {
+  const int64_t m = a.m;
+  const double flops = 2.0 * double(m) * double(a.n) * double(a.k);
+  Slabs s;
+  s.parts = threads <= 1 || flops < 1.0e6 ? 1 : std::min<int64_t>(threads, std::max<int64_t>(1, m / 16));
+  s.chunk = ((m + s.parts - 1) / s.parts + 15) / 16 * 16;
+  while (s.parts > 1 && m - (s.parts - 1) * s.chunk <= 0)
+    --s.parts, s.chunk = ((m + s.parts - 1) / s.parts + 15) / 16 * 16;
+  if (s.parts == 1) s.chunk = m;
+  s.last = m - (s.parts - 1) * s.chunk;
+  return s;
+}
+
+constexpr size_t kScratchAlign = 4096;
+size_t scratch_per_thread(const Matmul* full, const Matmul* tail) {
+  return (std::max(full->scratch, tail->scratch) + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+
+bool gemm_bf16(const GemmAttrs& a, const uint16_t* A, const uint16_t* B, void* y, DType out, char* ws, size_t ws_bytes,
+               ThreadPool& pool) {
+  const int64_t m = a.m, n = a.n, k = a.k;
+  const Slabs sl = slabs(a, pool.size());
+  const Matmul* full = bf16_matmul(sl.chunk, a, out);
+  const Matmul* tail = sl.last == sl.chunk ? full : bf16_matmul(sl.last, a, out);
+  if (!full || !tail) return false;
+  const size_t per = scratch_per_thread(full, tail);
+  if (per * static_cast<size_t>(pool.size()) > ws_bytes) return false;
+  dnnl::engine& eng = bf16_engine();
+  const size_t ysize = dtype_size(out);
+  pool.run(sl.parts, [&](int64_t p, int slot) {
+    const int64_t b = p * sl.chunk, rows = std::min(sl.chunk, m - b);
+    if (rows <= 0) return;
+    const Matmul* mm = rows == sl.chunk ? full : tail;
+    const OneOmpThread one;
+    dnnl::stream st(eng);
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::dims as = a.trans_a ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1};
+    const dnnl::memory::dims bs = a.trans_b ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1};
+    dnnl::memory am({{rows, k}, dt::bf16, as}, eng, const_cast<uint16_t*>(a.trans_a ? A + b : A + b * k));
+    dnnl::memory bm({{k, n}, dt::bf16, bs}, eng, const_cast<uint16_t*>(B));
+    dnnl::memory cm({{rows, n}, out == DType::f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{n, 1}}, eng,
+                    static_cast<char*>(y) + static_cast<size_t>(b * n) * ysize);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    if (mm->scratch)
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory({{static_cast<int64_t>(mm->scratch)}, dt::u8, {1}}, eng,
+                                                     ws + per * static_cast<size_t>(slot)));
+    mm->prim.execute(st, args);
+    st.wait();
+  });
+  return true;
+}
+
+bool is_bf16_product(const OpCall& c) {
+  return c.in[0].dtype == DType::bf16 && c.in[1].dtype == DType::bf16 && c.out[0].dtype != DType::f16;
+}
+
+bool gemm_takes(const OpCall& c) {
+  const auto& a = std::get<GemmAttrs>(c.attrs);
+  if (c.in[0].dtype == DType::f32 && c.in[1].dtype == DType::f32 && c.out[0].dtype == DType::f32) return true;
+  if (!is_bf16_product(c) || a.m <= 0 || a.n <= 0 || a.k <= 0) return false;
+  return bf16_matmul(slabs(a, 1).chunk, a, c.out[0].dtype) != nullptr;
+}
+
+size_t gemm_workspace(const CpuDevice& d, const OpCall& c) {
+  if (!is_bf16_product(c) || !gemm_takes(c)) return 0;
+  const auto& a = std::get<GemmAttrs>(c.attrs);
+  const Slabs sl = slabs(a, const_cast<CpuDevice&>(d).pool().size());
+  const Matmul* full = bf16_matmul(sl.chunk, a, c.out[0].dtype);
+  const Matmul* tail = bf16_matmul(sl.last, a, c.out[0].dtype);
+  if (!full || !tail) return 0;
+  return scratch_per_thread(full, tail) * static_cast<size_t>(const_cast<CpuDevice&>(d).pool().size());
+}
+
+}  // namespace
+#endif
+
 KILN_CPU_KERNEL("gemm", {[](CpuDevice& d, const OpCall& c) {
-                           cpu::gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                           const auto& a = attrs<GemmAttrs>(c);
+#ifdef KILN_WITH_DNNL
+                           if (c.in[0].dtype == DType::bf16) {
+                             char* w = c.workspace.block ? static_cast<char*>(c.workspace.raw()) : nullptr;
+                             if (!gemm_bf16(a, static_cast<const uint16_t*>(c.in[0].raw()),
+                                            static_cast<const uint16_t*>(c.in[1].raw()), c.out[0].raw(), c.out[0].dtype,
+                                            w, w ? c.workspace.bytes : 0, d.pool()))
+                               throw DeviceError("gemm: oneDNN created no bf16 matmul for " + std::to_string(a.m) +
+                                                 "x" + std::to_string(a.n) + "x" + std::to_string(a.k) +
+                                                 " or the workspace is too small for it");
+                             return;
+                           }
+#endif
+                           cpu::gemm(a, in(c, 0), in(c, 1), out(c, 0), d.pool());
                          },
-                         gemm_supports});
+                         gemm_supports,
+#ifdef KILN_WITH_DNNL
+                         gemm_workspace, gemm_takes
+#else
+                         nullptr, nullptr
+#endif
+                        });
 
 }  // namespace kiln::cpu

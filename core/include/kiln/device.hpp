@@ -10,6 +10,7 @@
 
 #include "kiln/config.hpp"
 #include "kiln/ops.hpp"
+#include "kiln/tensor.hpp"
 
 namespace kiln {
 
@@ -27,9 +28,13 @@ struct BufferView {
   const Block* block = nullptr;
   size_t offset = 0;
   size_t bytes = 0;
+  // What the bytes hold: float32, or 16-bit storage (bf16, f16) under a 16-bit precision policy. A kernel that
+  // does not say it reads 16-bit storage (CpuKernel::typed and its kin) sees float32 only: its backend converts.
+  DType dtype = DType::f32;
 
   // Host pointer for backends whose blocks are host-addressable (CPU).
   float* host() const { return reinterpret_cast<float*>(static_cast<char*>(block->ptr) + offset); }
+  void* raw() const { return static_cast<char*>(block->ptr) + offset; }
   bool overlaps(const BufferView& o) const {
     return block == o.block && offset < o.offset + o.bytes && o.offset < offset + bytes;
   }
@@ -117,6 +122,9 @@ class Device {
   // (runs_kernel); the reason is then missing_kernel_reason's. Only then does do_supports say what the kernel
   // refuses for these attributes on this device.
   Support supports(OpKind kind, const OpAttrs& attrs) const;
+  // Whether every op runs with buffers holding `t` ([precision] compute; float32 always). The executor refuses a
+  // graph with 16-bit tensors on a device that says no, with this reason, before anything runs. Default: float32 only.
+  virtual Support supports_dtype(DType t) const;
   // Scratch bytes the op needs; the executor hands a workspace at least this big.
   virtual size_t workspace_bytes(const OpCall&) const { return 0; }
   // Runs a call that check_call accepted (the executor checks each call once, when it binds it; this runs for every

@@ -1,8 +1,10 @@
 // The static training graph: tensors and op nodes, built by layers, differentiated by per-op rules.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -45,7 +47,10 @@ struct TensorInfo {
   TensorId alias_of = kNoTensor;  // a reshape view shares its root's storage
   Init init;
   int device = 0;  // index into the strategy's device list
-  size_t bytes() const { return static_cast<size_t>(shape.numel()) * sizeof(float); }
+  // Storage type: persistent tensors, inputs, labels, losses and statistics are float32; activations and their
+  // gradients take their layer's compute type (GraphBuilder::set_compute).
+  DType dtype = DType::f32;
+  size_t bytes() const { return storage_bytes(shape.numel(), dtype); }
 };
 
 enum class Phase : uint8_t { forward, backward, update };
@@ -57,6 +62,7 @@ struct Node {
   std::string layer;  // for errors and reports
   Phase phase = Phase::forward;
   int device = 0;
+  DType compute = DType::f32;  // the layer's compute type: backward intermediates of this node take it
 };
 
 class Graph {
@@ -112,6 +118,13 @@ class GraphBuilder {
     layer_ = name;
     device_ = device;
   }
+  // The storage type of the activations the ops of the current layer write (float32 unless a 16-bit precision
+  // policy says otherwise). In a 16-bit layer, the float32 inputs an op reads as products (OpDesc::low_precision)
+  // are cast once per graph; outputs the op keeps in float32 (OpDesc::f32_outputs, saved statistics, a loss) stay so.
+  void set_compute(DType t) { compute_ = t; }
+  DType compute() const { return compute_; }
+  // x in type t: x itself, or the output of a Cast node (one per tensor, type and device per graph).
+  TensorId cast(TensorId x, DType t);
   const std::string& layer() const { return layer_; }
   // A trainable parameter named "<layer>.<name>".
   TensorId param(const std::string& name, Shape shape, Init init);
@@ -141,6 +154,8 @@ class GraphBuilder {
   uint32_t seed_;
   std::string layer_;
   int device_ = 0;
+  DType compute_ = DType::f32;
+  std::map<std::tuple<TensorId, DType, int>, TensorId> casts_;
   std::unordered_set<std::string> param_names_;  // duplicate check in O(1) (a scan of the graph was quadratic)
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct LayerSpec {
   // The [[model.layers]] table it was read from, so errors found while the graph builds name its file, line and key;
   // null for a layer made in code.
   std::shared_ptr<const ConfigNode> config;
+  // `precision = "float32"` on a layer: its ops compute and store in that type whatever [precision] compute says.
+  std::optional<DType> precision;
 };
 
 enum class LossKind : uint8_t { softmax_cross_entropy, mse, binary_cross_entropy };
@@ -63,6 +66,16 @@ struct OptimizerSpec {
   size_t state_tensors_per_param() const;       // adam(w) 2, rmsprop 1 or 2, sgd 0 or 1
 };
 
+// [precision]: the compute type of every layer (Keras's mixed-precision policy: parameters and optimizer state stay
+// float32, activations are stored in `compute`, products read it and accumulate in float32) and float16's dynamic
+// loss scaling, GradScaler's semantics and defaults.
+struct PrecisionSpec {
+  DType compute = DType::f32;
+  bool loss_scaling = false;  // float16 only: on by default there
+  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
 struct ModelSpec {
   Shape input_shape;  // per example
   Shape label_shape;  // per example; () for class indices
@@ -73,11 +86,16 @@ struct ModelSpec {
   std::vector<OutputSpec> outputs;
   uint32_t seed = 0;
   MemorySavers savers;  // [memory]: applied by build_graph (apply_memory_savers)
+  PrecisionSpec precision;
 };
 
 // Reads [model] (layers, outputs/loss) using the layer factories in `reg`. Throws ConfigError.
 ModelSpec parse_model(const ConfigNode& model, const Registry& reg);
 OptimizerSpec parse_optimizer(const ConfigNode& opt);
+// "float32" | "bfloat16" | "float16" at `key`; ConfigError naming file, line and key otherwise.
+DType parse_dtype(const ConfigNode& c, const std::string& key);
+// Reads [precision] (compute, loss_scale, init_scale, growth_factor, backoff_factor, growth_interval).
+PrecisionSpec parse_precision(const ConfigNode& p);
 
 struct GraphOptions {
   int64_t batch = 32;

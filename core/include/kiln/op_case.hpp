@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/ops.hpp"
+#include "kiln/tensor.hpp"
 
 namespace kiln {
 
@@ -44,6 +45,9 @@ struct OpCase {
   std::vector<std::pair<int, int>> alias;  // (output, input) sharing one buffer: the op runs in place
   bool large = false;
   bool gradcheck = false;  // also check the op's gradient rule on this case by finite differences
+  // Storage types of the buffers (empty or shorter: float32). A 16-bit buffer's data is generated, rounded to its
+  // type and uploaded in it; the reference sees the rounded values and its outputs are rounded likewise.
+  std::vector<DType> in_dtype, out_dtype;
 };
 
 // The "never written" NaN pattern sentinel outputs are filled with.

@@ -32,12 +32,17 @@ class GradContext {
   virtual TensorId dy(size_t i = 0) const = 0;
   virtual bool needs_grad(TensorId x) const = 0;  // whether x (an input of the node) needs a gradient
   virtual Shape shape(TensorId t) const = 0;
-  virtual TensorId new_tensor(const Shape& s) = 0;  // a backward intermediate of the node's layer and device
+  // A backward intermediate of the node's layer and device, stored in the node's compute type.
+  virtual TensorId new_tensor(const Shape& s) = 0;
+  virtual TensorId new_tensor(const Shape& s, DType t) = 0;
+  virtual DType dtype(TensorId t) const = 0;
+  // A tensor to hold the gradient of x: shaped and typed like x.
+  TensorId grad_tensor(TensorId x) { return new_tensor(shape(x), dtype(x)); }
   virtual void emit(OpKind k, OpAttrs a, std::vector<TensorId> in, std::vector<TensorId> out) = 0;
   virtual void contribute(TensorId x, TensorId d) = 0;  // d is (a part of) the gradient of x
   // The common case: emits op k writing a new tensor shaped like x and contributes it to x's gradient.
   TensorId emit_grad(TensorId x, OpKind k, OpAttrs a, std::vector<TensorId> in) {
-    TensorId d = new_tensor(shape(x));
+    TensorId d = grad_tensor(x);
     emit(k, std::move(a), std::move(in), {d});
     contribute(x, d);
     return d;
@@ -63,6 +68,12 @@ struct OpDesc {
   // Outputs kept for the backward op that no gradient flows through (layer norm's mean and rstd): gradient
   // checks give them weight 0, and the gradient rule ignores their dy.
   std::vector<int> saved_outputs;
+  // Mixed precision. low_precision: the inputs a 16-bit layer casts to its compute type before this op (matrix
+  // products and convolutions: PyTorch's autocast lower-precision list); their kernels read 16-bit storage
+  // natively. f32_outputs: outputs kept in float32 whatever the layer's type (saved_outputs and a loss's value are
+  // always float32; a loss's gradient takes its prediction's type).
+  std::vector<int> low_precision;
+  std::vector<int> f32_outputs;
   uint8_t step_scalars = kStepNone;
   std::function<void(OpAttrs&, const StepScalars&)> patch;  // writes the step scalars into the attributes
   std::function<void(GradContext&)> grad;                   // empty: not differentiable

@@ -2,7 +2,9 @@
 // reference implementation (reference.hpp) is the oracle every backend is checked against.
 //
 // Conventions for all ops:
-//  - f32, row-major, dense. Images are NCHW; convolution filters are KCRS (out, in, kh, kw).
+//  - f32 arithmetic, row-major, dense. Under a 16-bit precision policy a buffer may hold bf16 or f16 values
+//    (BufferView::dtype): the op reads them as float32 and rounds what it writes to the buffer's type; only
+//    float32 is ever accumulated. Images are NCHW; convolution filters are KCRS (out, in, kh, kw).
 //  - An op reads its `in` buffers and writes its `out` buffers. An output listed as "read-write" is read
 //    before it is written (optimizer state, Axpby). Unless an op says "may alias", inputs and outputs do
 //    not overlap. Every output element is written (no op leaves stale data), except where stated.
@@ -14,6 +16,8 @@
 #include <string_view>
 #include <variant>
 #include <vector>
+
+#include "kiln/tensor.hpp"
 
 namespace kiln {
 
@@ -152,6 +156,10 @@ enum class OpKind : uint16_t {
   // statistics are constants); dgamma[c] = sum dy * xhat; dbeta[c] = sum dy.
   // in: x, gamma, mean, rstd, dy; out: dx(n, c, inner), dgamma(c), dbeta(c).
   BatchNormBackward,
+  // y = x converted from storage type `from` to `to` (float32 <-> bf16/f16, rounded to nearest even; NaN and
+  // infinities kept; float32 beyond f16's range becomes infinity). in: x(count); out: y(count). Mixed precision's
+  // casts: a 16-bit layer's parameters before a matrix product, gradients back to float32.
+  Cast,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 
@@ -269,10 +277,15 @@ struct CustomAttrs {
   std::vector<float> floats;
 };
 
+struct CastAttrs {
+  int64_t count = 0;
+  DType from = DType::f32, to = DType::f32;
+};
+
 using OpAttrs =
     std::variant<GemmAttrs, BiasAttrs, ConvAttrs, PoolAttrs, ActivationAttrs, SoftmaxAttrs, LossAttrs, ElementwiseAttrs,
                  ReduceAttrs, ConcatAttrs, DropoutAttrs, SgdAttrs, AdamAttrs, RmspropAttrs, EmaAttrs, EmbeddingAttrs,
-                 LayerNormAttrs, PermuteAttrs, BatchNormAttrs, CustomAttrs>;
+                 LayerNormAttrs, PermuteAttrs, BatchNormAttrs, CustomAttrs, CastAttrs>;
 
 // Stable, lower-case op names ("gemm", "conv2d_forward", ...), used in reports, repro lines and TOML
 // (op_table.hpp holds every op's descriptor; these are lookups into it).

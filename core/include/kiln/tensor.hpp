@@ -8,9 +8,18 @@
 
 namespace kiln {
 
-enum class DType : uint8_t { f32 };
+// Storage types. Arithmetic is float32 everywhere; bf16 and f16 are how activations are stored (and what matrix
+// products and convolutions read) under a 16-bit precision policy ([precision] compute).
+enum class DType : uint8_t { f32, bf16, f16 };
 
-inline constexpr size_t dtype_size(DType) { return 4; }
+inline constexpr size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+// "float32", "bfloat16", "float16": the names the config uses.
+const char* dtype_name(DType t);
+// Bytes a tensor of `numel` elements of type t takes, rounded up to a multiple of 4 (a 16-bit tensor of odd length
+// ends on a whole 32-bit word, so kernels that move 16-bit pairs never touch a neighbour's bytes).
+inline constexpr size_t storage_bytes(int64_t numel, DType t) {
+  return (static_cast<size_t>(numel) * dtype_size(t) + 3) / 4 * 4;
+}
 
 // The largest tensor Kiln plans or allocates: 2^48 bytes (256 TiB). Beyond any device, and small enough that the
 // planner's sums of tensor sizes cannot overflow 64 bits. Larger shapes are config errors (a size far too large).

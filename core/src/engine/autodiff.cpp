@@ -53,7 +53,7 @@ class Differentiator {
       TensorId grad = gather(static_cast<TensorId>(t), dummy);
       if (grad == kNoTensor) continue;  // unused parameter
       if (!fresh_.count(grad) || g_.tensor(grad).alias_of != kNoTensor) {
-        TensorId copy = new_tensor(g_.tensor(static_cast<TensorId>(t)).shape, dummy);
+        TensorId copy = new_tensor(g_.tensor(static_cast<TensorId>(t)).shape, g_.tensor(grad).dtype, dummy);
         emit(OpKind::Copy, ElementwiseAttrs{g_.tensor(copy).shape.numel()}, {grad}, {copy}, dummy);
         grad = copy;
       }
@@ -65,9 +65,10 @@ class Differentiator {
   }
 
  private:
-  TensorId new_tensor(const Shape& s, const Node& like) {
+  TensorId new_tensor(const Shape& s, DType type, const Node& like) {
     TensorInfo t;
     t.shape = s;
+    t.dtype = type;
     t.role = TensorRole::activation;
     t.layer = like.layer;
     t.device = like.device;
@@ -84,13 +85,22 @@ class Differentiator {
     n.out = std::move(out);
     n.layer = like.layer;
     n.device = like.device;
+    n.compute = like.compute;
     n.phase = Phase::backward;
     g_.add_node(std::move(n));
   }
 
   // Records d as (a part of) the gradient of x; gradients are keyed by storage root, shaped like the root.
+  // A gradient is stored in its tensor's type: a contribution of another type (a 16-bit layer's gradient of a
+  // float32 tensor) is cast first.
   void contribute(TensorId x, TensorId d, const Node& like) {
     TensorId root = g_.root(x);
+    if (g_.tensor(d).dtype != g_.tensor(root).dtype) {
+      const DType from = g_.tensor(d).dtype, to = g_.tensor(root).dtype;
+      TensorId c = new_tensor(g_.tensor(d).shape, to, like);
+      emit(OpKind::Cast, CastAttrs{g_.tensor(d).shape.numel(), from, to}, {d}, {c}, like);
+      d = c;
+    }
     if (g_.tensor(d).shape != g_.tensor(root).shape) d = g_.add_alias(d, g_.tensor(root).shape, like.layer);
     grads_[root].push_back(d);
   }
@@ -104,7 +114,7 @@ class Differentiator {
     while (parts.size() > 1) {
       TensorId a = parts[parts.size() - 1], b = parts[parts.size() - 2];
       parts.resize(parts.size() - 2);
-      TensorId s = new_tensor(g_.tensor(root).shape, like);
+      TensorId s = new_tensor(g_.tensor(root).shape, g_.tensor(root).dtype, like);
       emit(OpKind::Add, ElementwiseAttrs{g_.tensor(s).shape.numel(), 1.f, 1.f}, {a, b}, {s}, like);
       parts.push_back(s);
     }
@@ -121,7 +131,9 @@ class Differentiator {
     TensorId dy(size_t i) const override { return i < dys_.size() ? dys_[i] : kNoTensor; }
     bool needs_grad(TensorId x) const override { return (*d_.needs_)[static_cast<size_t>(d_.g_.root(x))]; }
     Shape shape(TensorId t) const override { return d_.g_.tensor(t).shape; }
-    TensorId new_tensor(const Shape& s) override { return d_.new_tensor(s, n_); }
+    TensorId new_tensor(const Shape& s) override { return d_.new_tensor(s, n_.compute, n_); }
+    TensorId new_tensor(const Shape& s, DType t) override { return d_.new_tensor(s, t, n_); }
+    DType dtype(TensorId t) const override { return d_.g_.tensor(t).dtype; }
     void emit(OpKind k, OpAttrs a, std::vector<TensorId> in, std::vector<TensorId> out) override {
       d_.emit(k, std::move(a), std::move(in), std::move(out), n_);
     }

@@ -13,6 +13,7 @@
 
 #include "init_random.hpp"
 #include "kiln/error.hpp"
+#include "kiln/half.hpp"
 #include "kiln/op_table.hpp"
 
 namespace kiln {
@@ -198,6 +199,11 @@ void DeviceState::write(const std::string& name, const HostTensor& t) {
 
 Executor::Executor(Graph g, DeviceState& state, const PlanOptions& o) : g_(std::move(g)), state_(state), opts_(o) {
   Device* dev = state_.context().device;
+  for (const auto& t : g_.tensors())
+    if (t.device == opts_.device && t.dtype != DType::f32)
+      if (Support s = dev->supports_dtype(t.dtype); !s.yes)
+        throw DeviceError("layer '" + t.layer + "' stores " + dtype_name(t.dtype) + " on " + dev->info().label() +
+                          ": " + s.reason);
   plan_ = plan_memory(g_, dev, opts_);
   for (size_t i = 0; i < g_.nodes().size(); ++i) {
     const Node& n = g_.nodes()[i];
@@ -228,6 +234,7 @@ BufferView Executor::view(TensorId t, int slot) const {
     v.offset = base.offset + plan_.offset[r] + (reg == Region::input ? static_cast<size_t>(slot) * input_stride_ : 0);
   }
   v.bytes = ti.bytes();
+  v.dtype = ti.dtype;
   return v;
 }
 
@@ -358,25 +365,41 @@ size_t Executor::first_node_of(Phase p) const {
 }
 
 float Executor::read_scalar(TensorId t) {
-  float v = 0;
   BufferView bv = view(t);
+  if (bv.dtype != DType::f32) return read(t).data.at(0);
+  float v = 0;
   bv.bytes = sizeof(float);
   state_.context().device->copy_to_host(bv, &v);
   return v;
 }
 
+// 16-bit tensors travel as their bytes and are converted on the host.
 HostTensor Executor::read(TensorId t) {
   HostTensor h(g_.tensor(t).shape);
-  state_.context().device->copy_to_host(view(t), h.data.data());
+  const BufferView v = view(t);
+  if (v.dtype == DType::f32) {
+    state_.context().device->copy_to_host(v, h.data.data());
+    return h;
+  }
+  std::vector<uint16_t> raw(v.bytes / 2);
+  state_.context().device->copy_to_host(v, raw.data());
+  to_float(raw.data(), v.dtype, h.data.data(), h.data.size());
   return h;
 }
 
 void Executor::write(TensorId t, const HostTensor& h) {
   const BufferView v = view(t);
-  if (h.data.size() * sizeof(float) != v.bytes)
-    throw Error("Executor::write: tensor '" + g_.tensor(t).name + "' holds " + std::to_string(v.bytes / sizeof(float)) +
-                " values, got " + std::to_string(h.data.size()));
-  state_.context().device->copy_from_host(h.data.data(), v);
+  const auto n = static_cast<size_t>(g_.tensor(t).shape.numel());
+  if (h.data.size() != n)
+    throw Error("Executor::write: tensor '" + g_.tensor(t).name + "' holds " + std::to_string(n) + " values, got " +
+                std::to_string(h.data.size()));
+  if (v.dtype == DType::f32) {
+    state_.context().device->copy_from_host(h.data.data(), v);
+    return;
+  }
+  std::vector<uint16_t> raw(v.bytes / 2, 0);
+  from_float(h.data.data(), raw.data(), v.dtype, n);
+  state_.context().device->copy_from_host(raw.data(), v);
 }
 
 std::string first_nonfinite_layer(Graph g, DeviceState& state, const Element& batch, int64_t step) {

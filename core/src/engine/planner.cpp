@@ -182,7 +182,8 @@ Liveness analyze_liveness(const Graph& g, const PlanOptions& o) {
       auto xr = static_cast<size_t>(g.root(n.in[k]));
       size_t c = cls(n.in[k]);
       if (!arena_role(g.tensors()[xr]) || L.last[c] != i || L.first[c] >= i) continue;
-      if (g.tensors()[c].bytes() != g.tensors()[y].bytes() || g.tensor(n.in[k]).bytes() != g.tensors()[y].bytes())
+      if (g.tensors()[c].bytes() != g.tensors()[y].bytes() || g.tensor(n.in[k]).bytes() != g.tensors()[y].bytes() ||
+          g.tensor(n.in[k]).dtype != g.tensors()[y].dtype)
         continue;
       bool shared = false;  // another operand in the same storage would be overwritten while read
       for (size_t j = 0; j < n.in.size(); ++j) shared = shared || (j != k && cls(n.in[j]) == c);
@@ -251,6 +252,10 @@ MemoryPlan plan_memory(const Graph& g, Device* dev, const PlanOptions& o) {
       OpCall c;
       c.kind = n.kind;
       c.attrs = n.attrs;
+      // Unbound views that carry each buffer's size and type: a backend sizes its workspace by them (the cpu
+      // backend converts 16-bit buffers for kernels that read float32 only).
+      for (auto t : n.in) c.in.push_back(BufferView{nullptr, 0, g.tensor(t).bytes(), g.tensor(t).dtype});
+      for (auto t : n.out) c.out.push_back(BufferView{nullptr, 0, g.tensor(t).bytes(), g.tensor(t).dtype});
       p.workspace = std::max(p.workspace, dev->workspace_bytes(c));
     }
     if (p.workspace) p.workspace = aligned_size(p.workspace, o.alignment);

@@ -41,6 +41,35 @@ LossKind parse_loss(const ConfigNode& c, const std::string& key) {
 
 }  // namespace
 
+DType parse_dtype(const ConfigNode& c, const std::string& key) {
+  const std::string v = c.get_choice(key, {"float32", "bfloat16", "float16"}, "float32");
+  return v == "bfloat16" ? DType::bf16 : v == "float16" ? DType::f16 : DType::f32;
+}
+
+PrecisionSpec parse_precision(const ConfigNode& p) {
+  PrecisionSpec s;
+  s.compute = parse_dtype(p, "compute");
+  const std::string scaling =
+      p.get_choice("loss_scale", {"dynamic", "none"}, s.compute == DType::f16 ? "dynamic" : "none");
+  s.loss_scaling = scaling == "dynamic";
+  if (s.loss_scaling && s.compute != DType::f16)
+    p.fail("loss_scale", std::string("dynamic loss scaling is for float16 (5 exponent bits); ") +
+                             dtype_name(s.compute) + " has float32's exponent range and needs none: remove loss_scale");
+  if (!s.loss_scaling)
+    for (const char* k : {"init_scale", "growth_factor", "backoff_factor", "growth_interval"})
+      if (p.has(k)) p.fail(k, "only used with loss_scale = \"dynamic\" (compute = \"float16\")");
+  s.init_scale = p.get_float("init_scale", 65536.0);
+  if (!(s.init_scale >= 1.0 && s.init_scale <= 1e38)) p.fail("init_scale", "expected a number in [1, 1e38]");
+  s.growth_factor = p.get_float("growth_factor", 2.0);
+  if (!(s.growth_factor > 1.0 && s.growth_factor <= 1e6)) p.fail("growth_factor", "expected a number > 1");
+  s.backoff_factor = p.get_float("backoff_factor", 0.5);
+  if (!(s.backoff_factor > 0.0 && s.backoff_factor < 1.0)) p.fail("backoff_factor", "expected a number in (0, 1)");
+  s.growth_interval = p.get_int("growth_interval", 2000);
+  if (s.growth_interval < 1) p.fail("growth_interval", "expected a step count >= 1");
+  p.finish();
+  return s;
+}
+
 ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   ModelSpec m;
   auto in = model.get_int_list("input_shape");
@@ -72,6 +101,7 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
         lc.fail("inputs",
                 "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input)");
     s.device = lc.get_string("device", "");
+    if (lc.has("precision")) s.precision = parse_dtype(lc, "precision");
     s.layer = reg.layer(s.type)(lc);  // reads the layer's own keys and rejects unknown ones
     s.config = std::make_shared<const ConfigNode>(lc);
     int ar = s.layer->arity();
@@ -460,6 +490,7 @@ std::map<std::string, TensorId> add_layers(Graph& g, const ModelSpec& m, const G
   std::map<std::string, TensorId> outs{{"input", g.input}};
   for (const auto& l : m.layers) {
     b.begin_layer(l.name, o.place ? o.place(l) : 0);
+    b.set_compute(l.precision.value_or(m.precision.compute));
     std::vector<TensorId> ins;
     for (const auto& i : l.inputs) ins.push_back(outs.at(i));
     TensorId y = kNoTensor;
@@ -597,6 +628,7 @@ void add_loss(Graph& g, const ModelSpec& m, const OutputSpec& out, TensorId y, c
   lt.device = n.device;
   TensorInfo gt;
   gt.shape = ys;
+  gt.dtype = g.tensor(y).dtype;  // the prediction's gradient, stored like the prediction
   gt.layer = out.layer;
   gt.device = n.device;
   n.out = {g.add_tensor(lt), g.add_tensor(gt)};

@@ -71,6 +71,13 @@ uint64_t Device::upload_async(const void* src, const BufferView& dst) {
   return do_upload_async(src, dst);
 }
 
+Support Device::supports_dtype(DType t) const {
+  if (t == DType::f32) return {};
+  return {false, "the " + info().backend + " backend computes in float32 only; " + dtype_name(t) +
+                     " is not available on it (set [precision] compute = \"float32\", or use a backend that has it: "
+                     "kiln devices)"};
+}
+
 Support Device::supports(OpKind kind, const OpAttrs& attrs) const {
   if (!op_known(kind)) return {false, "unknown op kind " + std::to_string(static_cast<int>(kind))};
   OpArity ar;

@@ -1,6 +1,7 @@
 // Graph containers and the builder layers use.
 #include "kiln/graph.hpp"
 
+#include <algorithm>
 #include <functional>
 
 #include "kiln/error.hpp"
@@ -54,6 +55,7 @@ TensorId Graph::add_alias(TensorId of, Shape shape, std::string layer) {
   t.layer = std::move(layer);
   t.alias_of = root(of);
   t.device = src.device;
+  t.dtype = src.dtype;
   return add_tensor(std::move(t));
 }
 
@@ -106,28 +108,6 @@ TensorId GraphBuilder::shared_param(const std::string& full_name, const std::str
                       std::to_string(g_.tensor(t).device) + ", this layer runs on device " + std::to_string(device_) +
                       "; tied layers must run on one device");
   return t;
-}
-
-std::vector<TensorId> GraphBuilder::op(OpKind kind, OpAttrs attrs, std::vector<TensorId> in,
-                                       std::vector<Shape> out_shapes) {
-  Node n;
-  n.kind = kind;
-  n.attrs = std::move(attrs);
-  n.in = std::move(in);
-  n.layer = layer_;
-  n.phase = Phase::forward;
-  n.device = device_;
-  for (auto& s : out_shapes) {
-    TensorInfo t;
-    t.shape = std::move(s);
-    t.role = TensorRole::activation;
-    t.layer = layer_;
-    t.device = device_;
-    n.out.push_back(g_.add_tensor(std::move(t)));
-  }
-  auto outs = n.out;
-  g_.add_node(std::move(n));
-  return outs;
 }
 
 uint32_t GraphBuilder::layer_seed() const {

@@ -9,11 +9,11 @@
 
 namespace kiln::op_impl {
 
-inline constexpr const char* kAttrNames[] = {"GemmAttrs",       "BiasAttrs",    "ConvAttrs",      "PoolAttrs",
-                                             "ActivationAttrs", "SoftmaxAttrs", "LossAttrs",      "ElementwiseAttrs",
-                                             "ReduceAttrs",     "ConcatAttrs",  "DropoutAttrs",   "SgdAttrs",
-                                             "AdamAttrs",       "RmspropAttrs", "EmaAttrs",       "EmbeddingAttrs",
-                                             "LayerNormAttrs",  "PermuteAttrs", "BatchNormAttrs", "CustomAttrs"};
+inline constexpr const char* kAttrNames[] = {
+    "GemmAttrs",      "BiasAttrs",        "ConvAttrs",   "PoolAttrs",      "ActivationAttrs", "SoftmaxAttrs",
+    "LossAttrs",      "ElementwiseAttrs", "ReduceAttrs", "ConcatAttrs",    "DropoutAttrs",    "SgdAttrs",
+    "AdamAttrs",      "RmspropAttrs",     "EmaAttrs",    "EmbeddingAttrs", "LayerNormAttrs",  "PermuteAttrs",
+    "BatchNormAttrs", "CustomAttrs",      "CastAttrs"};
 static_assert(std::size(kAttrNames) == std::variant_size_v<OpAttrs>, "name every OpAttrs alternative");
 
 }  // namespace kiln::op_impl

@@ -79,6 +79,8 @@ void builtin_key(const OpAttrs& attrs, std::string& k) {
           for (int64_t i = 0; i < a.rank && i < kPermuteMaxRank; ++i) put(k, a.dims[i]), put(k, a.perm[i]);
         } else if constexpr (std::is_same_v<A, BatchNormAttrs>) {
           put(k, a.n), put(k, a.c), put(k, a.inner), put(k, a.eps), put(k, a.momentum), put(k, a.training);
+        } else if constexpr (std::is_same_v<A, CastAttrs>) {
+          put(k, a.count), put(k, a.from), put(k, a.to);
         } else {
           static_assert(std::is_same_v<A, CustomAttrs>, "every OpAttrs alternative has a key");
           put(k, a.ints.size()), put(k, a.floats.size());
@@ -227,17 +229,33 @@ void check_call(const OpCall& c, const std::string& where) {
     if (elems < 0 || static_cast<uint64_t>(elems) > SIZE_MAX / sizeof(float))
       fail(std::string(kind) + " " + std::to_string(i) + " has an impossible size of " + std::to_string(elems) +
            " floats");
-    const size_t need = static_cast<size_t>(elems) * sizeof(float);
+    const size_t need = static_cast<size_t>(elems) * dtype_size(v.dtype);
     if (!v.block) fail(std::string(kind) + " " + std::to_string(i) + " is not bound to memory");
     if (v.bytes < need || v.offset > v.block->bytes || v.bytes > v.block->bytes - v.offset)
       fail(std::string(kind) + " " + std::to_string(i) + " holds " + std::to_string(v.bytes) + " bytes at offset " +
            std::to_string(v.offset) + " of a " + std::to_string(v.block->bytes) + "-byte block, expected " +
-           std::to_string(need) + " bytes (" + std::to_string(elems) + " floats)");
+           std::to_string(need) + " bytes (" + std::to_string(elems) + " " + dtype_name(v.dtype) + " values)");
     if (v.offset % sizeof(float) != 0)
       fail(std::string(kind) + " " + std::to_string(i) + " starts at offset " + std::to_string(v.offset) +
            ", not a multiple of 4");
   };
   for (size_t i = 0; i < ar.in.size(); ++i) bound(c.in[i], ar.in[i], "input", i);
+  // What is never 16-bit: data inputs (class indices, token ids: bf16 holds integers exactly only up to 256), a
+  // loss's value, saved statistics and the outputs the op keeps in float32; a cast's buffers are its attributes'.
+  auto want = [&](const BufferView& v, DType t, const char* kind, size_t i) {
+    if (v.dtype != t)
+      fail(std::string(kind) + " " + std::to_string(i) + " is " + dtype_name(v.dtype) + ", expected " + dtype_name(t));
+  };
+  for (int i : d.data_inputs)
+    if (static_cast<size_t>(i) < c.in.size()) want(c.in[static_cast<size_t>(i)], DType::f32, "input", i);
+  for (const auto& outs : {d.saved_outputs, d.f32_outputs})
+    for (int o : outs)
+      if (static_cast<size_t>(o) < c.out.size()) want(c.out[static_cast<size_t>(o)], DType::f32, "output", o);
+  if (d.is_loss && !c.out.empty()) want(c.out[0], DType::f32, "output", 0);
+  if (const auto* ca = std::get_if<CastAttrs>(&c.attrs)) {
+    want(c.in[0], ca->from, "input", 0);
+    want(c.out[0], ca->to, "output", 0);
+  }
   for (size_t o = 0; o < ar.out.size(); ++o)
     if (static_cast<int>(o) != unused) bound(c.out[o], ar.out[o], "output", o);
   for (size_t o = 0; o < c.out.size(); ++o) {
@@ -249,7 +267,7 @@ void check_call(const OpCall& c, const std::string& where) {
       bool allowed = false;
       for (auto [ao, ai] : d.may_alias)
         allowed = allowed || (ao == static_cast<int>(o) && ai == static_cast<int>(i) && iv.offset == ov.offset &&
-                              iv.bytes == ov.bytes);
+                              iv.bytes == ov.bytes && iv.dtype == ov.dtype);
       if (!allowed) fail("output " + std::to_string(o) + " overlaps input " + std::to_string(i));
     }
     for (size_t p = o + 1; p < c.out.size(); ++p)

@@ -29,3 +29,16 @@ bool Shape::fits() const {
 }
 
 }  // namespace kiln
+
+namespace kiln {
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+}  // namespace kiln
