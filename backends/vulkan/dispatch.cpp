@@ -1,6 +1,12 @@
 // From a call's op kind to its kernel, and the checks every op on this backend shares: maxStorageBufferRange, and
 // for a plugin's ShaderKernel its binding limit (Device::supports checked the op, its arity and that it has a
 // kernel). What a kernel refuses beyond that is its own supports().
+//
+// 16-bit storage (bfloat16, float16): a kernel that reads float32 only (no VulkanKernel::takes_types, or it declines
+// the call) runs on float32 copies of the call's 16-bit buffers in the call's workspace, as on the cpu backend: each
+// is converted in with the cast kernel, the kernel runs on the copies, and the outputs are converted back (outputs
+// are converted in too: an output may be read-write, and an in-place output shares its input's copy). The command
+// stream's hazard tracking puts the barriers between the conversions and the kernel.
 #include "dispatch.hpp"
 
 #include <array>
@@ -14,6 +20,23 @@ namespace kiln::vulkan {
 namespace {
 
 Support no(std::string why) { return {false, std::move(why)}; }
+
+// Each float32 copy starts on this boundary (the llvmpipe GEMM's vec4 loads want 16-byte aligned views, descriptor
+// offsets minStorageBufferOffsetAlignment, at most 256 on every device).
+constexpr size_t kScratchAlign = 256;
+size_t up(size_t b) { return (b + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+bool any_16bit(const OpCall& c) {
+  for (const auto& v : c.in)
+    if (v.dtype != DType::f32) return true;
+  for (const auto& v : c.out)
+    if (v.dtype != DType::f32) return true;
+  return false;
+}
+
+bool same_view(const BufferView& a, const BufferView& b) {
+  return a.block && a.block == b.block && a.offset == b.offset && a.dtype == b.dtype;
+}
 
 // A plugin's op: its shader binds the inputs, then the outputs.
 void run_shader(Encoder& e, const OpCall& c) {
@@ -60,14 +83,81 @@ Support OpKernels::supports(OpKind kind, const OpAttrs& attrs, const OpArity& ar
   return kernel->supports ? kernel->supports(kind, attrs, limits) : Support{};
 }
 
-size_t OpKernels::workspace_bytes(const OpCall& call, const DeviceLimits& limits) const {
-  const VulkanKernel* kernel = find(call.kind);
-  return kernel && kernel->workspace_bytes ? kernel->workspace_bytes(call, limits) : 0;
+bool OpKernels::converts(const OpCall& call) const {
+  if (!any_16bit(call)) return false;
+  const VulkanKernel* k = find(call.kind);
+  return !(k && k->takes_types && k->takes_types(call));
 }
 
-void OpKernels::run(Encoder& e, const OpCall& call) const {
+// The planner asks with unbound views (no block, bytes and type set): each 16-bit buffer then counts on its own.
+// Bound, a buffer that is an input and an output (in place) counts once. One kScratchAlign for the workspace's own
+// offset, and the kernel's workspace on the float32 call after the copies.
+size_t OpKernels::workspace_bytes(const OpCall& call, const DeviceLimits& limits) const {
+  const VulkanKernel* kernel = find(call.kind);
+  if (!converts(call)) return kernel && kernel->workspace_bytes ? kernel->workspace_bytes(call, limits) : 0;
+  OpCall f = call;
+  size_t extra = kScratchAlign;
+  std::vector<BufferView> seen;
+  for (auto* list : {&f.in, &f.out})
+    for (auto& v : *list) {
+      if (v.dtype == DType::f32) continue;
+      bool dup = false;
+      for (const auto& s : seen) dup = dup || same_view(s, v);
+      if (!dup) extra += up(v.bytes / 2 * 4);
+      seen.push_back(v);
+      v.bytes = v.bytes / 2 * 4;
+      v.dtype = DType::f32;
+    }
+  return extra + (kernel && kernel->workspace_bytes ? kernel->workspace_bytes(f, limits) : 0);
+}
+
+void OpKernels::run_float32(Encoder& e, const OpCall& call) const {
   if (const VulkanKernel* kernel = find(call.kind)) return kernel->run(e, call);
   run_shader(e, call);
+}
+
+void OpKernels::run(Encoder& e, const OpCall& call, const OpArity& arity) const {
+  if (!converts(call)) return run_float32(e, call);
+  struct Copy {
+    BufferView orig, copy;
+    int64_t count;
+  };
+  std::vector<Copy> in, back;
+  OpCall f = call;
+  const BufferView& ws = call.workspace;
+  const size_t start = up(ws.offset);
+  size_t at = start;
+  auto place = [&](BufferView& v, int64_t count, bool output) {
+    if (v.dtype == DType::f32) return;
+    if (!v.block || v.bytes == 0) {  // an unused output, or nothing to convert
+      v.dtype = DType::f32;
+      return;
+    }
+    for (const Copy& c : in)
+      if (same_view(c.orig, v)) {  // in place: the input's copy, converted back
+        if (output) back.push_back({v, c.copy, count});
+        v = c.copy;
+        return;
+      }
+    BufferView copy{ws.block, at, static_cast<size_t>(count) * sizeof(float), DType::f32};
+    at += up(copy.bytes);
+    in.push_back({v, copy, count});
+    if (output) back.push_back({v, copy, count});
+    v = copy;
+  };
+  for (size_t i = 0; i < f.in.size(); ++i) place(f.in[i], arity.in[i], false);
+  for (size_t i = 0; i < f.out.size(); ++i) place(f.out[i], arity.out[i], true);
+  if (at > ws.offset + ws.bytes || (at > start && !ws.block))
+    throw DeviceError("vulkan: op " + std::string(op_name(call.kind)) +
+                      " has 16-bit buffers that its kernel reads as float32 copies in the workspace, which needs " +
+                      std::to_string(at - ws.offset) + " bytes; the call's workspace holds " +
+                      std::to_string(ws.bytes) + " (size it with Device::workspace_bytes)");
+  f.workspace.offset = at;
+  f.workspace.bytes = ws.offset + ws.bytes - at;
+  if (f.workspace.bytes == 0) f.workspace = BufferView{};
+  for (const Copy& c : in) record_cast(e, c.orig, c.orig.dtype, c.copy, DType::f32, c.count);
+  run_float32(e, f);
+  for (const Copy& c : back) record_cast(e, c.copy, DType::f32, c.orig, c.orig.dtype, c.count);
 }
 
 }  // namespace kiln::vulkan

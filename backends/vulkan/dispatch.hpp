@@ -25,11 +25,16 @@ class OpKernels {
   // ShaderKernel registered since.
   bool has_kernel(OpKind kind) const;
   // Scratch the call would like (the convolutions' split-K partial sums and patch matrices); calls run without it.
+  // A call with 16-bit buffers whose kernel reads float32 only needs their float32 copies before that.
   size_t workspace_bytes(const OpCall& call, const DeviceLimits& limits) const;
-  // Records `call` (already checked against op_arity and supports(), and has_kernel(call.kind)).
-  void run(Encoder& e, const OpCall& call) const;
+  // Records `call` (already checked against op_arity and supports(), and has_kernel(call.kind)); `arity` is
+  // op_arity of the call (the element count of each buffer, for the conversions).
+  void run(Encoder& e, const OpCall& call, const OpArity& arity) const;
 
  private:
+  // Whether the call has 16-bit buffers that its kernel does not read itself (VulkanKernel::takes_types).
+  bool converts(const OpCall& call) const;
+  void run_float32(Encoder& e, const OpCall& call) const;
   const VulkanKernel* find(OpKind kind) const {
     const auto i = static_cast<size_t>(kind);
     return i < by_kind_.size() && by_kind_[i].run ? &by_kind_[i] : nullptr;

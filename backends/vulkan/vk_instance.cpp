@@ -171,6 +171,19 @@ void VulkanInstance::enumerate() {
       if (e == VK_EXT_PCI_BUS_INFO_EXTENSION_NAME) pd.pci_bus_info = true;
       if (e == "VK_KHR_cooperative_matrix") pd.cooperative_matrix_khr = true;
       if (e == VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) pd.cooperative_matrix_nv = true;
+      if (e == VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME) pd.float16_int8_ext = true;
+    }
+    {  // the features 16-bit storage needs (VulkanDevice::supports_dtype)
+      auto f2 = vk_init<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+      auto s16 =
+          vk_init<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+      auto f16 = vk_init<VkPhysicalDeviceShaderFloat16Int8Features>(
+          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+      f2.pNext = &s16;
+      if (pd.props.apiVersion >= VK_API_VERSION_1_2 || pd.float16_int8_ext) s16.pNext = &f16;
+      vkGetPhysicalDeviceFeatures2(h, &f2);
+      pd.storage_16bit = s16.storageBuffer16BitAccess == VK_TRUE;
+      pd.shader_float16 = (pd.props.apiVersion >= VK_API_VERSION_1_2 || pd.float16_int8_ext) && f16.shaderFloat16;
     }
     auto p2 = vk_init<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
     auto ids = vk_init<VkPhysicalDeviceIDProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES);
@@ -278,6 +291,8 @@ std::string PhysicalDevice::describe() const {
   s += std::string("VK_EXT_memory_budget: ") + (memory_budget ? "yes" : "no") +
        "\nVK_EXT_pci_bus_info: " + (pci_bus_info ? "yes" : "no") + "\nVK_KHR_cooperative_matrix: " +
        (cooperative_matrix_khr ? "present, unused (see kernels/vulkan/README.md)" : "no") +
+       "\nstorageBuffer16BitAccess: " + (storage_16bit ? "yes" : "no") +
+       "\nshaderFloat16: " + (shader_float16 ? "yes" : "no") +
        "\nllvmpipe GEMM kernel: " + (llvmpipe_gemm ? "yes (gemm_lvp, unless KILN_VULKAN_LVP_GEMM=0)" : "no") + "\n";
   return s;
 }

@@ -28,8 +28,13 @@ struct PhysicalDevice {
   // llvmpipe (lavapipe, Vulkan on the CPU) with 8-wide subgroups that support ballot (subgroupBroadcast) in
   // compute shaders: the GEMM then runs its llvmpipe kernel (kernels/vulkan/gemm_lvp.glsl).
   bool llvmpipe_gemm = false;
-  std::string vendor;            // "NVIDIA", "AMD", "Intel", "Mesa (software)", or the PCI vendor id in hex
-  std::string describe() const;  // vendor, type, versions, heaps, limits and extensions, one per line
+  // 16-bit storage (mixed precision): VkPhysicalDevice16BitStorageFeatures::storageBuffer16BitAccess, and
+  // VkPhysicalDeviceShaderFloat16Int8Features::shaderFloat16 (Vulkan 1.2 or VK_KHR_shader_float16_int8).
+  bool storage_16bit = false;
+  bool shader_float16 = false;
+  bool float16_int8_ext = false;  // VK_KHR_shader_float16_int8 (needed to enable shaderFloat16 below Vulkan 1.2)
+  std::string vendor;             // "NVIDIA", "AMD", "Intel", "Mesa (software)", or the PCI vendor id in hex
+  std::string describe() const;   // vendor, type, versions, heaps, limits and extensions, one per line
 };
 
 class VulkanInstance {

@@ -17,6 +17,12 @@ bool env_disables_lvp_gemm() {
   return v && std::strcmp(v, "0") == 0;
 }
 
+// KILN_VULKAN_16BIT=0 opens the device as if it lacked the 16-bit features (to test the refusal, or to compare).
+bool env_disables_16bit() {
+  const char* v = std::getenv("KILN_VULKAN_16BIT");
+  return v && std::strcmp(v, "0") == 0;
+}
+
 constexpr uint32_t kReservedAllocations = 64;  // left for staging chunks and internal buffers
 constexpr size_t kCopyPiece = 16u << 20;       // host copies are staged in pieces of one staging chunk
 
@@ -34,6 +40,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<VulkanInstance> instance, const Physi
   limits_.offset_align = std::max<size_t>(l.minStorageBufferOffsetAlignment, 4);
   for (int i = 0; i < 3; ++i) limits_.max_groups[i] = l.maxComputeWorkGroupCount[i];
   limits_.llvmpipe_gemm = pd_.llvmpipe_gemm && !env_disables_lvp_gemm();
+  if (env_disables_16bit()) pd_.storage_16bit = pd_.shader_float16 = false;
 
   const float priority = 1.0f;
   auto qi = vk_init<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
@@ -42,7 +49,23 @@ VulkanDevice::VulkanDevice(std::shared_ptr<VulkanInstance> instance, const Physi
   qi.pQueuePriorities = &priority;
   std::vector<const char*> exts;
   if (pd_.memory_budget) exts.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  // 16-bit storage: the shaders that read float16/bfloat16 buffers as 16-bit values (supports_dtype) need these.
+  auto s16 = vk_init<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+  auto f16 = vk_init<VkPhysicalDeviceShaderFloat16Int8Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  void* features = nullptr;
+  if (pd_.storage_16bit) {
+    s16.storageBuffer16BitAccess = VK_TRUE;
+    features = &s16;
+  }
+  if (pd_.shader_float16) {
+    f16.shaderFloat16 = VK_TRUE;
+    f16.pNext = features;
+    features = &f16;
+    if (pd_.props.apiVersion < VK_API_VERSION_1_2) exts.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
+  }
   auto ci = vk_init<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+  ci.pNext = features;
   ci.queueCreateInfoCount = 1;
   ci.pQueueCreateInfos = &qi;
   ci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
@@ -203,6 +226,24 @@ Support VulkanDevice::do_supports(OpKind kind, const OpAttrs& attrs, const OpAri
   return ops_.supports(kind, attrs, arity, k, limits_);
 }
 
+// float16 buffers are read as float16 values (the native GEMM), bfloat16 ones as 16-bit integers widened in the
+// shader; every other kernel sees float32 copies (OpKernels::run, dispatch.cpp).
+Support VulkanDevice::supports_dtype(DType t) const {
+  if (t == DType::f32) return {};
+  std::vector<const char*> need{"VkPhysicalDevice16BitStorageFeatures::storageBuffer16BitAccess"};
+  if (t == DType::f16) need.insert(need.begin(), "VkPhysicalDeviceShaderFloat16Int8Features::shaderFloat16");
+  std::string all, lacks;
+  for (const char* n : need) {
+    all += (all.empty() ? "" : " and ") + std::string(n);
+    const bool has = std::strstr(n, "shaderFloat16") ? pd_.shader_float16 : pd_.storage_16bit;
+    if (!has) lacks += (lacks.empty() ? "" : " and ") + std::string(n);
+  }
+  if (lacks.empty()) return {};
+  return {false, std::string("the vulkan backend's ") + dtype_name(t) + " storage needs " + all + ", and " +
+                     info_.name + " (" + info_.label() + ") lacks " + lacks +
+                     (env_disables_16bit() ? " (KILN_VULKAN_16BIT=0 is set)" : "")};
+}
+
 size_t VulkanDevice::workspace_bytes(const OpCall& call) const { return ops_.workspace_bytes(call, limits_); }
 
 // Calls arrive checked against the op's contract and this device's supports() (the executor, when it binds).
@@ -224,10 +265,10 @@ bool VulkanDevice::do_run(const OpCall& call) {
   owned(call.workspace, "workspace", 0);
   // Kernels bind (and hazard tracking sees) exactly the bytes the op touches, not whole views.
   OpCall trimmed = call;
-  for (size_t i = 0; i < trimmed.in.size(); ++i) trimmed.in[i].bytes = static_cast<size_t>(ar.in[i]) * sizeof(float);
-  for (size_t i = 0; i < trimmed.out.size(); ++i) trimmed.out[i].bytes = static_cast<size_t>(ar.out[i]) * sizeof(float);
+  for (size_t i = 0; i < trimmed.in.size(); ++i) trimmed.in[i].bytes = storage_bytes(ar.in[i], trimmed.in[i].dtype);
+  for (size_t i = 0; i < trimmed.out.size(); ++i) trimmed.out[i].bytes = storage_bytes(ar.out[i], trimmed.out[i].dtype);
   Encoder enc = encoder();
-  ops_.run(enc, trimmed);
+  ops_.run(enc, trimmed, ar);
   stream_->end_op();
   return true;
 }

@@ -25,6 +25,8 @@ class VulkanDevice final : public Device {
   Block* allocate_block(size_t bytes) override;
   void free_block(Block* b) noexcept override;
   size_t workspace_bytes(const OpCall& call) const override;
+  // bfloat16 with storageBuffer16BitAccess; float16 with that and shaderFloat16 (both enabled at creation).
+  Support supports_dtype(DType t) const override;
   void synchronize() override;
   // Ops between begin and end go into one command buffer (no batch-limit submits), submitted at the end.
   void begin_sequence(uint64_t step_id) override;

@@ -22,7 +22,14 @@ struct VulkanKernel {
   size_t (*workspace_bytes)(const OpCall& c, const DeviceLimits& limits) = nullptr;
   // Records transfer commands only (binds no storage buffer): no maxStorageBufferRange limit on its buffers.
   bool transfer = false;
+  // Whether the kernel reads and writes the call's buffer types itself (BufferView::dtype); null or false: it
+  // reads float32 only, and the dispatch converts every 16-bit buffer to float32 in the workspace around it.
+  bool (*takes_types)(const OpCall& c) = nullptr;
 };
+
+// Records a conversion of `count` values of type `from` in `src` into type `to` in `dst` (kernels/vulkan/cast.cpp:
+// cast.comp, rounding to nearest even as kiln/half.hpp does; a copy when the types are equal).
+void record_cast(Encoder& e, const BufferView& src, DType from, const BufferView& dst, DType to, int64_t count);
 
 struct VulkanKernelEntry {
   const char* op;  // the op's name (op_table.hpp find_op)

@@ -43,6 +43,9 @@ KILN_VULKAN_KERNEL("mul", {run_binary});
 KILN_VULKAN_KERNEL("axpby", {run_unary});
 KILN_VULKAN_KERNEL("scale", {run_unary});
 KILN_VULKAN_KERNEL("fill", {run_fill});
-KILN_VULKAN_KERNEL("copy", {.run = run_copy, .transfer = true});
+// Bytes are bytes: a copy between buffers of one type needs no conversion.
+KILN_VULKAN_KERNEL("copy", {.run = run_copy, .transfer = true, .takes_types = [](const OpCall& c) {
+                              return c.in[0].dtype == c.out[0].dtype;
+                            }});
 
 }  // namespace kiln::vulkan
