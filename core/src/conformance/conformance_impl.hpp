@@ -62,6 +62,12 @@ ToleranceSet load_tolerances(const std::string& dir, const std::string& backend)
 Tolerance tolerance_for(const OpCase& c, const ToleranceSet& set, std::vector<size_t>& applied);
 std::string describe(const Tolerance& t, Check check);  // "exact", "rtol 1e-06 atol 1e-07", "nse 1e-10 max_rel 1e-05"
 
+// Unit roundoff of a storage type: 2^-p for p significant bits (float32 2^-24, float16 2^-11, bfloat16 2^-8).
+double unit_roundoff(DType t);
+// The tolerance for an output stored in t: the float32 one (defaults and relaxations) plus what rounding both the
+// device's and the reference's float32 results to t can add. Exact stays exact.
+Tolerance widen_for(const Tolerance& tol, DType t);
+
 struct Outcome {
   CaseStatus status = CaseStatus::pass;
   std::string detail;

@@ -46,6 +46,35 @@ Tolerance default_tolerance(const OpCase& c) {
   return t;
 }
 
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return 0x1p-8;
+    case DType::f16:
+      return 0x1p-11;
+    case DType::f32:
+      break;
+  }
+  return 0x1p-24;
+}
+
+// The device's and the reference's float32 results, g and r, agree within the float32 tolerance; rounded to t
+// they can land on neighbouring values when a rounding boundary lies between them: |rt(g) - rt(r)| <= |g - r| + one
+// ulp of t, and one ulp is at most 2u |rt(r)| (or float16's subnormal spacing 2^-24 near zero). So elementwise
+// rtol grows by 2u and atol by the subnormal spacing; a reduction's max_rel by 2u and its normalized squared error
+// by u^2 (one element in four a whole ulp off: flips happen only where g and r straddle a boundary, which float32
+// accumulation makes rare; a kernel that accumulates in t drifts far past it over a long row).
+Tolerance widen_for(const Tolerance& tol, DType t) {
+  if (t == DType::f32 || tol.exact) return tol;
+  const double u = unit_roundoff(t);
+  Tolerance w = tol;
+  w.rtol += 2 * u;
+  w.atol += t == DType::f16 ? 0x1p-24 : 0.0;
+  w.max_rel += 2 * u;
+  w.nse += u * u;
+  return w;
+}
+
 std::string describe(const Tolerance& t, Check check) {
   if (t.exact) return "exact";
   if (check == Check::elementwise) return "rtol " + fmt(t.rtol) + " atol " + fmt(t.atol);
