@@ -42,6 +42,9 @@ class CudaDevice final : public Device {
   size_t query_free_memory() override;
   Block* allocate_block(size_t bytes) override;
   void free_block(Block* b) noexcept override;
+  // bfloat16 from compute capability 8.0, float16 from 7.0 (dispatch.cpp).
+  Support supports_dtype(DType t) const override;
+  // With the float32 copies of 16-bit buffers for kernels that read float32 only (dispatch.cpp).
   size_t workspace_bytes(const OpCall& call) const override;
   void synchronize() override;  // the op stream and the upload stream
   void wait_upload(uint64_t ticket) override;
@@ -81,7 +84,9 @@ class CudaDevice final : public Device {
   bool do_run(const OpCall& call) override;
 
  private:
-  void execute(const OpCall& call, const void* scalars);  // dispatch.cpp: enqueues the op's kernel
+  // dispatch.cpp: enqueues the op's kernel, with the conversions of its 16-bit buffers where it needs them.
+  void execute(const OpCall& call, const void* scalars);
+  void execute_kernel(const Kernel* k, const OpCall& call, const void* scalars);
   void validate(const OpCall& call, const CudaKernel* k) const;
 
   int ordinal_;

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -40,7 +41,16 @@ struct CudaOp {
   // reads them there instead of from the attributes (which the graph would replay as recorded). Null otherwise.
   const void* step_scalars;
 
-  // Buffer addresses (null for an unbound buffer).
+  // Buffer addresses (null for an unbound buffer). in()/out() are for float32 buffers: a kernel without
+  // takes_types only ever sees those (dispatch.cpp converts 16-bit ones); raw_in()/raw_out() for typed kernels.
+  const void* raw_in(size_t i) const {
+    const BufferView& v = call.in[i];
+    return v.block ? static_cast<const char*>(v.block->ptr) + v.offset : nullptr;
+  }
+  void* raw_out(size_t i) const {
+    const BufferView& v = call.out[i];
+    return v.block ? static_cast<char*>(v.block->ptr) + v.offset : nullptr;
+  }
   const float* in(size_t i) const {
     const BufferView& v = call.in[i];
     return v.block ? reinterpret_cast<const float*>(static_cast<const char*>(v.block->ptr) + v.offset) : nullptr;
@@ -72,7 +82,15 @@ struct CudaKernel {
   // when the op's descriptor lists step scalars (register_cuda_kernel checks), so a graph never replays a stale
   // learning rate.
   void (*pack_step_scalars)(const OpCall& call, void* slot) = nullptr;
+  // run() reads and writes the call's buffer types as they are (16-bit storage included). Null, or false for a
+  // call: the device converts the call's 16-bit buffers to float32 scratch in the workspace before run() and back
+  // after it (dispatch.cpp), so run() sees float32 only, and `workspace` is asked about that float32 call.
+  bool (*takes_types)(const OpCall& call) = nullptr;
 };
+
+// Converts n values of storage type `from` at `src` to `to` at `dst` on stream `s` (kernels/cuda/cast.cu), rounding
+// to nearest even, NaN kept; from == to copies. src and dst do not overlap. Throws DeviceError when the launch fails.
+void cast_values(cudaStream_t s, const void* src, DType from, void* dst, DType to, int64_t n);
 
 // Registers `k` for "cuda" through the core's kernel registry (kiln::register_kernel, what Registry::add_kernel
 // calls for plugins). Throws Error for a kernel without run, or without pack_step_scalars for an op with

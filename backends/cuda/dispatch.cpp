@@ -2,6 +2,11 @@
 // a call (Device::supports checks the op and finds its kernel first), and the registrars the op families in
 // kernels/cuda use (cuda_kernel.hpp). No op is named here: a built-in op's CUDA kernel is a CudaKernel its family
 // registered, a plugin's op a StreamKernel.
+//
+// 16-bit storage, as in the cpu backend: a kernel that reads float32 only (no CudaKernel::takes_types, or it
+// declines the call; every StreamKernel) gets the call's 16-bit buffers as float32 copies in the workspace. The
+// conversions are cast kernels on the op stream, before and after the kernel, so they are ordered with it and a
+// CUDA graph captures them with the op. Matrix products and casts read 16-bit storage themselves.
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -35,6 +40,77 @@ std::vector<Family>& families() {
 std::vector<DeviceStateMaker>& state_makers() {
   static std::vector<DeviceStateMaker> m;
   return m;
+}
+
+// The float32 copies start 256-byte aligned, like the workspace (cuBLAS, cuDNN and vector loads want that), and
+// the kernel's own workspace follows them, aligned too.
+constexpr size_t kScratchAlign = 256;
+size_t align_up(size_t b) { return (b + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+bool any_16bit(const OpCall& c) {
+  for (const auto& v : c.in)
+    if (v.dtype != DType::f32) return true;
+  for (const auto& v : c.out)
+    if (v.dtype != DType::f32) return true;
+  return false;
+}
+
+// Whether the device converts the call's 16-bit buffers around kernel `k` (null: none registered).
+bool converts(const Kernel* k, const OpCall& c) {
+  if (!any_16bit(c)) return false;
+  const CudaKernel* ck = k ? k->get<CudaKernel>() : nullptr;
+  return !(ck && ck->takes_types && ck->takes_types(c));
+}
+
+// A 16-bit buffer of b bytes (storage_bytes: rounded up to 4) holds b / 2 values, its float32 copy b / 2 * 4 bytes.
+size_t values_of(const BufferView& v) { return v.bytes / 2; }
+
+// The float32 call a converting kernel runs: each 16-bit buffer replaced by a float32 one in the workspace (bound
+// buffers that are the same 16-bit view, an op run in place, share one copy), the kernel's own workspace after
+// them. Also sizes the copies for workspace_bytes, where the planner passes unbound views (no block: each gets
+// its own copy, which can only overestimate).
+struct Converted {
+  OpCall call;
+  size_t scratch = 0;                                  // bytes of the copies at the start of the workspace
+  std::vector<std::pair<BufferView, BufferView>> in;   // (16-bit original, float32 copy), converted before the kernel
+  std::vector<std::pair<BufferView, BufferView>> out;  // converted back after it
+};
+
+Converted convert_layout(const OpCall& c) {
+  Converted r;
+  r.call = c;
+  std::vector<std::pair<BufferView, BufferView>> seen;
+  auto place = [&](BufferView& v, bool output) {
+    if (v.dtype == DType::f32) return;
+    if (v.bytes == 0) {  // nothing to read or write: only its type changes, so the kernel sees float32 only
+      v.dtype = DType::f32;
+      return;
+    }
+    if (v.block)
+      for (const auto& [orig, copy] : seen)
+        if (orig.block == v.block && orig.offset == v.offset && orig.bytes == v.bytes && orig.dtype == v.dtype) {
+          if (output) r.out.emplace_back(v, copy);  // in place: the input's copy, converted back
+          v = copy;
+          return;
+        }
+    BufferView f;
+    f.block = c.workspace.block;
+    f.offset = c.workspace.offset + r.scratch;
+    f.bytes = values_of(v) * sizeof(float);
+    f.dtype = DType::f32;
+    r.scratch += align_up(f.bytes);
+    if (v.block) {
+      seen.emplace_back(v, f);
+      r.in.emplace_back(v, f);  // outputs too: an output may be read-write (beta != 0, accumulated gradients)
+      if (output) r.out.emplace_back(v, f);
+    }
+    v = f;
+  };
+  for (auto& v : r.call.in) place(v, false);
+  for (auto& v : r.call.out) place(v, true);
+  r.call.workspace.offset = c.workspace.offset + r.scratch;
+  r.call.workspace.bytes = c.workspace.bytes > r.scratch ? c.workspace.bytes - r.scratch : 0;
+  return r;
 }
 
 }  // namespace
@@ -96,9 +172,21 @@ Support CudaDevice::do_supports(OpKind kind, const OpAttrs& attrs, const OpArity
   return ck && ck->support ? ck->support(kind, attrs) : Support{};
 }
 
+// bfloat16 needs Ampere's conversions and cuBLAS/cuDNN bf16 kernels; float16 tensor cores arrived with Volta.
+Support CudaDevice::supports_dtype(DType t) const {
+  const int need = t == DType::bf16 ? 8 : t == DType::f16 ? 7 : 0;
+  if (cc_major_ >= need) return {};
+  return {false, info_.label() + " (" + info_.name + ") has compute capability " + std::to_string(cc_major_) + "." +
+                     std::to_string(cc_minor_) + "; the cuda backend runs " + dtype_name(t) + " storage from " +
+                     std::to_string(need) + ".0 on (set [precision] compute = \"float32\", or use another device)"};
+}
+
 size_t CudaDevice::workspace_bytes(const OpCall& call) const {
-  const CudaKernel* k = find_cuda_kernel(call.kind);
-  return k && k->workspace ? k->workspace(*this, call) : 0;
+  const Kernel* any = find_kernel(backend_name(), call.kind);
+  const CudaKernel* k = any ? any->get<CudaKernel>() : nullptr;
+  if (!converts(any, call)) return k && k->workspace ? k->workspace(*this, call) : 0;
+  const Converted cv = convert_layout(call);
+  return cv.scratch + (k && k->workspace ? k->workspace(*this, cv.call) : 0);
 }
 
 bool CudaDevice::do_run(const OpCall& call) {
@@ -120,7 +208,16 @@ void CudaDevice::validate(const OpCall& call, const CudaKernel* k) const {
       reinterpret_cast<uintptr_t>(static_cast<char*>(call.workspace.block->ptr) + call.workspace.offset) % 256 != 0)
     throw DeviceError(op + ": the workspace must start at a 256-byte aligned address, found offset " +
                       std::to_string(call.workspace.offset) + " in its block");
-  if (k && k->workspace_required) {
+  const Kernel* any = find_kernel(backend_name(), call.kind);
+  if (converts(any, call)) {
+    // The float32 copies must fit whatever the kernel itself can do without.
+    const size_t need = k && k->workspace_required ? workspace_bytes(call) : convert_layout(call).scratch;
+    if (need > 0 && (!call.workspace.block || call.workspace.bytes < need))
+      throw DeviceError(op + ": needs a workspace of " + std::to_string(need) +
+                        " bytes (float32 copies of its 16-bit buffers" +
+                        (k && k->workspace_required ? std::string(" and the kernel's own scratch") : std::string()) +
+                        "), was given " + std::to_string(call.workspace.bytes) + " (ask Device::workspace_bytes)");
+  } else if (k && k->workspace_required) {
     const size_t need = k->workspace(*this, call);
     if (!call.workspace.block || call.workspace.bytes < need)
       throw DeviceError(op + ": needs a workspace of " + std::to_string(need) + " bytes, was given " +
@@ -130,6 +227,19 @@ void CudaDevice::validate(const OpCall& call, const CudaKernel* k) const {
 
 void CudaDevice::execute(const OpCall& c, const void* scalars) {
   const Kernel* k = find_kernel(backend_name(), c.kind);
+  if (converts(k, c)) {
+    const Converted cv = convert_layout(c);
+    for (const auto& [orig, copy] : cv.in)
+      cast_values(stream_.get(), orig.raw(), orig.dtype, copy.raw(), DType::f32, static_cast<int64_t>(values_of(orig)));
+    execute_kernel(k, cv.call, scalars);
+    for (const auto& [orig, copy] : cv.out)
+      cast_values(stream_.get(), copy.raw(), DType::f32, orig.raw(), orig.dtype, static_cast<int64_t>(values_of(orig)));
+    return;
+  }
+  execute_kernel(k, c, scalars);
+}
+
+void CudaDevice::execute_kernel(const Kernel* k, const OpCall& c, const void* scalars) {
   if (const CudaKernel* ck = k ? k->get<CudaKernel>() : nullptr)
     return ck->run(CudaOp{*this, c, stream_.get(), scalars});
   if (const StreamKernel* sk = k ? k->get<StreamKernel>() : nullptr) return sk->run(c, stream_.get());

@@ -26,6 +26,8 @@ void put_view(std::string& k, const BufferView& v) {
   put(k, v.block ? v.block->id : uint64_t{0});
   put(k, v.offset);
   put(k, v.bytes);
+  // The same bytes read as another storage type take other kernels (or conversions around them).
+  put(k, v.dtype);
 }
 
 }  // namespace

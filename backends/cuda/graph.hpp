@@ -26,7 +26,7 @@ namespace kiln::cuda {
 // (dispatch.cpp); false for ops that have none.
 bool pack_step_scalars(const OpCall& call, void* slot);
 // A byte string equal for two calls exactly when a recorded graph of one may stand in for the other: kind,
-// buffers, workspace and every attribute that is not a per-step scalar.
+// buffers (with their storage types), workspace and every attribute that is not a per-step scalar.
 std::string call_key(const OpCall& call);
 
 class GraphRecorder {

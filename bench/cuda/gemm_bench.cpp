@@ -1,17 +1,21 @@
 // CUDA backend throughput through Kiln's Device interface (the plugin loaded by the real PluginLoader):
-//  1. GEMM TFLOP/s for square and training-shaped problems, exact FP32 and (with --tf32) TF32;
+//  1. GEMM TFLOP/s for square and training-shaped problems, exact FP32 and (with --tf32) TF32, or with
+//     --dtype bfloat16|float16 on 16-bit operands and output (tensor cores, float32 accumulation: what a
+//     [precision] compute = "bfloat16" layer's products run);
 //  2. per-op overhead of a step of small ops run eagerly and replayed as a CUDA graph.
-// usage: kiln_cuda_gemm_bench [--device N] [--iters N] [--tf32] [--sizes 1024,2048,...]
-#include <algorithm>
+// usage: kiln_cuda_gemm_bench [--device N] [--iters N] [--tf32] [--dtype float32|bfloat16|float16]
+//                             [--sizes 1024,2048,...]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "kiln/half.hpp"
 #include "kiln/plugin.hpp"
 #include "kiln/plugin_loader.hpp"
 
@@ -24,20 +28,32 @@ struct Buf {
   Device& d;
   Block* b;
   size_t bytes;
-  Buf(Device& dev, size_t n) : d(dev), b(dev.allocate_block(n)), bytes(n) {
+  DType type;
+  Buf(Device& dev, size_t n, DType t = DType::f32) : d(dev), b(dev.allocate_block(n)), bytes(n), type(t) {
     if (!b) throw std::runtime_error("out of device memory allocating " + std::to_string(n) + " bytes");
   }
   ~Buf() { d.free_block(b); }
-  BufferView view() const { return {b, 0, bytes}; }
+  BufferView view() const { return {b, 0, bytes, type}; }
+  // Every element `value`, stored as the buffer's type.
+  void fill(float value) {
+    const size_t n = type == DType::f32 ? bytes / 4 : bytes / 2;
+    std::vector<float> f(n, value);
+    std::vector<unsigned char> raw(bytes);
+    if (type == DType::f32)
+      std::memcpy(raw.data(), f.data(), bytes);
+    else
+      from_float(f.data(), raw.data(), type, n);
+    d.copy_from_host(raw.data(), view());
+  }
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-void bench_gemm(Device& d, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int iters) {
-  Buf a(d, size_t(m * k) * 4), b(d, size_t(k * n) * 4), y(d, size_t(m * n) * 4);
-  std::vector<float> init(size_t(std::max({m * k, k * n})), 0.5f);
-  d.copy_from_host(init.data(), a.view());
-  d.copy_from_host(init.data(), b.view());
+void bench_gemm(Device& d, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int iters, DType type) {
+  Buf a(d, storage_bytes(m * k, type), type), b(d, storage_bytes(k * n, type), type),
+      y(d, storage_bytes(m * n, type), type);
+  a.fill(0.5f);
+  b.fill(0.5f);
   OpCall c{OpKind::Gemm, GemmAttrs{m, n, k, ta, tb, 1.f, 0.f}, {a.view(), b.view()}, {y.view()}, {}};
   const size_t ws_bytes = d.workspace_bytes(c);
   std::unique_ptr<Buf> ws;
@@ -91,6 +107,7 @@ std::vector<int64_t> parse_sizes(const std::string& s) {
 int main(int argc, char** argv) {
   int device = 0, iters = 20;
   bool tf32 = false;
+  DType dtype = DType::f32;
   std::vector<int64_t> sizes = {1024, 2048, 4096, 8192};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -100,10 +117,16 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     else if (a == "--tf32")
       tf32 = true;
-    else if (a == "--sizes" && i + 1 < argc)
+    else if (a == "--dtype" && i + 1 < argc &&
+             (std::strcmp(argv[i + 1], "float32") == 0 || std::strcmp(argv[i + 1], "bfloat16") == 0 ||
+              std::strcmp(argv[i + 1], "float16") == 0)) {
+      const std::string t = argv[++i];
+      dtype = t == "bfloat16" ? DType::bf16 : t == "float16" ? DType::f16 : DType::f32;
+    } else if (a == "--sizes" && i + 1 < argc)
       sizes = parse_sizes(argv[++i]);
     else {
-      std::cerr << "usage: kiln_cuda_gemm_bench [--device N] [--iters N] [--tf32] [--sizes 1024,2048,...]\n";
+      std::cerr << "usage: kiln_cuda_gemm_bench [--device N] [--iters N] [--tf32] [--dtype float32|bfloat16|float16] "
+                   "[--sizes 1024,2048,...]\n";
       return 2;
     }
   }
@@ -122,12 +145,21 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto d = backend->open(device);
-    std::printf("%s, %s math\n", d->info().name.c_str(), tf32 ? "TF32" : "FP32");
-    for (int64_t s : sizes) bench_gemm(*d, s, s, s, false, false, iters);
+    if (dtype != DType::f32) {
+      if (const Support s = d->supports_dtype(dtype); !s.yes) {
+        std::cerr << "kiln_cuda_gemm_bench: " << s.reason << "\n";
+        return 1;
+      }
+      std::printf("%s, %s operands and output, FP32 accumulation\n", d->info().name.c_str(), dtype_name(dtype));
+    } else {
+      std::printf("%s, %s math\n", d->info().name.c_str(), tf32 ? "TF32" : "FP32");
+    }
+    for (int64_t s : sizes) bench_gemm(*d, s, s, s, false, false, iters, dtype);
     std::printf("training-shaped (dense 4096x4096 at batch 256: forward, data grad, weight grad):\n");
-    bench_gemm(*d, 256, 4096, 4096, false, false, iters * 5);
-    bench_gemm(*d, 256, 4096, 4096, false, true, iters * 5);
-    bench_gemm(*d, 4096, 4096, 256, true, false, iters * 5);
+    bench_gemm(*d, 256, 4096, 4096, false, false, iters * 5, dtype);
+    bench_gemm(*d, 256, 4096, 4096, false, true, iters * 5, dtype);
+    bench_gemm(*d, 4096, 4096, 256, true, false, iters * 5, dtype);
+    if (dtype != DType::f32) return 0;  // the launch overhead does not depend on the storage type
     std::printf("launch overhead:\n");
     bench_launch(*d, 200, 50, false);
     bench_launch(*d, 200, 50, true);

@@ -5,10 +5,12 @@
 #   cuda_nccl_mpi_<gpu>.txt     NCCL across 2 MPI ranks against one process (the [mpi][cuda] integration test; it
 #                               skips without mpirun or with fewer than 2 GPUs, after checking what 1 GPU allows)
 #   cuda_conformance_<gpu>.json `kiln conformance --backend cuda` (the shared op table)
-#   cuda_gemm_<gpu>.txt         GEMM TFLOP/s (FP32 and TF32) and per-op launch cost eager vs CUDA graph
+#   cuda_gemm_<gpu>.txt         GEMM TFLOP/s (FP32, TF32, bfloat16, float16) and per-op launch cost eager vs graph
 #   cuda_step_<gpu>.txt         training step of the samples: Kiln (graphs on/off) against PyTorch (eager/graph)
 #   cuda_accuracy_<gpu>.txt     both samples trained on the GPU (when Fashion-MNIST is there)
 #   vulkan_gpu_<gpu>.txt        the Vulkan backend on the same GPU (NVIDIA's Vulkan driver), same steps
+#   cuda_mp_<gpu>.txt           mixed precision: the steps in float32/bfloat16/float16 against PyTorch autocast
+#                               (bench/cuda/run_mp_bench.sh, which also runs alone: the one command for those rows)
 # usage: bench/cuda/run_gpu_bench.sh [build-dir]
 #            on the GPU machine, after the README's build (./setup.sh build, or cmake --preset cuda and
 #            cmake --build --preset cuda, where the CUDA toolkit is installed); default build, or build-cuda when only
@@ -64,6 +66,8 @@ tail -3 "$OUT/cuda_nccl_mpi_$gpu.txt"
 { header
   run "$B/bin/kiln_cuda_gemm_bench" --iters 20
   run "$B/bin/kiln_cuda_gemm_bench" --iters 20 --tf32
+  run "$B/bin/kiln_cuda_gemm_bench" --iters 20 --dtype bfloat16
+  run "$B/bin/kiln_cuda_gemm_bench" --iters 20 --dtype float16
 } > "$OUT/cuda_gemm_$gpu.txt"
 cat "$OUT/cuda_gemm_$gpu.txt"
 
@@ -115,5 +119,8 @@ fi
   done
 } > "$OUT/vulkan_gpu_$gpu.txt"
 cat "$OUT/vulkan_gpu_$gpu.txt"
+
+# Mixed precision (writes cuda_mp_<gpu>.txt itself).
+if [ "$CARRIED" = 1 ]; then bench/cuda/run_mp_bench.sh --carried; else bench/cuda/run_mp_bench.sh "$B"; fi | tail -20
 
 if [ -n "${KILN_OUT:-}" ]; then cp "$OUT"/cuda_*_"$gpu".* "$OUT"/vulkan_gpu_"$gpu".txt "$KILN_OUT"/ 2>/dev/null; fi

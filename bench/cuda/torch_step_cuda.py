@@ -2,9 +2,11 @@
 """Times PyTorch's training step on the GPU for Kiln's samples (same models, batch, Adam, random data), the
 counterpart of `kiln_step_bench CONFIG --set device.backend=cuda`.
 
-usage: python3 bench/cuda/torch_step_cuda.py {mlp|cnn} BATCH [STEPS] [--graphs] [--tf32]
+usage: python3 bench/cuda/torch_step_cuda.py {mlp|cnn} BATCH [STEPS] [--graphs] [--tf32] [--amp=bf16|f16]
   --graphs  capture the whole step as one CUDA graph (torch.cuda.graph, Adam(capturable=True))
   --tf32    allow TF32 in matmul and cuDNN (default off: exact FP32 like Kiln's default)
+  --amp=bf16|f16  the forward pass under torch.autocast in that type (Kiln's [precision] compute = "bfloat16" /
+            "float16"); f16 scales the loss with GradScaler, which is not captured, so it runs eagerly only
 Each timed step ends with loss.item(), as Kiln reads the loss back every step.
 """
 import statistics
@@ -16,6 +18,12 @@ import torch.nn as nn
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 graphs, tf32 = "--graphs" in sys.argv, "--tf32" in sys.argv
+amp = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--amp=")), None)
+if amp not in (None, "bf16", "f16"):
+    sys.exit(f"torch_step_cuda: --amp takes bf16 or f16, found {amp!r}")
+if amp == "f16" and graphs:
+    sys.exit("torch_step_cuda: --amp=f16 uses GradScaler, whose step is not captured by torch.cuda.graph; run eagerly")
+amp_dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(amp) if amp else None
 kind, batch = args[0], int(args[1])
 steps = int(args[2]) if len(args) > 2 else 200
 if not torch.cuda.is_available():
@@ -39,9 +47,25 @@ x = torch.rand(batch, 1, 28, 28, device=dev)
 y = torch.randint(0, 10, (batch,), device=dev)
 
 
+scaler = torch.amp.GradScaler("cuda") if amp == "f16" else None
+
+
+def forward_loss():
+    if amp_dtype is None:
+        return loss_fn(model(x), y)
+    # No weight-cast cache: inside a captured graph every replay must cast the current weights.
+    with torch.autocast("cuda", dtype=amp_dtype, cache_enabled=False):
+        return loss_fn(model(x), y)
+
+
 def eager_step():
     opt.zero_grad(set_to_none=True)
-    loss = loss_fn(model(x), y)
+    loss = forward_loss()
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
     loss.backward()
     opt.step()
     return loss
@@ -57,7 +81,7 @@ if graphs:
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
-        static_loss = loss_fn(model(x), y)
+        static_loss = forward_loss()
         static_loss.backward()
         opt.step()
 
@@ -76,5 +100,6 @@ for i in range(steps + 20):
         times.append(dt)
 med = statistics.median(times)
 print(f"torch {kind} batch {batch}: median {med*1e3:.3f} ms/step, {batch/med:.0f} examples/s "
-      f"({torch.cuda.get_device_name()}, {'CUDA graph' if graphs else 'eager'}, {'TF32' if tf32 else 'FP32'}, "
+      f"({torch.cuda.get_device_name()}, {'CUDA graph' if graphs else 'eager'}, "
+      f"{'autocast ' + amp if amp else 'TF32' if tf32 else 'FP32'}, "
       f"torch {torch.__version__})")

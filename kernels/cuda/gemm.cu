@@ -1,6 +1,9 @@
 // GEMM and batched GEMM through cuBLAS (cublasGemmEx, cublasGemmStridedBatchedEx): row-major Kiln matrices as the
 // transposed column-major product, on the device's cuBLAS handle (bound to its op stream), with the call's
 // workspace as cuBLAS's workspace. FP32, or TF32 tensor cores with KILN_CUDA_TF32=1.
+// 16-bit storage: A and B both bfloat16 (or both float16) with y of that type or float32 run natively on the
+// tensor cores, accumulating in float32 (CUBLAS_COMPUTE_32F) and rounding y once; other mixes of types go through
+// the device's float32 conversion (dispatch.cpp).
 #include <cublas_v2.h>
 
 #include <climits>
@@ -13,11 +16,32 @@
 namespace kiln::cuda::kernels {
 namespace {
 
-const float* in_ptr(const OpCall& c, size_t i) {
-  return static_cast<const float*>(c.in[i].block->ptr) + c.in[i].offset / sizeof(float);
+const void* in_ptr(const OpCall& c, size_t i) { return c.in[i].raw(); }
+void* out_ptr(const OpCall& c, size_t i) { return c.out[i].raw(); }
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
 }
-float* out_ptr(const OpCall& c, size_t i) {
-  return static_cast<float*>(c.out[i].block->ptr) + c.out[i].offset / sizeof(float);
+
+// The pairs cublasGemmEx takes with CUBLAS_COMPUTE_32F: A and B of one 16-bit type, y of it or float32. With
+// k == 0 the product only scales y, which the float32 path does.
+bool gemm_takes_types(const OpCall& c) {
+  const DType t = c.in[0].dtype;
+  if (t == DType::f32 || c.in[1].dtype != t) return false;
+  if (c.out[0].dtype != t && c.out[0].dtype != DType::f32) return false;
+  return std::get<GemmAttrs>(c.attrs).k > 0;
+}
+
+// TF32 applies to float32 operands only; 16-bit ones run on the tensor cores with float32 accumulation.
+cublasComputeType_t compute_type(const OpCall& c, bool tf32) {
+  return tf32 && c.in[0].dtype == DType::f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 Support gemm_supports(const GemmAttrs& a) {
@@ -38,12 +62,13 @@ size_t gemm_workspace_bytes(const GemmAttrs& a, int cc_major, size_t limit) {
 // y = alpha op(A) op(B) + beta y on the handle's stream.
 void gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttrs& a, const OpCall& call, bool tf32) {
   if (a.m == 0 || a.n == 0) return;
-  float* y = out_ptr(call, 0);
-  if (a.k == 0) {  // op(A) op(B) is all zeros: y = beta y, and y is not read when beta == 0
+  void* y = out_ptr(call, 0);
+  if (a.k == 0) {  // op(A) op(B) is all zeros: y = beta y, and y is not read when beta == 0 (float32 here)
+    float* yf = static_cast<float*>(y);
     if (a.beta == 0.f)
-      fill(stream, y, a.m * a.n, 0.f);
+      fill(stream, yf, a.m * a.n, 0.f);
     else
-      scale(stream, y, y, a.m * a.n, a.beta);
+      scale(stream, yf, yf, a.m * a.n, a.beta);
     return;
   }
   // cuBLAS workspace per call: the executor's buffer, 256-aligned by the core allocator. A zero size means
@@ -58,20 +83,21 @@ void gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttrs& a, co
   const int ldb = a.trans_b ? k : n;  // B stored (n,k) or (k,n), row-major
   const int lda = a.trans_a ? m : k;  // A stored (k,m) or (m,k)
   const float alpha = a.alpha, beta = a.beta;
-  KILN_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, in_ptr(call, 1), CUDA_R_32F, ldb, in_ptr(call, 0),
-                                 CUDA_R_32F, lda, &beta, y, CUDA_R_32F, n,
-                                 tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  KILN_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, n, m, k, &alpha, in_ptr(call, 1), cuda_type(call.in[1].dtype), ldb,
+                                 in_ptr(call, 0), cuda_type(call.in[0].dtype), lda, &beta, y,
+                                 cuda_type(call.out[0].dtype), n, compute_type(call, tf32), CUBLAS_GEMM_DEFAULT));
 }
 
 // a.batch products of matrices stored one after another.
 void batched_gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttrs& a, const OpCall& call, bool tf32) {
   if (a.m == 0 || a.n == 0 || a.batch == 0) return;
-  float* y = out_ptr(call, 0);
-  if (a.k == 0) {
+  void* y = out_ptr(call, 0);
+  if (a.k == 0) {  // float32 here (gemm_takes_types)
+    float* yf = static_cast<float*>(y);
     if (a.beta == 0.f)
-      fill(stream, y, a.batch * a.m * a.n, 0.f);
+      fill(stream, yf, a.batch * a.m * a.n, 0.f);
     else
-      scale(stream, y, y, a.batch * a.m * a.n, a.beta);
+      scale(stream, yf, yf, a.batch * a.m * a.n, a.beta);
     return;
   }
   const bool have_ws = call.workspace.block && call.workspace.bytes > 0;
@@ -83,9 +109,9 @@ void batched_gemm_run(cublasHandle_t handle, cudaStream_t stream, const GemmAttr
   const float alpha = a.alpha, beta = a.beta;
   KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       handle, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
-      in_ptr(call, 1), CUDA_R_32F, ldb, static_cast<long long>(a.k * a.n), in_ptr(call, 0), CUDA_R_32F, lda,
-      static_cast<long long>(a.m * a.k), &beta, y, CUDA_R_32F, n, static_cast<long long>(a.m * a.n),
-      static_cast<int>(a.batch), tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      in_ptr(call, 1), cuda_type(call.in[1].dtype), ldb, static_cast<long long>(a.k * a.n), in_ptr(call, 0),
+      cuda_type(call.in[0].dtype), lda, static_cast<long long>(a.m * a.k), &beta, y, cuda_type(call.out[0].dtype), n,
+      static_cast<long long>(a.m * a.n), static_cast<int>(a.batch), compute_type(call, tf32), CUBLAS_GEMM_DEFAULT));
 }
 
 Support supports(OpKind, const OpAttrs& a) { return gemm_supports(std::get<GemmAttrs>(a)); }
@@ -102,14 +128,16 @@ KILN_CUDA_KERNELS(gemm) {
                                                      op.device.tf32());
                                           },
                                       .support = supports,
-                                      .workspace = workspace});
+                                      .workspace = workspace,
+                                      .takes_types = gemm_takes_types});
   register_cuda_kernel(OpKind::BatchedGemm, {.run =
                                                  [](const CudaOp& op) {
                                                    batched_gemm_run(op.device.cublas(), op.stream,
                                                                     op.attrs<GemmAttrs>(), op.call, op.device.tf32());
                                                  },
                                              .support = supports,
-                                             .workspace = workspace});
+                                             .workspace = workspace,
+                                             .takes_types = gemm_takes_types});
 }
 
 }  // namespace kiln::cuda::kernels
