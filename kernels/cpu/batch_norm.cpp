@@ -7,12 +7,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 
+#include "bf16_io_conv.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
 
 namespace kiln::cpu {
+
+using bf16io::load;
+using bf16io::store;
 
 namespace {
 
@@ -20,15 +25,16 @@ constexpr int64_t kShortRun = 16;
 constexpr int64_t kBlock = 1024;  // elements of one sample's block of channels (short runs)
 
 // Per-channel sums over (n, inner) of f(x) for channels [cb, ce) with short runs: out[k] for channel cb + k.
-template <class F>
-void block_sums(const float* x, int64_t N, int64_t C, int64_t I, int64_t cb, int64_t ce, F f, double* out) {
+// T: the activations' storage (float, or uint16_t holding bf16); every sum and statistic is float32/double.
+template <class T, class F>
+void block_sums(const T* x, int64_t N, int64_t C, int64_t I, int64_t cb, int64_t ce, F f, double* out) {
   double acc[kBlock];
   const int64_t L = (ce - cb) * I;
   std::fill(acc, acc + L, 0.0);
   for (int64_t o = 0; o < N; ++o) {
-    const float* xr = x + (o * C + cb) * I;
+    const T* xr = x + (o * C + cb) * I;
 #pragma omp simd
-    for (int64_t j = 0; j < L; ++j) acc[j] += static_cast<double>(f(xr[j], j, o));
+    for (int64_t j = 0; j < L; ++j) acc[j] += static_cast<double>(f(load(xr[j]), j, o));
   }
   for (int64_t k = 0; k < ce - cb; ++k) {
     double s = 0;
@@ -38,19 +44,19 @@ void block_sums(const float* x, int64_t N, int64_t C, int64_t I, int64_t cb, int
 }
 
 // Per-channel sum over (n, inner) of f(x) for one channel with long runs.
-template <class F>
-double channel_sum(const float* x, int64_t N, int64_t C, int64_t I, int64_t c, F f) {
+template <class T, class F>
+double channel_sum(const T* x, int64_t N, int64_t C, int64_t I, int64_t c, F f) {
   // Vectorized float partial sums over chunks of 4096 values, added in double: a float sum over a whole run of
   // millions of values would lose the last digits the conformance table checks (2 x 1 x 2,100,001).
   constexpr int64_t kChunk = 4096;
   double s = 0;
   for (int64_t o = 0; o < N; ++o) {
-    const float* xr = x + (o * C + c) * I;
+    const T* xr = x + (o * C + c) * I;
     for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
       const int64_t i1 = std::min(I, i0 + kChunk);
       float p = 0.f;
 #pragma omp simd reduction(+ : p)
-      for (int64_t i = i0; i < i1; ++i) p += f(xr[i], i, o);
+      for (int64_t i = i0; i < i1; ++i) p += f(load(xr[i]), i, o);
       s += p;
     }
   }
@@ -61,13 +67,15 @@ double channel_sum(const float* x, int64_t N, int64_t C, int64_t I, int64_t c, F
 // sum(dy * (x - mu) * r), each as channel_sum adds them (float chunks of 4096, added in double). With a ReLU's
 // backward in front (relu), dy = relu_y > 0 ? dz : 0 is computed here and written to dy_out (which may alias dz or
 // relu_y): the same values in the same order as the unfused ops, so the same sums.
-void channel_sums_backward(const float* dy, const ReluInFront* relu, float* dy_out, const float* x, int64_t N,
-                           int64_t C, int64_t I, int64_t c, float mu, float r, double& sdy, double& sdyx) {
+// relu: float32 storage only (fusion runs float32 calls).
+template <class T>
+void channel_sums_backward(const T* dy, const ReluInFront* relu, float* dy_out, const T* x, int64_t N, int64_t C,
+                           int64_t I, int64_t c, float mu, float r, double& sdy, double& sdyx) {
   constexpr int64_t kChunk = 4096;
   sdy = 0, sdyx = 0;
   for (int64_t o = 0; o < N; ++o) {
     const int64_t off = (o * C + c) * I;
-    const float* xr = x + off;
+    const T* xr = x + off;
     for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
       const int64_t i1 = std::min(I, i0 + kChunk);
       float p = 0.f, q = 0.f;
@@ -80,14 +88,15 @@ void channel_sums_backward(const float* dy, const ReluInFront* relu, float* dy_o
           const float g = yr[i] > 0.f ? d : 0.f;
           dyr[i] = g;
           p += g;
-          q += g * (xr[i] - mu) * r;
+          q += g * (load(xr[i]) - mu) * r;
         }
       } else {
-        const float* dyr = dy + off;
+        const T* dyr = dy + off;
 #pragma omp simd reduction(+ : p, q)
         for (int64_t i = i0; i < i1; ++i) {
-          p += dyr[i];
-          q += dyr[i] * (xr[i] - mu) * r;
+          const float d = load(dyr[i]);
+          p += d;
+          q += d * (load(xr[i]) - mu) * r;
         }
       }
       sdy += p;
@@ -98,11 +107,10 @@ void channel_sums_backward(const float* dy, const ReluInFront* relu, float* dy_o
 
 int64_t channels_per_block(int64_t I) { return std::max<int64_t>(1, kBlock / std::max<int64_t>(I, 1)); }
 
-}  // namespace
-
-void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
-                        float* mean, float* rstd, float* running_mean, float* running_var, ThreadPool& pool,
-                        float* relu_out) {
+// relu_out: float32 storage only.
+template <class T>
+void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const float* beta, T* y, float* mean,
+                  float* rstd, float* running_mean, float* running_var, ThreadPool& pool, float* relu_out) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
   const double unbias = m > 1 ? m / (m - 1) : 1.0, mom = a.momentum;
@@ -151,42 +159,50 @@ void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* ga
           shift[j] = beta[c] - mean[c] * scale[j];
         }
         for (int64_t o = 0; o < N; ++o) {
-          const float* xr = x + (o * C + cb) * I;
-          float* yr = y + (o * C + cb) * I;
+          const T* xr = x + (o * C + cb) * I;
+          T* yr = y + (o * C + cb) * I;
           if (relu_out) {
             float* zr = relu_out + (o * C + cb) * I;
 #pragma omp simd
             for (int64_t j = 0; j < L; ++j) {
-              const float v = xr[j] * scale[j] + shift[j];
-              yr[j] = v;
+              const float v = load(xr[j]) * scale[j] + shift[j];
+              store(yr + j, v);
               zr[j] = v < 0.f ? 0.f : v;  // as ActivationForward relu: NaN passes through
             }
           } else {
 #pragma omp simd
-            for (int64_t j = 0; j < L; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+            for (int64_t j = 0; j < L; ++j) store(yr + j, load(xr[j]) * scale[j] + shift[j]);
           }
         }
       } else {
         const float sc = rstd[cb] * gamma[cb], sh = beta[cb] - mean[cb] * sc;
         for (int64_t o = 0; o < N; ++o) {
-          const float* xr = x + (o * C + cb) * I;
-          float* yr = y + (o * C + cb) * I;
+          const T* xr = x + (o * C + cb) * I;
+          T* yr = y + (o * C + cb) * I;
           if (relu_out) {
             float* zr = relu_out + (o * C + cb) * I;
 #pragma omp simd
             for (int64_t i = 0; i < I; ++i) {
-              const float v = xr[i] * sc + sh;
-              yr[i] = v;
+              const float v = load(xr[i]) * sc + sh;
+              store(yr + i, v);
               zr[i] = v < 0.f ? 0.f : v;
             }
           } else {
 #pragma omp simd
-            for (int64_t i = 0; i < I; ++i) yr[i] = xr[i] * sc + sh;
+            for (int64_t i = 0; i < I; ++i) store(yr + i, load(xr[i]) * sc + sh);
           }
         }
       }
     }
   });
+}
+
+}  // namespace
+
+void batch_norm_forward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, float* running_mean, float* running_var, ThreadPool& pool,
+                        float* relu_out) {
+  forward_impl(a, x, gamma, beta, y, mean, rstd, running_mean, running_var, pool, relu_out);
 }
 
 bool batch_norm_long_runs(const BatchNormAttrs& a) { return a.inner >= kShortRun; }
@@ -195,8 +211,9 @@ namespace {
 
 // batch_norm_backward, with a ReLU's backward in front when relu (long runs only): dy is then written to relu_dy
 // (the same buffer as dy) by the statistics sweep before the dx pass reads it.
-void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean, const float* rstd,
-                   const float* dy, const ReluInFront* relu, float* relu_dy, float* dx, float* dgamma, float* dbeta,
+template <class T>
+void backward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const float* mean, const float* rstd,
+                   const T* dy, const ReluInFront* relu, float* relu_dy, T* dx, float* dgamma, float* dbeta,
                    ThreadPool& pool) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
@@ -215,7 +232,7 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
             dy, N, C, I, cb, ce, [](float v, int64_t, int64_t) { return v; }, sdy);
         block_sums(
             dy, N, C, I, cb, ce,
-            [&](float v, int64_t j, int64_t o) { return v * (x[o * C * I + base + j] - me[j]) * rs[j]; }, sdyx);
+            [&](float v, int64_t j, int64_t o) { return v * (load(x[o * C * I + base + j]) - me[j]) * rs[j]; }, sdyx);
       } else {
         channel_sums_backward(dy, relu, relu_dy, x, N, C, I, cb, mean[cb], rstd[cb], sdy[0], sdyx[0]);
       }
@@ -237,16 +254,16 @@ void backward_impl(const BatchNormAttrs& a, const float* x, const float* gamma, 
       }
       for (int64_t o = 0; o < N; ++o) {
         const int64_t off = (o * C + cb) * I;
-        const float* xr = x + off;
-        const float* dyr = dy + off;
-        float* dxr = dx + off;
+        const T* xr = x + off;
+        const T* dyr = dy + off;
+        T* dxr = dx + off;
         if (short_runs) {
 #pragma omp simd
-          for (int64_t j = 0; j < L; ++j) dxr[j] = k1[j] * dyr[j] - k2[j] * (xr[j] - me[j]) - k3[j];
+          for (int64_t j = 0; j < L; ++j) store(dxr + j, k1[j] * load(dyr[j]) - k2[j] * (load(xr[j]) - me[j]) - k3[j]);
         } else {
           const float c1 = k1[0], c2 = k2[0], c3 = k3[0], mu = me[0];
 #pragma omp simd
-          for (int64_t i = 0; i < I; ++i) dxr[i] = c1 * dyr[i] - c2 * (xr[i] - mu) - c3;
+          for (int64_t i = 0; i < I; ++i) store(dxr + i, c1 * load(dyr[i]) - c2 * (load(xr[i]) - mu) - c3);
         }
       }
     }
@@ -257,6 +274,24 @@ void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* g
                          const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
   backward_impl(a, x, gamma, mean, rstd, dy, nullptr, nullptr, dx, dgamma, dbeta, pool);
 }
+
+// Activations (x, y / x, dy, dx) all float32 or all bf16; gamma, beta, the statistics and the parameter gradients
+// float32 (the mixed-precision policy keeps them so).
+bool same_activations(const OpCall& c, std::initializer_list<const BufferView*> acts) {
+  const DType t = (*acts.begin())->dtype;
+  if (t != DType::f32 && t != DType::bf16) return false;
+  for (const BufferView* v : acts)
+    if (v->dtype != t) return false;
+  for (const auto* list : {&c.in, &c.out})
+    for (const auto& v : *list)
+      if (std::find(acts.begin(), acts.end(), &v) == acts.end() && v.dtype != DType::f32) return false;
+  return true;
+}
+bool forward_takes(const OpCall& c) { return same_activations(c, {&c.in[0], &c.out[0]}); }
+bool backward_takes(const OpCall& c) { return same_activations(c, {&c.in[0], &c.in[4], &c.out[0]}); }
+
+const uint16_t* bf16_in(const OpCall& c, size_t i) { return static_cast<const uint16_t*>(c.in[i].raw()); }
+uint16_t* bf16_out(const OpCall& c, size_t i) { return static_cast<uint16_t*>(c.out[i].raw()); }
 
 }  // namespace
 
@@ -269,13 +304,27 @@ void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const flo
 
 // ---- registration ---------------------------------------------------------------------------------------------
 
-KILN_CPU_KERNEL("batch_norm_forward", {[](CpuDevice& d, const OpCall& c) {
-                  batch_norm_forward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1),
-                                     out(c, 2), out(c, 3), out(c, 4), d.pool());
-                }});
-KILN_CPU_KERNEL("batch_norm_backward", {[](CpuDevice& d, const OpCall& c) {
-                  batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4),
-                                      out(c, 0), out(c, 1), out(c, 2), d.pool());
-                }});
+KILN_CPU_KERNEL("batch_norm_forward",
+                {[](CpuDevice& d, const OpCall& c) {
+                   if (c.in[0].dtype == DType::bf16) {
+                     forward_impl(attrs<BatchNormAttrs>(c), bf16_in(c, 0), in(c, 1), in(c, 2), bf16_out(c, 0),
+                                  out(c, 1), out(c, 2), out(c, 3), out(c, 4), d.pool(), nullptr);
+                     return;
+                   }
+                   batch_norm_forward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1),
+                                      out(c, 2), out(c, 3), out(c, 4), d.pool());
+                 },
+                 nullptr, nullptr, forward_takes});
+KILN_CPU_KERNEL("batch_norm_backward",
+                {[](CpuDevice& d, const OpCall& c) {
+                   if (c.in[0].dtype == DType::bf16) {
+                     backward_impl(attrs<BatchNormAttrs>(c), bf16_in(c, 0), in(c, 1), in(c, 2), in(c, 3), bf16_in(c, 4),
+                                   nullptr, nullptr, bf16_out(c, 0), out(c, 1), out(c, 2), d.pool());
+                     return;
+                   }
+                   batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4),
+                                       out(c, 0), out(c, 1), out(c, 2), d.pool());
+                 },
+                 nullptr, nullptr, backward_takes});
 
 }  // namespace kiln::cpu

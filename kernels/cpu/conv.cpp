@@ -6,11 +6,14 @@
 #include "conv.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <string>
 
 #include "conv_dnnl.hpp"
 #include "cpu_kernel.hpp"
 #include "gemm.hpp"
+#include "kiln/error.hpp"
 #include "pool.hpp"
 #include "thread_pool.hpp"
 
@@ -319,26 +322,71 @@ void conv2d_backward_filter(const ConvAttrs& a, const float* x, const float* dy,
 // ---- registration ---------------------------------------------------------------------------------------------
 
 namespace {
+
+// A call on 16-bit storage that oneDNN runs natively: x (or dy) and w (or dy) bf16, the output bf16 or float32.
+bool bf16_call(const OpCall& c) {
+  return c.in.size() == 2 && c.out.size() == 1 && c.in[0].dtype == DType::bf16 && c.in[1].dtype == DType::bf16 &&
+         (c.out[0].dtype == DType::bf16 || c.out[0].dtype == DType::f32);
+}
+std::array<DType, 3> call_types(const OpCall& c) { return {c.in[0].dtype, c.in[1].dtype, c.out[0].dtype}; }
+
+bool all_f32(const OpCall& c) {
+  for (const auto* list : {&c.in, &c.out})
+    for (const auto& v : *list)
+      if (v.dtype != DType::f32) return false;
+  return true;
+}
+
+// Float32 calls, and the bf16 calls oneDNN has a primitive for (one thread's plan: the primitives depend on the
+// geometry and the types, not on how the batch is sliced); every other call the backend converts to float32.
+bool conv_takes(const OpCall& c) {
+  if (all_f32(c)) return true;
+  size_t floats = 0;
+  return bf16_call(c) && dnnl_conv_typed_workspace(c.kind, std::get<ConvAttrs>(c.attrs), call_types(c), 1, floats);
+}
+
 size_t conv_workspace(const CpuDevice& d, const OpCall& c) {
   const auto* a = std::get_if<ConvAttrs>(&c.attrs);
-  return a ? conv_workspace_floats(c.kind, *a, d.threads(), d.winograd()) * sizeof(float) : 0;
+  if (!a) return 0;
+  if (bf16_call(c)) {
+    size_t floats = 0;
+    return dnnl_conv_typed_workspace(c.kind, *a, call_types(c), d.threads(), floats) ? floats * sizeof(float) : 0;
+  }
+  return conv_workspace_floats(c.kind, *a, d.threads(), d.winograd()) * sizeof(float);
 }
+
+// Runs a bf16 call (conv_takes said yes); false for a float32 one.
+bool run_bf16(CpuDevice& d, const OpCall& c) {
+  if (!bf16_call(c)) return false;
+  const auto& a = attrs<ConvAttrs>(c);
+  if (!dnnl_conv_typed(c.kind, a, call_types(c), c.in[0].raw(), c.in[1].raw(), c.out[0].raw(), ws(c),
+                       c.workspace.block ? c.workspace.bytes / sizeof(float) : 0, d.pool()))
+    throw DeviceError(std::string(op_name(c.kind)) + ": oneDNN has no bf16 convolution for n" + std::to_string(a.n) +
+                      " c" + std::to_string(a.c) + " " + std::to_string(a.h) + "x" + std::to_string(a.w) + " k" +
+                      std::to_string(a.k) + " " + std::to_string(a.r) + "x" + std::to_string(a.s) +
+                      " on this thread count, or the workspace is smaller than it needs");
+  return true;
+}
+
 }  // namespace
 
 KILN_CPU_KERNEL("conv2d_forward", {[](CpuDevice& d, const OpCall& c) {
+                                     if (run_bf16(d, c)) return;
                                      conv2d_forward(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0), ws(c), d.pool(),
                                                     d.winograd());
                                    },
-                                   conv_supports, conv_workspace});
+                                   conv_supports, conv_workspace, conv_takes});
 KILN_CPU_KERNEL("conv2d_backward_data", {[](CpuDevice& d, const OpCall& c) {
+                                           if (run_bf16(d, c)) return;
                                            conv2d_backward_data(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0),
                                                                 ws(c), d.pool(), d.winograd());
                                          },
-                                         conv_supports, conv_workspace});
+                                         conv_supports, conv_workspace, conv_takes});
 KILN_CPU_KERNEL("conv2d_backward_filter", {[](CpuDevice& d, const OpCall& c) {
+                                             if (run_bf16(d, c)) return;
                                              conv2d_backward_filter(attrs<ConvAttrs>(c), in(c, 0), in(c, 1), out(c, 0),
                                                                     ws(c), d.pool(), d.winograd());
                                            },
-                                           conv_supports, conv_workspace});
+                                           conv_supports, conv_workspace, conv_takes});
 
 }  // namespace kiln::cpu

@@ -19,6 +19,13 @@
 // forward pass and backward data, 1-4e-6 on the filter gradient, against 1e-7-level for direct (bench/results/
 // cpu_ops.md). Their scratchpad is 6-9 MiB per thread at these shapes, in the workspace like the rest.
 //
+// bf16 storage (a bfloat16 layer's convolutions, dnnl_conv_typed): the same slices, reorders and workspace, with
+// bf16 x, w and dy (and y or dx bf16 or float32 as the call's buffer says); oneDNN's jit_bf16:avx512_core_bf16
+// kernels (vdpbf16ps, float32 accumulation) where the CPU has AVX512_BF16. Backward filter always has its
+// primitives write float32 partials, summed in group order and rounded to a bf16 dw once. No Winograd (oneDNN's is
+// float32 only); pointwise convolutions and single-channel inputs go to oneDNN too, since the alternative would be
+// the float32 im2col path behind conversions of every buffer.
+//
 // KILN_CPU_DNNL=0 turns it off (the im2col + OpenBLAS path, to measure it or rule it out).
 #include "conv_dnnl.hpp"
 
@@ -37,6 +44,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/half.hpp"
 #include "one_omp_thread.hpp"
 
 namespace kiln::cpu {
@@ -84,7 +92,18 @@ struct Post {
   bool bias = false;
 };
 
-using Key = std::array<int64_t, 16>;  // the op kind, the ConvAttrs, Winograd or not, the Post
+using Key = std::array<int64_t, 17>;  // the op kind, the ConvAttrs, Winograd or not, the Post, the Types
+
+// The storage types of the primitive's in0, in1 and out, in the Kiln op's order (forward: x, w, y; backward data:
+// dy, w, dx; backward filter: x, dy, dw). float32 or bf16; oneDNN reads bf16 and accumulates in float32.
+struct Types {
+  std::array<DType, 3> t{DType::f32, DType::f32, DType::f32};
+  bool f32() const { return t[0] == DType::f32 && t[1] == DType::f32 && t[2] == DType::f32; }
+  int64_t code() const {
+    return static_cast<int64_t>(t[0]) + 4 * static_cast<int64_t>(t[1]) + 16 * static_cast<int64_t>(t[2]);
+  }
+};
+Dt dt_of(DType t) { return t == DType::bf16 ? Dt::bf16 : Dt::f32; }
 
 // The right padding oneDNN needs for Kiln's output size: (size + pl + pr - kernel) / stride + 1 == out.
 std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, int64_t pl, int64_t out) {
@@ -94,13 +113,23 @@ std::optional<int64_t> pad_right(int64_t size, int64_t kernel, int64_t stride, i
   return pr;
 }
 
-std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg, Post post) {
+std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg, Post post, Types ty) {
   const auto prh = pad_right(a.h, a.r, a.stride_h, a.pad_h, a.oh), prw = pad_right(a.w, a.s, a.stride_w, a.pad_w, a.ow);
   if (!prh || !prw || a.pad_h >= a.r || a.pad_w >= a.s) return nullptr;
   const memory::dims xd{a.n, a.c, a.h, a.w}, wd{a.k, a.c, a.r, a.s}, yd{a.n, a.k, a.oh, a.ow};
   const memory::dims strides{a.stride_h, a.stride_w}, pl{a.pad_h, a.pad_w}, pr{*prh, *prw};
-  const memory::desc xa(xd, Dt::f32, Tag::any), wa(wd, Dt::f32, Tag::any), ya(yd, Dt::f32, Tag::any);
-  const memory::desc xu(xd, Dt::f32, Tag::nchw), wu(wd, Dt::f32, Tag::oihw), yu(yd, Dt::f32, Tag::nchw);
+  // The types of x, w and y as this op holds them (Types is in the Kiln op's argument order).
+  Dt xt = dt_of(ty.t[0]), wt = dt_of(ty.t[1]), yt = dt_of(ty.t[2]);
+  if (kind == OpKind::Conv2dBackwardData) xt = dt_of(ty.t[2]), yt = dt_of(ty.t[0]);
+  if (kind == OpKind::Conv2dBackwardFilter) wt = dt_of(ty.t[2]), yt = dt_of(ty.t[1]);
+  const memory::desc xa(xd, xt, Tag::any), wa(wd, wt, Tag::any), ya(yd, yt, Tag::any);
+  const memory::desc xu(xd, xt, Tag::nchw), wu(wd, wt, Tag::oihw), yu(yd, yt, Tag::nchw);
+  // The forward primitive a backward one is created after (its hint): all bf16 for a bf16 op (a forward pass with
+  // float32 x and bf16 weights, say, has no implementation), else the op's own descriptors.
+  const bool low = !ty.f32();
+  const memory::desc xh = low ? memory::desc(xd, Dt::bf16, Tag::any) : xa,
+                     wh = low ? memory::desc(wd, Dt::bf16, Tag::any) : wa,
+                     yh = low ? memory::desc(yd, Dt::bf16, Tag::any) : ya;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto& eng = engine();
@@ -108,10 +137,12 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
   const OneOmpThread one;
   try {
     const memory::desc ba({a.k}, Dt::f32, Tag::x);
+    const bool fwd = kind == OpKind::Conv2dForward;
     const dnnl::convolution_forward::desc fd =
         post.bias
             ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xa, wa, ba, ya, strides, pl, pr)
-            : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, xa, wa, ya, strides, pl, pr);
+            : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, fwd ? xa : xh, fwd ? wa : wh,
+                                              fwd ? ya : yh, strides, pl, pr);
     const dnnl::convolution_forward::primitive_desc fpd(fd, attr, eng);
     // The primitive, its implementation, and for in0, in1, out: the plain layout, the argument and oneDNN's layout.
     auto take = [&](const auto& pd, dnnl::primitive prim, std::array<memory::desc, 3> user, std::array<int, 3> args) {
@@ -143,9 +174,10 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
         return nullptr;
     }
     if (std::getenv("KILN_CPU_DNNL_VERBOSE"))
-      std::fprintf(stderr, "kiln cpu: %s n%lld c%lld h%lld w%lld k%lld r%lld s%lld /%lld: oneDNN %s\n",
+      std::fprintf(stderr, "kiln cpu: %s n%lld c%lld h%lld w%lld k%lld r%lld s%lld /%lld %s: oneDNN %s\n",
                    std::string(op_name(kind)).c_str(), (long long)a.n, (long long)a.c, (long long)a.h, (long long)a.w,
-                   (long long)a.k, (long long)a.r, (long long)a.s, (long long)a.stride_h, p->impl.c_str());
+                   (long long)a.k, (long long)a.r, (long long)a.s, (long long)a.stride_h, low ? "bf16" : "f32",
+                   p->impl.c_str());
     if (p->impl.find("ref") != std::string::npos) return nullptr;  // oneDNN's reference loops: im2col is faster
     p->scratch_floats = round_floats(p->scratch_md.get_size());
     for (int i = 0; i < 3; ++i) p->reorder[i] = p->chosen[i] != p->user[i];
@@ -176,7 +208,7 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
 
 // Cached primitives, for the process (primitives with user scratchpads may run on several threads at once).
 // With `winograd`, Winograd where oneDNN has it for this CPU and geometry, else direct.
-const Prim* prim_for(OpKind kind, const ConvAttrs& a, bool winograd, Post post) {
+const Prim* prim_for(OpKind kind, const ConvAttrs& a, bool winograd, Post post, Types ty) {
   static std::mutex mu;
   static std::map<Key, std::unique_ptr<Prim>> cache;
   const Key key{static_cast<int64_t>(kind),
@@ -194,13 +226,14 @@ const Prim* prim_for(OpKind kind, const ConvAttrs& a, bool winograd, Post post) 
                 a.oh,
                 a.ow,
                 winograd ? 1 : 0,
-                post.bias ? 1 : 0};
+                post.bias ? 1 : 0,
+                ty.code()};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) {
     std::unique_ptr<Prim> p;
-    if (winograd) p = build(kind, a, dnnl::algorithm::convolution_winograd, post);
-    if (!p) p = build(kind, a, dnnl::algorithm::convolution_direct, post);
+    if (winograd) p = build(kind, a, dnnl::algorithm::convolution_winograd, post, ty);
+    if (!p) p = build(kind, a, dnnl::algorithm::convolution_direct, post, ty);
     it = cache.emplace(key, std::move(p)).first;
   }
   return it->second.get();
@@ -225,9 +258,9 @@ bool enabled() {
 // convolves and reorders back a slice that stays in its cache, where whole-batch slices streamed every blocked copy
 // and Winograd's transformed tiles through memory: the CNN's step at batch 256 went from 33.8-34.4 to 31.1-31.4 ms,
 // the ResNet's from 43.2-43.6 to 40.0-40.7 (2 threads, AVX-512 host; 512 KiB, 2 and 4 MiB were slower).
-int64_t slices_for(const ConvAttrs& a, int threads) {
+int64_t slices_for(const ConvAttrs& a, int threads, int64_t elem_bytes) {
   constexpr int64_t kSliceBytes = int64_t{1} << 20;
-  const int64_t img_bytes = 4 * std::max(a.c * a.h * a.w, a.k * a.oh * a.ow);
+  const int64_t img_bytes = elem_bytes * std::max(a.c * a.h * a.w, a.k * a.oh * a.ow);
   const int64_t per_slice = std::max<int64_t>(1, kSliceBytes / std::max<int64_t>(img_bytes, 1));
   const int64_t t = std::max(threads, 1);
   const int64_t want = (a.n + per_slice - 1) / per_slice;
@@ -248,31 +281,41 @@ struct Plan {
   const Prim* small = nullptr;  // n / slices images (may equal big)
   const Prim* big = nullptr;    // ceil(n / slices)
   int64_t n_small = 0, n_big = 0;
+  Types types;              // the primitives' (backward filter's dw: always float32, see dw_to_bf16)
+  bool dw_to_bf16 = false;  // backward filter into bf16: every group's partial in the workspace, the sum rounded once
   // Workspace, in floats: [shared weights in the chosen layout][per slot: in0, in1, out, scratchpad, one slice's
   // filter gradient (backward filter with more slices than groups)][partials: one filter gradient per group but the
   // first]
   size_t shared = 0, per_slot[5] = {0, 0, 0, 0, 0}, slot_total = 0, partials = 0;
 };
 
-std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool winograd, Post post = {}) {
+std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool winograd, Post post = {},
+                             Types types = {}) {
+  const bool low = !types.f32();
   // Pointwise convolutions are a plain GEMM already; with fewer than 8 input channels (a first layer on gray or RGB
   // images) oneDNN's backward data runs slower than im2col here (1->32 channels: 13x slower), while its forward and
   // backward filter run faster (0.25 and 0.22 ms against 0.31 and 0.52 ms at the CNN's batch 64 on 2 threads).
   // Filters over 1M floats (4 MiB: 512 x 256 x 3 x 3 and up) stay on im2col too: the blocked copies of the filters
   // (and of their gradient, per thread) would grow the workspace by several times their size, and GEMMs that large
   // run near OpenBLAS's peak already.
-  if (!enabled() || a.n <= 0 || a.r * a.s <= 1 || (a.c < 8 && kind == OpKind::Conv2dBackwardData) ||
+  // bf16 has no im2col path of its own (it would convert to float32 around it): oneDNN takes pointwise convolutions
+  // and few input channels too.
+  if (!enabled() || a.n <= 0 || (!low && (a.r * a.s <= 1 || (a.c < 8 && kind == OpKind::Conv2dBackwardData))) ||
       a.k * a.c * a.r * a.s > (int64_t{1} << 20))
     return std::nullopt;
   Plan p;
-  p.slices = slices_for(a, threads);
+  p.types = types;
+  if (kind == OpKind::Conv2dBackwardFilter && types.t[2] != DType::f32) p.types.t[2] = DType::f32, p.dw_to_bf16 = true;
+  p.slices = slices_for(a, threads, low ? 2 : 4);
   p.groups = std::min<int64_t>(p.slices, std::max(threads, 1));
   p.n_small = a.n / p.slices;
   p.n_big = (a.n + p.slices - 1) / p.slices;
   // Both slice sizes take the same algorithm (decided on the smaller), so the slices' results round alike.
-  const bool wino = winograd && winograd_suits(a, std::max<int64_t>(p.n_small, 1));
-  p.big = prim_for(kind, with_n(a, p.n_big), wino, post);
-  p.small = p.n_small == p.n_big ? p.big : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small), wino, post) : p.big);
+  // oneDNN 2.7's Winograd kernels are float32 only.
+  const bool wino = !low && winograd && winograd_suits(a, std::max<int64_t>(p.n_small, 1));
+  p.big = prim_for(kind, with_n(a, p.n_big), wino, post, p.types);
+  p.small = p.n_small == p.n_big ? p.big
+                                 : (p.n_small > 0 ? prim_for(kind, with_n(a, p.n_small), wino, post, p.types) : p.big);
   if (!p.big || !p.small) return std::nullopt;
   // One weights reorder serves every slice: both slice sizes must have chosen the same weights layout.
   if (kind != OpKind::Conv2dBackwardFilter && p.small->chosen[1] != p.big->chosen[1]) return std::nullopt;
@@ -288,7 +331,7 @@ std::optional<Plan> plan_for(OpKind kind, const ConvAttrs& a, int threads, bool 
   const auto wsize = static_cast<size_t>(a.k * a.c * a.r * a.s);
   if (kind == OpKind::Conv2dBackwardFilter) {
     if (p.slices > p.groups) p.per_slot[4] = round_floats(wsize * 4);
-    p.partials = static_cast<size_t>(p.groups - 1) * wsize;
+    p.partials = static_cast<size_t>(p.groups - (p.dw_to_bf16 ? 0 : 1)) * wsize;
   }
   p.slot_total = p.per_slot[0] + p.per_slot[1] + p.per_slot[2] + p.per_slot[3] + p.per_slot[4];
   return p;
@@ -300,7 +343,7 @@ size_t workspace_floats(const Plan& p, int threads) {
 
 // Argument i of q (0 or 1) in q's layout: reordered from `user` into `buf` where the layouts differ, else `user`
 // itself.
-memory chosen_arg(const Prim& q, int i, float* user, float* buf, dnnl::stream& s) {
+memory chosen_arg(const Prim& q, int i, void* user, float* buf, dnnl::stream& s) {
   memory m(q.chosen[i], engine(), q.reorder[i] ? buf : user);
   if (q.reorder[i]) {
     memory src(q.user[i], engine(), user);
@@ -309,10 +352,10 @@ memory chosen_arg(const Prim& q, int i, float* user, float* buf, dnnl::stream& s
   return m;
 }
 // q's output: where it is written (`buf` where it must be reordered back, else `user`), then back to `user`.
-memory chosen_out(const Prim& q, float* user, float* buf) {
+memory chosen_out(const Prim& q, void* user, float* buf) {
   return memory(q.chosen[2], engine(), q.reorder[2] ? buf : user);
 }
-void out_to_user(const Prim& q, memory& chosen, float* user, dnnl::stream& s) {
+void out_to_user(const Prim& q, memory& chosen, void* user, dnnl::stream& s) {
   if (q.reorder[2]) {
     memory dst(q.user[2], engine(), user);
     q.to_user.execute(s, chosen, dst);
@@ -321,10 +364,10 @@ void out_to_user(const Prim& q, memory& chosen, float* user, dnnl::stream& s) {
 
 // The weights in the layout forward and backward data chose, reordered once into the start of the workspace for
 // every slice (on the calling thread), or w itself where no reorder is needed.
-const float* shared_weights(const Plan& p, const float* w, float* ws) {
+const void* shared_weights(const Plan& p, const void* w, float* ws) {
   if (!p.big->reorder[1]) return w;
   dnnl::stream s(engine());
-  memory src(p.big->user[1], engine(), const_cast<float*>(w)), dst(p.big->chosen[1], engine(), ws);
+  memory src(p.big->user[1], engine(), const_cast<void*>(w)), dst(p.big->chosen[1], engine(), ws);
   p.big->to_chosen[1].execute(s, src, dst);
   s.wait();
   return ws;
@@ -341,16 +384,30 @@ void sum_partials(const Plan& p, int64_t wsize, float* dw, const float* partial_
       }
     });
 }
+// The same into a bf16 dw: every group's partial is in the workspace (group 0's first), summed in group order in
+// float32 and rounded once.
+void sum_partials_bf16(const Plan& p, int64_t wsize, uint16_t* dw, const float* partial_base, ThreadPool& pool) {
+  parallel_ranges(pool, wsize, parts_for(wsize * p.groups, pool), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float v = partial_base[i];
+      for (int64_t t = 1; t < p.groups; ++t) v += partial_base[static_cast<size_t>(t) * wsize + i];
+      dw[i] = float_to_bf16(v);
+    }
+  });
+}
 
 // With `ep` (forward only), each slice's epilogue runs right after its images are back in the plain layout; with
 // `bias_done` the primitives added the bias (Post::bias) and reorder the output back a group of images at a time.
-void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, const float* in1, float* out, float* ws,
+void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, const void* in1, void* out, float* ws,
               ThreadPool& pool, const ConvEpilogue* ep = nullptr, bool bias_done = false,
               const ConvPrologue* pro = nullptr) {
   auto& eng = engine();
   const OneOmpThread one;
   // Weights shared by every slice (forward, backward data).
-  const float* w_chosen = kind != OpKind::Conv2dBackwardFilter ? shared_weights(p, in1, ws) : in1;
+  const void* w_chosen = kind != OpKind::Conv2dBackwardFilter ? shared_weights(p, in1, ws) : in1;
+  // Bytes per value of in0, in1 and out (backward filter's primitives write float32).
+  const int64_t es[3] = {static_cast<int64_t>(dtype_size(p.types.t[0])), static_cast<int64_t>(dtype_size(p.types.t[1])),
+                         static_cast<int64_t>(dtype_size(p.types.t[2]))};
   const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
   // Per Kiln op: in0's and out's image sizes (backward filter: in1 is dy, sliced too).
   int64_t in0_img = x_img, in1_img = 0, out_img = y_img;
@@ -365,21 +422,25 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
                       sbuf + p.per_slot[0] + p.per_slot[1] + p.per_slot[2] + p.per_slot[3]};
     // Backward filter: the group's first slice writes the group's partial (the first group's: out), the others a
     // slot buffer that is then added to it.
-    float* group_dw = grp == 0 ? out : partial_base + static_cast<size_t>(grp - 1) * static_cast<size_t>(wsize);
+    float* group_dw = p.dw_to_bf16 ? partial_base + static_cast<size_t>(grp) * static_cast<size_t>(wsize)
+                      : grp == 0   ? static_cast<float*>(out)
+                                   : partial_base + static_cast<size_t>(grp - 1) * static_cast<size_t>(wsize);
     const int64_t t0 = p.slices * grp / p.groups, t1 = p.slices * (grp + 1) / p.groups;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = slice_begin(a, p.slices, t), n = slice_begin(a, p.slices, t + 1) - b;
       const Prim& q = n == p.n_big ? *p.big : *p.small;
       if (pro) (*pro)(b, b + n);  // this slice's dy, while the reorder below can still find it in cache
       dnnl::stream s(eng);
-      const float* user_in[2] = {in0 + b * in0_img,
-                                 kind == OpKind::Conv2dBackwardFilter ? in1 + b * in1_img : w_chosen};
-      float* user_out = kind == OpKind::Conv2dBackwardFilter ? (t == t0 ? group_dw : bufs[4]) : out + b * out_img;
+      const void* user_in[2] = {
+          static_cast<const char*>(in0) + b * in0_img * es[0],
+          kind == OpKind::Conv2dBackwardFilter ? static_cast<const char*>(in1) + b * in1_img * es[1] : w_chosen};
+      void* user_out = kind == OpKind::Conv2dBackwardFilter ? static_cast<void*>(t == t0 ? group_dw : bufs[4])
+                                                            : static_cast<char*>(out) + b * out_img * es[2];
       std::unordered_map<int, memory> args;
       for (int i = 0; i < 2; ++i) {
         const bool weights_done = i == 1 && kind != OpKind::Conv2dBackwardFilter;  // shared, already in its layout
-        args.emplace(q.args[i], weights_done ? memory(q.chosen[i], eng, const_cast<float*>(user_in[i]))
-                                             : chosen_arg(q, i, const_cast<float*>(user_in[i]), bufs[i], s));
+        args.emplace(q.args[i], weights_done ? memory(q.chosen[i], eng, const_cast<void*>(user_in[i]))
+                                             : chosen_arg(q, i, const_cast<void*>(user_in[i]), bufs[i], s));
       }
       memory out_chosen = chosen_out(q, user_out, bufs[2]);
       args.emplace(q.args[2], out_chosen);
@@ -393,22 +454,27 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const float* in0, 
           const int64_t g = n - i >= q.group ? q.group : 1;
           const memory::dims d{g, a.k, a.oh, a.ow};
           memory from(q.chosen[2].submemory_desc(d, {0, 0, 0, 0}), eng, bufs[2] + i * q.chosen_stride_n);
-          memory to(memory::desc(d, Dt::f32, Tag::nchw), eng, user_out + i * out_img);
+          memory to(memory::desc(d, Dt::f32, Tag::nchw), eng, static_cast<float*>(user_out) + i * out_img);
           (g == q.group ? q.to_user_group : q.to_user_one).execute(s, from, to);
           s.wait();
-          conv_epilogue(a, *ep, false, out, b + i, b + i + g);
+          conv_epilogue(a, *ep, false, static_cast<float*>(out), b + i, b + i + g);
           i += g;
         }
       } else {
         out_to_user(q, out_chosen, user_out, s);
         s.wait();
-        if (ep) conv_epilogue(a, *ep, !bias_done, out, b, b + n);
+        if (ep) conv_epilogue(a, *ep, !bias_done, static_cast<float*>(out), b, b + n);
       }
       if (kind == OpKind::Conv2dBackwardFilter && t != t0)
         for (int64_t i = 0; i < wsize; ++i) group_dw[i] += bufs[4][i];
     }
   });
-  if (kind == OpKind::Conv2dBackwardFilter) sum_partials(p, wsize, out, partial_base, pool);
+  if (kind == OpKind::Conv2dBackwardFilter) {
+    if (p.dw_to_bf16)
+      sum_partials_bf16(p, wsize, static_cast<uint16_t*>(out), partial_base, pool);
+    else
+      sum_partials(p, wsize, static_cast<float*>(out), partial_base, pool);
+  }
 }
 
 // Backward data and backward filter of one convolution together (a dx and a dw from one dy), slice by slice: each
@@ -448,7 +514,7 @@ void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const floa
   auto& eng = engine();
   const OneOmpThread one;
   const Plan &pd = q.data, &pf = q.filter;
-  const float* w_chosen = shared_weights(pd, w, ws);
+  const void* w_chosen = shared_weights(pd, w, ws);
   const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
   float* partial_base = ws + pd.shared + static_cast<size_t>(pool.size()) * q.slot_total;
   pool.run(pf.groups, [&](int64_t grp, int slot) {
@@ -469,7 +535,7 @@ void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const floa
       {
         std::unordered_map<int, memory> args;
         args.emplace(DNNL_ARG_DIFF_DST, dy_mem);
-        args.emplace(DNNL_ARG_WEIGHTS, memory(dq.chosen[1], eng, const_cast<float*>(w_chosen)));
+        args.emplace(DNNL_ARG_WEIGHTS, memory(dq.chosen[1], eng, const_cast<void*>(w_chosen)));
         memory dx_mem = chosen_out(dq, dx + b * x_img, buf[2]);
         args.emplace(DNNL_ARG_DIFF_SRC, dx_mem);
         if (dq.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(dq.scratch_md, eng, buf[4]));
@@ -506,6 +572,22 @@ bool dnnl_conv_workspace(OpKind kind, const ConvAttrs& a, int threads, bool wino
   // Backward filter's workspace also holds the pair (backward data and filter together), which runs in it.
   if (kind == OpKind::Conv2dBackwardFilter)
     if (const auto q = pair_plan(a, threads, winograd)) floats = std::max(floats, q->floats(threads));
+  return true;
+}
+
+bool dnnl_conv_typed_workspace(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, int threads,
+                               size_t& floats) {
+  const auto p = plan_for(kind, a, threads, false, {}, Types{types});
+  if (!p) return false;
+  floats = workspace_floats(*p, threads);
+  return true;
+}
+
+bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, const void* in0,
+                     const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool) {
+  const auto p = plan_for(kind, a, pool.size(), false, {}, Types{types});
+  if (!p || ws_floats < workspace_floats(*p, pool.size())) return false;
+  run_plan(kind, a, *p, in0, in1, out, ws, pool);
   return true;
 }
 
@@ -551,6 +633,11 @@ bool dnnl_conv(OpKind, const ConvAttrs&, const float*, const float*, float*, flo
 }
 bool dnnl_conv_backward_pair(const ConvAttrs&, const float*, const float*, const float*, float*, float*, float*, size_t,
                              ThreadPool&, bool, const ConvPrologue*) {
+  return false;
+}
+bool dnnl_conv_typed_workspace(OpKind, const ConvAttrs&, const std::array<DType, 3>&, int, size_t&) { return false; }
+bool dnnl_conv_typed(OpKind, const ConvAttrs&, const std::array<DType, 3>&, const void*, const void*, void*, float*,
+                     size_t, ThreadPool&) {
   return false;
 }
 }  // namespace kiln::cpu

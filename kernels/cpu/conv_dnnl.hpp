@@ -1,6 +1,7 @@
 // conv_dnnl.cpp: the convolution through oneDNN where the plugin was built with it and oneDNN takes this geometry
 // (false: the caller runs conv.cpp's im2col path; always false without oneDNN).
 #pragma once
+#include <array>
 #include <cstddef>
 
 #include "conv.hpp"
@@ -19,6 +20,15 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
 // both (with `pro`, produced first), in backward filter's workspace (conv.cpp's conv_workspace_floats sizes it to hold
 // the pair). dx and dw are bit for bit the two ops'. False (nothing run) where oneDNN does not take both or `ws_floats`
 // is smaller.
+// 16-bit storage: `types` are the storage types of in0, in1 and out (the Kiln op's order). Supported: in0 and in1
+// bf16, out bf16 or float32 (a bf16 layer's products: oneDNN reads bf16 and accumulates in float32; backward filter
+// sums its per-thread partials in float32 and rounds dw once). Direct convolution only (oneDNN's Winograd is float32
+// only). False where oneDNN has no such primitive for this geometry, or, for dnnl_conv_typed, `ws_floats` is smaller
+// than dnnl_conv_typed_workspace said.
+bool dnnl_conv_typed_workspace(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, int threads,
+                               size_t& floats);
+bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, const void* in0,
+                     const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool);
 bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
                              float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro);
 

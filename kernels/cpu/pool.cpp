@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "bf16_io_conv.hpp"
 #include "bias.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
@@ -240,39 +241,130 @@ void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const
 
 namespace {
 
+void avg_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe) {
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+  for (int64_t p = pb; p < pe; ++p) {
+    const float* xp = x + p * in_plane;
+    for (int64_t oy = 0; oy < a.oh; ++oy)
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const Window w = window(a, oy, ox);
+        const int64_t count = w.count();
+        float sum = 0.f;
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix) sum += xp[iy * a.w + ix];
+        y[p * out_plane + oy * a.ow + ox] = count > 0 ? sum / static_cast<float>(count) : 0.f;
+      }
+  }
+}
+
+void avg_pool_backward_planes(const PoolAttrs& a, const float* dy, float* dx, int64_t pb, int64_t pe) {
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+  for (int64_t p = pb; p < pe; ++p) {
+    float* dxp = dx + p * in_plane;
+    std::fill(dxp, dxp + in_plane, 0.f);
+    for (int64_t oy = 0; oy < a.oh; ++oy)
+      for (int64_t ox = 0; ox < a.ow; ++ox) {
+        const Window w = window(a, oy, ox);
+        const int64_t count = w.count();
+        if (count == 0) continue;
+        const float g = dy[p * out_plane + oy * a.ow + ox] / static_cast<float>(count);
+        for (int64_t iy = w.y0; iy < w.y1; ++iy)
+          for (int64_t ix = w.x0; ix < w.x1; ++ix) dxp[iy * a.w + ix] += g;
+      }
+  }
+}
+
 void avg_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& pool) {
-  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
-    for (int64_t p = pb; p < pe; ++p) {
-      const float* xp = x + p * in_plane;
-      for (int64_t oy = 0; oy < a.oh; ++oy)
-        for (int64_t ox = 0; ox < a.ow; ++ox) {
-          const Window w = window(a, oy, ox);
-          const int64_t count = w.count();
-          float sum = 0.f;
-          for (int64_t iy = w.y0; iy < w.y1; ++iy)
-            for (int64_t ix = w.x0; ix < w.x1; ++ix) sum += xp[iy * a.w + ix];
-          y[p * out_plane + oy * a.ow + ox] = count > 0 ? sum / static_cast<float>(count) : 0.f;
-        }
-    }
-  });
+  parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool),
+                  [&](int64_t pb, int64_t pe) { avg_pool_planes(a, x, y, pb, pe); });
 }
 
 void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPool& pool) {
-  const int64_t planes = a.n * a.c, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
-  parallel_ranges(pool, planes, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
-    for (int64_t p = pb; p < pe; ++p) {
-      float* dxp = dx + p * in_plane;
-      std::fill(dxp, dxp + in_plane, 0.f);
-      for (int64_t oy = 0; oy < a.oh; ++oy)
-        for (int64_t ox = 0; ox < a.ow; ++ox) {
-          const Window w = window(a, oy, ox);
-          const int64_t count = w.count();
-          if (count == 0) continue;
-          const float g = dy[p * out_plane + oy * a.ow + ox] / static_cast<float>(count);
-          for (int64_t iy = w.y0; iy < w.y1; ++iy)
-            for (int64_t ix = w.x0; ix < w.x1; ++ix) dxp[iy * a.w + ix] += g;
-        }
+  parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool),
+                  [&](int64_t pb, int64_t pe) { avg_pool_backward_planes(a, dy, dx, pb, pe); });
+}
+
+// ---- bf16 storage ---------------------------------------------------------------------------------------------
+// Each thread widens a group of planes of its inputs into float32 in its slot of the workspace, runs the float32
+// plane functions above on them (the same comparisons and sums, so the same values before the one rounding of the
+// output), and rounds the output planes back to bf16 while they are in cache. A max pool's maximum is one of its
+// bf16 inputs, so max-pool outputs are exact and its backward pass finds the same argmax as the float32 one.
+
+// Planes per group: about 32 KiB of input planes, so a group's float32 copies stay in L1/L2, and no more than a
+// thread's share of a small tensor (bf16_groups cuts the planes into at least 4 ranges a thread where there is work
+// for more than one: parts_for).
+int64_t plane_group(const PoolAttrs& a, int threads) {
+  const int64_t share = (a.n * a.c + 4 * threads - 1) / (4 * std::max(threads, 1));
+  return std::clamp<int64_t>(std::min(8192 / std::max<int64_t>(a.h * a.w, 1), share), 1, 64);
+}
+// A slot's floats: two input-sized and two output-sized buffers of a group (max-pool backward's x, dx, y, dy).
+size_t slot_floats(const PoolAttrs& a, int threads) {
+  const size_t g = static_cast<size_t>(plane_group(a, threads));
+  return (2 * g * static_cast<size_t>(a.h * a.w) + 2 * g * static_cast<size_t>(a.oh * a.ow) + 15) / 16 * 16;
+}
+
+bool all_of_type(const OpCall& c, DType t) {
+  for (const auto* list : {&c.in, &c.out})
+    for (const auto& v : *list)
+      if (v.dtype != t) return false;
+  return true;
+}
+// Every buffer float32, or every one bf16 (a bf16 layer's activations and their gradients).
+bool pool_takes(const OpCall& c) { return all_of_type(c, DType::f32) || all_of_type(c, DType::bf16); }
+size_t pool_workspace(const CpuDevice& d, const OpCall& c) {
+  if (!all_of_type(c, DType::bf16)) return 0;
+  const auto& a = std::get<PoolAttrs>(c.attrs);
+  return static_cast<size_t>(std::max(d.threads(), 1)) * slot_floats(a, d.threads()) * sizeof(float);
+}
+
+// Runs fn(p0, m, buf) over the (n, c) planes in groups: planes [p0, p0 + m), buf the calling thread's slot.
+template <class Fn>
+void bf16_groups(const PoolAttrs& a, const OpCall& c, ThreadPool& pool, Fn fn) {
+  const int64_t planes = a.n * a.c, g = plane_group(a, pool.size());
+  const int64_t parts = std::min<int64_t>(parts_for(planes * a.h * a.w, pool), std::max<int64_t>(planes, 1));
+  const size_t per = slot_floats(a, pool.size());
+  float* ws = c.workspace.host();
+  pool.run(parts, [&](int64_t part, int slot) {
+    const int64_t b = planes * part / parts, e = planes * (part + 1) / parts;
+    for (int64_t p0 = b; p0 < e; p0 += g) fn(p0, std::min(g, e - p0), ws + static_cast<size_t>(slot) * per);
+  });
+}
+
+const uint16_t* bf16_in(const OpCall& c, size_t i) { return static_cast<const uint16_t*>(c.in[i].raw()); }
+uint16_t* bf16_out(const OpCall& c) { return static_cast<uint16_t*>(c.out[0].raw()); }
+
+void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
+  using bf16io::narrow;
+  using bf16io::widen;
+  const auto& a = std::get<PoolAttrs>(c.attrs);
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+  const int64_t g = plane_group(a, pool.size());
+  bf16_groups(a, c, pool, [&](int64_t p0, int64_t m, float* buf) {
+    float *xi = buf, *xi2 = buf + g * in_plane, *yo = xi2 + g * in_plane, *yo2 = yo + g * out_plane;
+    switch (c.kind) {
+      case OpKind::MaxPoolForward:
+      case OpKind::AvgPoolForward:
+        widen(bf16_in(c, 0) + p0 * in_plane, xi, m * in_plane);
+        if (c.kind == OpKind::MaxPoolForward)
+          max_pool_planes(a, xi, yo, 0, m);
+        else
+          avg_pool_planes(a, xi, yo, 0, m);
+        narrow(yo, bf16_out(c) + p0 * out_plane, m * out_plane);
+        break;
+      case OpKind::MaxPoolBackward:  // in: x, y, dy; out: dx
+        widen(bf16_in(c, 0) + p0 * in_plane, xi, m * in_plane);
+        widen(bf16_in(c, 1) + p0 * out_plane, yo, m * out_plane);
+        widen(bf16_in(c, 2) + p0 * out_plane, yo2, m * out_plane);
+        max_pool_backward_planes(a, xi, yo, yo2, xi2, false, nullptr, 0, m);
+        narrow(xi2, bf16_out(c) + p0 * in_plane, m * in_plane);
+        break;
+      case OpKind::AvgPoolBackward:  // in: dy; out: dx
+        widen(bf16_in(c, 0) + p0 * out_plane, yo, m * out_plane);
+        avg_pool_backward_planes(a, yo, xi, 0, m);
+        narrow(xi, bf16_out(c) + p0 * in_plane, m * in_plane);
+        break;
+      default:
+        break;
     }
   });
 }
@@ -281,17 +373,27 @@ void avg_pool_backward(const PoolAttrs& a, const float* dy, float* dx, ThreadPoo
 
 // ---- registration ---------------------------------------------------------------------------------------------
 
+// Every kernel takes float32 or bf16 storage (pool_takes); bf16 runs through run_pool_bf16.
 KILN_CPU_KERNEL("max_pool_forward", {[](CpuDevice& d, const OpCall& c) {
-                  max_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
+                                       if (c.in[0].dtype == DType::bf16) return run_pool_bf16(c, d.pool());
+                                       max_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                                     },
+                                     nullptr, pool_workspace, pool_takes});
 KILN_CPU_KERNEL("max_pool_backward", {[](CpuDevice& d, const OpCall& c) {
-                  max_pool_backward(attrs<PoolAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), d.pool());
-                }});
+                                        if (c.in[0].dtype == DType::bf16) return run_pool_bf16(c, d.pool());
+                                        max_pool_backward(attrs<PoolAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0),
+                                                          d.pool());
+                                      },
+                                      nullptr, pool_workspace, pool_takes});
 KILN_CPU_KERNEL("avg_pool_forward", {[](CpuDevice& d, const OpCall& c) {
-                  avg_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
+                                       if (c.in[0].dtype == DType::bf16) return run_pool_bf16(c, d.pool());
+                                       avg_pool_forward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                                     },
+                                     nullptr, pool_workspace, pool_takes});
 KILN_CPU_KERNEL("avg_pool_backward", {[](CpuDevice& d, const OpCall& c) {
-                  avg_pool_backward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
+                                        if (c.in[0].dtype == DType::bf16) return run_pool_bf16(c, d.pool());
+                                        avg_pool_backward(attrs<PoolAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                                      },
+                                      nullptr, pool_workspace, pool_takes});
 
 }  // namespace kiln::cpu
