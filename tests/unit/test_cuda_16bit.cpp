@@ -263,3 +263,31 @@ TEST_CASE("cuda runs float32-only kernels on 16-bit buffers through float32 copi
     CHECK(compare(got[0], reference_typed(OpKind::Gemm, mm, gin, gout, {t})[0], t, 1e-5 * mm.k, "mixed gemm") == "");
   }
 }
+
+TEST_CASE("cuda convolutions on bfloat16 and float16 buffers match the reference", "[cuda][cuda16]") {
+  std::string why;
+  auto d = kc::device_or_reason(why);
+  KILN_CUDA_SKIP_IF_NO(d, why);
+  std::string refused;
+  const std::vector<DType> types = types_of(*d, refused);
+  if (types.empty()) KILN_SKIP(refused);
+  std::mt19937 g(21);
+  // Symmetric padding (cuDNN pads), and an asymmetric shape that runs on an explicitly padded copy.
+  const ConvAttrs shapes[] = {{2, 8, 12, 12, 16, 3, 3, 1, 1, 1, 1, 12, 12}, {2, 3, 9, 9, 5, 2, 2, 1, 1, 0, 0, 9, 9}};
+  for (DType t : types)
+    for (const ConvAttrs& a : shapes)
+      for (OpKind kind : {OpKind::Conv2dForward, OpKind::Conv2dBackwardData, OpKind::Conv2dBackwardFilter}) {
+        const std::string label = std::string(op_name(kind)) + " " + dtype_name(t) + " c=" + std::to_string(a.c);
+        INFO(label);
+        const OpArity ar = op_arity(kind, a);
+        const std::vector<std::vector<float>> in = {random_values(ar.in[0], g, t), random_values(ar.in[1], g, t)};
+        const std::vector<std::vector<float>> out = {std::vector<float>(static_cast<size_t>(ar.out[0]), 0.f)};
+        const auto got = run_typed(*d, kind, a, in, {t, t}, out, {t});
+        const auto want = reference_typed(kind, a, in, out, {t});
+        // Sums of up to n*oh*ow (filter gradient) products in float32, rounded once to t.
+        CHECK(compare(got[0], want[0], t, 1e-5 * static_cast<double>(a.n * a.oh * a.ow), label) == "");
+      }
+  const std::string report = static_cast<const char*>(d->extension("cuda.conv_report"));
+  INFO(report);
+  CHECK_THAT(report, Catch::Contains(dtype_name(types[0])));
+}
