@@ -13,7 +13,12 @@ void cast_grad(GradContext& g) {
   const Node& n = g.node();
   if (!g.needs_grad(n.in[0])) return;
   const auto& a = std::get<CastAttrs>(n.attrs);
-  g.emit_grad(n.in[0], OpKind::Cast, CastAttrs{a.count, a.to, a.from}, {g.dy()});
+  // A parameter's 16-bit copy has its gradient in float32 already (GradContext::dtype).
+  const DType from = g.dtype(g.dy()), to = g.dtype(n.in[0]);
+  if (from == to)
+    g.contribute(n.in[0], g.dy());
+  else
+    g.emit_grad(n.in[0], OpKind::Cast, CastAttrs{a.count, from, to}, {g.dy()});
 }
 
 void cast_cases(Table& t) {

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kiln/onnx_export.hpp"
+#include "kiln/step.hpp"
 #include "op_support.hpp"
 
 namespace kiln::op_impl {
@@ -149,6 +150,9 @@ KILN_CORE_OPS(loss) {
         ref_of<LossAttrs, loss_ref>(k));
     d.is_loss = true;
     d.data_inputs = {1};
+    // float16's loss scaling multiplies the loss and its gradient (a scale of 1 otherwise).
+    d.step_scalars = kStepLossScale;
+    d.patch = [](OpAttrs& a, const StepScalars& s) { std::get<LossAttrs>(a).scale *= s.loss_scale; };
     d.grad = loss_grad;
     d.cases = cases_of(k, loss_cases);
     register_op(k, std::move(d));

@@ -20,7 +20,9 @@ int64_t elementwise_partials(int64_t n) {
 // One block per row: row loss into partial[r], gradient written in place. soft: labels are (rows, cols) class
 // probabilities (one-hot included), the row's term sum_j t_j (lse - x_j), dx = scale * (softmax * sum(t) - t).
 __global__ void softmax_xent_kernel(const float* x, const float* labels, float* dx, double* partial, int64_t rows,
-                                    int64_t cols, float scale, bool soft) {
+                                    int64_t cols, float scale_arg, const float* scale_dev, bool soft) {
+  // The scale from the step's scalar slot when there is one (float16's loss scale changes between replays).
+  const double scale = scale_dev ? static_cast<double>(*scale_dev) : static_cast<double>(scale_arg);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
     float* dr = dx + r * cols;
@@ -56,7 +58,8 @@ __global__ void softmax_xent_kernel(const float* x, const float* labels, float* 
 
 // kind: 0 = MSE, 1 = BCE from logits, 2 = BCE from probabilities. Block b sums its grid-stride share.
 __global__ void pointwise_loss_kernel(int kind, const float* pred, const float* target, float* grad, double* partial,
-                                      int64_t n, double per) {
+                                      int64_t n, double per_arg, const float* scale_dev, double cols) {
+  const double per = scale_dev ? static_cast<double>(*scale_dev) / cols : per_arg;
   double acc = 0;
   KILN_GRID_STRIDE(i, n) {
     const double p = pred[i], t = target[i];
@@ -79,7 +82,9 @@ __global__ void pointwise_loss_kernel(int kind, const float* pred, const float* 
 }
 
 // value = factor * sum(partial[0..count)), summed by one block in a fixed order.
-__global__ void finish_sum_kernel(const double* partial, int64_t count, double factor, float* value) {
+__global__ void finish_sum_kernel(const double* partial, int64_t count, double factor_arg, const float* scale_dev,
+                                  double div, float* value) {
+  const double factor = scale_dev ? static_cast<double>(*scale_dev) / div : factor_arg;
   double acc = 0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
   acc = block_reduce(acc, SumOp{});
@@ -95,12 +100,12 @@ size_t loss_workspace_bytes(Loss kind, int64_t rows, int64_t cols) {
 }
 
 void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, float* value, float* grad, int64_t rows,
-          int64_t cols, float scale, void* workspace) {
+          int64_t cols, float scale, const float* scale_dev, void* workspace) {
   auto* partial = static_cast<double*>(workspace);
   if (kind == Loss::softmax_cross_entropy || kind == Loss::softmax_cross_entropy_soft) {
     if (rows > 0 && cols > 0) {
       softmax_xent_kernel<<<static_cast<unsigned>(std::min<int64_t>(rows, 65535)), row_threads(cols), 0, s>>>(
-          pred, target, grad, partial, rows, cols, scale, kind == Loss::softmax_cross_entropy_soft);
+          pred, target, grad, partial, rows, cols, scale, scale_dev, kind == Loss::softmax_cross_entropy_soft);
       KILN_CUDA_LAUNCHED("softmax_xent_kernel");
     }
     // rows x 0 logits: every row has an out-of-range label, like the reference (NaN); no rows: loss 0.
@@ -109,7 +114,7 @@ void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, flo
       fill(s, value, 1, nanf(""));
       return;
     }
-    finish_sum_kernel<<<1, kThreads, 0, s>>>(partial, count, static_cast<double>(scale), value);
+    finish_sum_kernel<<<1, kThreads, 0, s>>>(partial, count, static_cast<double>(scale), scale_dev, 1.0, value);
     KILN_CUDA_LAUNCHED("finish_sum_kernel");
     return;
   }
@@ -117,9 +122,12 @@ void loss(cudaStream_t s, Loss kind, const float* pred, const float* target, flo
   const double per = cols > 0 ? static_cast<double>(scale) / static_cast<double>(cols) : 0.0;
   const int64_t partials = elementwise_partials(n);
   const int k = kind == Loss::mse ? 0 : kind == Loss::bce_logits ? 1 : 2;
-  pointwise_loss_kernel<<<static_cast<unsigned>(partials), kThreads, 0, s>>>(k, pred, target, grad, partial, n, per);
+  const double div = cols > 0 ? static_cast<double>(cols) : 1.0;
+  const float* sdev = cols > 0 ? scale_dev : nullptr;
+  pointwise_loss_kernel<<<static_cast<unsigned>(partials), kThreads, 0, s>>>(k, pred, target, grad, partial, n, per,
+                                                                             sdev, div);
   KILN_CUDA_LAUNCHED("pointwise_loss_kernel");
-  finish_sum_kernel<<<1, kThreads, 0, s>>>(partial, partials, per, value);
+  finish_sum_kernel<<<1, kThreads, 0, s>>>(partial, partials, per, sdev, div, value);
   KILN_CUDA_LAUNCHED("finish_sum_kernel");
 }
 
@@ -133,18 +141,22 @@ Loss loss_kind(OpKind kind, const LossAttrs& a) {
 }  // namespace
 
 KILN_CUDA_KERNELS(loss) {
-  const CudaKernel fused{.run =
-                             [](const CudaOp& op) {
-                               const auto& a = op.attrs<LossAttrs>();
-                               loss(op.stream, loss_kind(op.call.kind, a), op.in(0), op.in(1), op.out(0), op.out(1),
-                                    a.rows, a.cols, a.scale, op.workspace());
-                             },
-                         .workspace =
-                             [](const CudaDevice&, const OpCall& c) {
-                               const auto& a = std::get<LossAttrs>(c.attrs);
-                               return loss_workspace_bytes(loss_kind(c.kind, a), a.rows, a.cols);
-                             },
-                         .workspace_required = true};
+  const CudaKernel fused{
+      .run =
+          [](const CudaOp& op) {
+            const auto& a = op.attrs<LossAttrs>();
+            loss(op.stream, loss_kind(op.call.kind, a), op.in(0), op.in(1), op.out(0), op.out(1), a.rows, a.cols,
+                 a.scale, static_cast<const float*>(op.step_scalars), op.workspace());
+          },
+      .workspace =
+          [](const CudaDevice&, const OpCall& c) {
+            const auto& a = std::get<LossAttrs>(c.attrs);
+            return loss_workspace_bytes(loss_kind(c.kind, a), a.rows, a.cols);
+          },
+      .workspace_required = true,
+      // The scale (the loss weight times float16's loss scale) is a per-step scalar.
+      .pack_step_scalars = [](const OpCall& c,
+                              void* slot) { put_step_scalars(std::get<LossAttrs>(c.attrs).scale, slot); }};
   for (OpKind k : {OpKind::SoftmaxCrossEntropy, OpKind::MeanSquaredError, OpKind::BinaryCrossEntropy})
     register_cuda_kernel(k, fused);
 }

@@ -123,7 +123,8 @@ class Device {
   // refuses for these attributes on this device.
   Support supports(OpKind kind, const OpAttrs& attrs) const;
   // Whether every op runs with buffers holding `t` ([precision] compute; float32 always). The executor refuses a
-  // graph with 16-bit tensors on a device that says no, with this reason, before anything runs. Default: float32 only.
+  // graph with 16-bit tensors on a device that says no, with this reason, before anything runs. A yes with a reason is
+  // a notice `kiln train` prints (e.g. a type that works but slowly). Default: float32 only.
   virtual Support supports_dtype(DType t) const;
   // Scratch bytes the op needs; the executor hands a workspace at least this big.
   virtual size_t workspace_bytes(const OpCall&) const { return 0; }

@@ -142,6 +142,7 @@ class Executor {
   uint64_t bound_generation_ = ~0ull;
   int64_t patched_step_ = -1;
   float patched_lr_ = -1.f;
+  float patched_scale_ = -1.f;
   OpProfile* profile_ = nullptr;
 };
 

@@ -53,7 +53,9 @@ struct TensorInfo {
   size_t bytes() const { return storage_bytes(shape.numel(), dtype); }
 };
 
-enum class Phase : uint8_t { forward, backward, update };
+// unscale: float16's loss scaling divides the gradients by the scale and sums their squares (Graph::grad_sq), which
+// the runner reads to skip the update of a step whose gradients are not finite.
+enum class Phase : uint8_t { forward, backward, unscale, update };
 
 struct Node {
   OpKind kind{};
@@ -90,6 +92,9 @@ class Graph {
   // clip_norm: the sum of squares of every gradient, (1), written in the update phase and alive to the step's end
   // (runners read it back as the gradient norm); kNoTensor without clipping.
   TensorId grad_sq = kNoTensor;
+  // float16 with dynamic loss scaling: losses are scaled, Phase::unscale nodes unscale the gradients and fill
+  // grad_sq; a non-finite grad_sq means the step is skipped (no update nodes run).
+  bool loss_scaling = false;
   // softmax_cross_entropy heads take class probabilities (one value per class) rather than class indices.
   bool soft_labels = false;
   int64_t batch = 0;

@@ -87,6 +87,8 @@ struct ModelSpec {
   uint32_t seed = 0;
   MemorySavers savers;  // [memory]: applied by build_graph (apply_memory_savers)
   PrecisionSpec precision;
+  // The 16-bit types some layer computes in ([precision] compute and layers' precision keys).
+  std::vector<DType> compute_types() const;
 };
 
 // Reads [model] (layers, outputs/loss) using the layer factories in `reg`. Throws ConfigError.

@@ -35,6 +35,7 @@ class GradContext {
   // A backward intermediate of the node's layer and device, stored in the node's compute type.
   virtual TensorId new_tensor(const Shape& s) = 0;
   virtual TensorId new_tensor(const Shape& s, DType t) = 0;
+  // The type t's gradient is stored in: t's own, except float32 for a 16-bit copy of a float32 parameter.
   virtual DType dtype(TensorId t) const = 0;
   // A tensor to hold the gradient of x: shaped and typed like x.
   TensorId grad_tensor(TensorId x) { return new_tensor(shape(x), dtype(x)); }
@@ -50,7 +51,13 @@ class GradContext {
 };
 
 // Per-step scalars an op reads (the executor patches them into the bound call before every step).
-enum StepScalar : uint8_t { kStepNone = 0, kStepLearningRate = 1, kStepCount = 2, kStepDropoutCounter = 4 };
+enum StepScalar : uint8_t {
+  kStepNone = 0,
+  kStepLearningRate = 1,
+  kStepCount = 2,
+  kStepDropoutCounter = 4,
+  kStepLossScale = 8
+};
 
 struct OpDesc {
   std::string name;        // stable, lower-case: reports, repro lines, tolerance files
@@ -75,8 +82,10 @@ struct OpDesc {
   std::vector<int> low_precision;
   std::vector<int> f32_outputs;
   uint8_t step_scalars = kStepNone;
-  std::function<void(OpAttrs&, const StepScalars&)> patch;  // writes the step scalars into the attributes
-  std::function<void(GradContext&)> grad;                   // empty: not differentiable
+  // Writes the step scalars into the attributes. It is given the node's attributes as the graph holds them every
+  // time (the executor copies them before patching), so it may scale a field rather than overwrite it.
+  std::function<void(OpAttrs&, const StepScalars&)> patch;
+  std::function<void(GradContext&)> grad;  // empty: not differentiable
   // The oracle: naive loops on host buffers sized as arity() says.
   std::function<void(const OpAttrs&, std::span<const float* const>, std::span<float* const>)> reference;
   // Appends the attributes that define the call's work to a record/replay cache key (step scalars excluded).

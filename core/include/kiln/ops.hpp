@@ -160,6 +160,10 @@ enum class OpKind : uint16_t {
   // infinities kept; float32 beyond f16's range becomes infinity). in: x(count); out: y(count). Mixed precision's
   // casts: a 16-bit layer's parameters before a matrix product, gradients back to float32.
   Cast,
+  // y = alpha * x where the executor sets alpha = 1 / loss scale every step (StepScalars::loss_scale): float16's
+  // dynamic loss scaling divides the parameter gradients by the scale before the optimizer. in: x; out: y (may
+  // alias x). ElementwiseAttrs (beta unused).
+  LossUnscale,
   Count_  // built-in ops end here; plugins' ops (op_table.hpp register_op) take the kinds after it
 };
 

@@ -21,6 +21,9 @@ struct DeviceContext {
 struct StepScalars {
   int64_t step = 0;  // 0-based global step
   float lr = 0.f;
+  // float16's dynamic loss scale (1 otherwise): losses and their gradients are multiplied by it, parameter gradients
+  // divided by it again (loss_unscale) before the optimizer.
+  float loss_scale = 1.f;
 };
 
 // Memory needs of one device's step, as planned before anything is allocated.

@@ -24,6 +24,8 @@ struct StepResult {
   std::vector<float> losses;  // per output, weighted
   float total_loss = 0.f;
   float grad_norm = -1.f;  // [optimizer] clip_norm: the global gradient norm before clipping; -1 without clipping
+  // float16's loss scaling: a gradient was not finite, so the step changed no weight (the scale backs off).
+  bool skipped = false;
 };
 
 struct EvalResult {

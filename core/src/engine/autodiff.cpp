@@ -16,6 +16,11 @@ class Differentiator {
 
   void run() {
     const size_t n_forward = g_.nodes().size();
+    for (size_t i = 0; i < n_forward; ++i) {
+      const Node& n = g_.nodes()[i];
+      if (n.kind == OpKind::Cast && role_persistent(g_.tensor(g_.root(n.in[0])).role))
+        for (auto o : n.out) weight_copy_of_[g_.root(o)] = g_.root(n.in[0]);
+    }
     std::vector<bool> needs(g_.tensors().size(), false);
     for (size_t t = 0; t < g_.tensors().size(); ++t)
       if (g_.tensors()[t].role == TensorRole::parameter) needs[t] = true;
@@ -91,12 +96,21 @@ class Differentiator {
   }
 
   // Records d as (a part of) the gradient of x; gradients are keyed by storage root, shaped like the root.
-  // A gradient is stored in its tensor's type: a contribution of another type (a 16-bit layer's gradient of a
+  // The type x's gradient is stored in: x's own, except for a 16-bit copy of a float32 parameter (a 16-bit layer's
+  // cast before a product), whose gradient is written in float32 straight away (the product accumulates in float32,
+  // so the parameter's gradient never passes through 16 bits).
+  DType grad_type(TensorId x) const {
+    const TensorId r = g_.root(x);
+    auto it = weight_copy_of_.find(r);
+    return it != weight_copy_of_.end() ? g_.tensor(it->second).dtype : g_.tensor(r).dtype;
+  }
+
+  // A gradient is stored in its gradient type: a contribution of another type (a 16-bit layer's gradient of a
   // float32 tensor) is cast first.
   void contribute(TensorId x, TensorId d, const Node& like) {
     TensorId root = g_.root(x);
-    if (g_.tensor(d).dtype != g_.tensor(root).dtype) {
-      const DType from = g_.tensor(d).dtype, to = g_.tensor(root).dtype;
+    if (g_.tensor(d).dtype != grad_type(root)) {
+      const DType from = g_.tensor(d).dtype, to = grad_type(root);
       TensorId c = new_tensor(g_.tensor(d).shape, to, like);
       emit(OpKind::Cast, CastAttrs{g_.tensor(d).shape.numel(), from, to}, {d}, {c}, like);
       d = c;
@@ -114,7 +128,7 @@ class Differentiator {
     while (parts.size() > 1) {
       TensorId a = parts[parts.size() - 1], b = parts[parts.size() - 2];
       parts.resize(parts.size() - 2);
-      TensorId s = new_tensor(g_.tensor(root).shape, g_.tensor(root).dtype, like);
+      TensorId s = new_tensor(g_.tensor(root).shape, grad_type(root), like);
       emit(OpKind::Add, ElementwiseAttrs{g_.tensor(s).shape.numel(), 1.f, 1.f}, {a, b}, {s}, like);
       parts.push_back(s);
     }
@@ -133,7 +147,7 @@ class Differentiator {
     Shape shape(TensorId t) const override { return d_.g_.tensor(t).shape; }
     TensorId new_tensor(const Shape& s) override { return d_.new_tensor(s, n_.compute, n_); }
     TensorId new_tensor(const Shape& s, DType t) override { return d_.new_tensor(s, t, n_); }
-    DType dtype(TensorId t) const override { return d_.g_.tensor(t).dtype; }
+    DType dtype(TensorId t) const override { return d_.grad_type(t); }
     void emit(OpKind k, OpAttrs a, std::vector<TensorId> in, std::vector<TensorId> out) override {
       d_.emit(k, std::move(a), std::move(in), std::move(out), n_);
     }
@@ -157,6 +171,7 @@ class Differentiator {
   Graph& g_;
   std::map<TensorId, std::vector<TensorId>> grads_;
   std::set<TensorId> fresh_;
+  std::map<TensorId, TensorId> weight_copy_of_;  // 16-bit copy -> the float32 parameter it was cast from
   std::vector<bool>* needs_ = nullptr;
 };
 

@@ -277,11 +277,15 @@ void Executor::bind() {
 }
 
 void Executor::patch(const StepScalars& s) {
-  if (s.step == patched_step_ && s.lr == patched_lr_) return;
+  if (s.step == patched_step_ && s.lr == patched_lr_ && s.loss_scale == patched_scale_) return;
   for (auto& slot_calls : calls_)
-    for (const auto& [i, desc] : patches_) desc->patch(slot_calls[i].attrs, s);
+    for (const auto& [i, desc] : patches_) {
+      slot_calls[i].attrs = g_.nodes()[node_index_[i]].attrs;  // patches see the graph's attributes
+      desc->patch(slot_calls[i].attrs, s);
+    }
   patched_step_ = s.step;
   patched_lr_ = s.lr;
+  patched_scale_ = s.loss_scale;
 }
 
 void Executor::check_batch(const Element& b) const {

@@ -34,7 +34,8 @@ std::vector<std::string> layers_with_ops(const Graph& g) {
   return out;
 }
 
-void recompute(Graph& g, const std::set<std::string>& layers) {
+// Recomputes the outputs of the forward nodes `drop` picks.
+void recompute_where(Graph& g, const std::function<bool(const Node&)>& drop) {
   const size_t fb = first_backward(g);
   const size_t nt = g.tensors().size();
   std::vector<int64_t> producer(nt, -1);
@@ -48,7 +49,7 @@ void recompute(Graph& g, const std::set<std::string>& layers) {
       for (auto o : n.out) excluded[static_cast<size_t>(g.root(o))] = true;
       continue;
     }
-    if (!layers.count(n.layer)) continue;
+    if (!drop(n)) continue;
     for (auto o : n.out) {
       auto r = static_cast<size_t>(g.root(o));
       dropped[r] = g.tensors()[r].role == TensorRole::activation;
@@ -91,6 +92,19 @@ void recompute(Graph& g, const std::set<std::string>& layers) {
     nodes.push_back(std::move(n));
   }
   g.nodes() = std::move(nodes);
+}
+
+void recompute(Graph& g, const std::set<std::string>& layers) {
+  recompute_where(g, [&](const Node& n) { return layers.count(n.layer) != 0; });
+}
+
+// A 16-bit layer's copies of its float32 weights are cast again just before the backward ops that read them,
+// rather than kept from the forward pass to the backward one: a cast moves a few bytes per weight, while keeping
+// every layer's copy alive through the step would cost more activation memory than 16-bit storage saves when the
+// weights are large against the activations (an MLP at a small batch).
+void recast_weight_copies(Graph& g) {
+  recompute_where(
+      g, [&](const Node& n) { return n.kind == OpKind::Cast && role_persistent(g.tensor(g.root(n.in[0])).role); });
 }
 
 }  // namespace
@@ -169,6 +183,7 @@ std::vector<std::string> recompute_layer_list(const Graph& g, const MemorySavers
 
 void apply_memory_savers(Graph& g, const MemorySavers& s, bool training) {
   g.inplace = s.inplace;
+  if (training) recast_weight_copies(g);
   if (!training || s.recompute == RecomputeMode::none) return;
   auto list = recompute_layer_list(g, s);
   std::set<std::string> known;

@@ -46,6 +46,15 @@ DType parse_dtype(const ConfigNode& c, const std::string& key) {
   return v == "bfloat16" ? DType::bf16 : v == "float16" ? DType::f16 : DType::f32;
 }
 
+std::vector<DType> ModelSpec::compute_types() const {
+  std::vector<DType> out;
+  auto add = [&](DType t) {
+    if (t != DType::f32 && std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  };
+  for (const auto& l : layers) add(l.precision.value_or(precision.compute));
+  return out;
+}
+
 PrecisionSpec parse_precision(const ConfigNode& p) {
   PrecisionSpec s;
   s.compute = parse_dtype(p, "compute");
@@ -363,6 +372,47 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
 // torch.nn.utils.clip_grad_norm_ before the optimizer: s = sum of every gradient's squares (accumulated in one
 // (1) tensor), then every gradient *= min(1, clip / (sqrt(s) + 1e-6)). Update-phase nodes, so a data-parallel
 // runner clips the all-reduced gradient.
+// float16's dynamic loss scaling: every parameter gradient divided by the scale in place, then the sum of their
+// squares in grad_sq (unscale phase), which the runner reads: a step with a non-finite gradient runs no update node.
+// Clipping, if any, reuses grad_sq (its sums are not emitted again).
+void append_unscale(Graph& g) {
+  if (g.param_grads.empty()) return;
+  const int dev = g.tensor(g.param_grads.front().first).device;
+  for (auto [param, grad] : g.param_grads)
+    if (g.tensor(param).device != dev)
+      throw ConfigError(
+          "[precision] loss_scale = \"dynamic\": the parameters live on several devices (model_parallel), and the "
+          "check for non-finite gradients runs on one; use bfloat16 (no loss scaling) or the single strategy");
+  TensorInfo t;
+  t.shape = Shape{1};
+  t.role = TensorRole::activation;
+  t.layer = "loss_scale";
+  t.name = "grad_norm_sq";
+  t.device = dev;
+  g.grad_sq = g.add_tensor(std::move(t));
+  g.loss_scaling = true;
+  auto node = [&](OpKind k, ElementwiseAttrs a, TensorId in, TensorId out, const std::string& layer) {
+    Node n;
+    n.kind = k;
+    n.attrs = a;
+    n.in = {in};
+    n.out = {out};
+    n.layer = layer;
+    n.device = dev;
+    n.phase = Phase::unscale;
+    g.add_node(std::move(n));
+  };
+  for (auto [param, grad] : g.param_grads)
+    node(OpKind::LossUnscale, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, 0.f}, grad, grad,
+         g.tensor(param).layer);
+  bool first = true;
+  for (auto [param, grad] : g.param_grads) {
+    node(OpKind::SumSquares, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, first ? 0.f : 1.f}, grad, g.grad_sq,
+         g.tensor(param).layer);
+    first = false;
+  }
+}
+
 void append_clip(Graph& g, double clip) {
   if (g.param_grads.empty()) return;
   const int dev = g.tensor(g.param_grads.front().first).device;
@@ -371,13 +421,16 @@ void append_clip(Graph& g, double clip) {
       throw ConfigError(
           "[optimizer] clip_norm: the parameters live on several devices (model_parallel), and the global "
           "gradient norm is computed on one; remove clip_norm or use the single or data_parallel strategy");
-  TensorInfo t;
-  t.shape = Shape{1};
-  t.role = TensorRole::activation;
-  t.layer = "clip_norm";
-  t.name = "grad_norm_sq";
-  t.device = dev;
-  g.grad_sq = g.add_tensor(std::move(t));
+  const bool summed = g.grad_sq != kNoTensor;  // loss scaling's unscale phase summed the squares already
+  if (!summed) {
+    TensorInfo t;
+    t.shape = Shape{1};
+    t.role = TensorRole::activation;
+    t.layer = "clip_norm";
+    t.name = "grad_norm_sq";
+    t.device = dev;
+    g.grad_sq = g.add_tensor(std::move(t));
+  }
   auto node = [&](OpKind k, ElementwiseAttrs a, TensorId in, TensorId out, const std::string& layer) {
     Node n;
     n.kind = k;
@@ -391,6 +444,7 @@ void append_clip(Graph& g, double clip) {
   };
   bool first = true;
   for (auto [param, grad] : g.param_grads) {
+    if (summed) break;
     node(OpKind::SumSquares, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, first ? 0.f : 1.f}, grad, g.grad_sq,
          g.tensor(param).layer);
     first = false;
@@ -656,6 +710,7 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
   if (o.training) {
     append_backward(g);
     if (!o.optimizer) throw Error("build_graph: a training graph needs an optimizer");
+    if (m.precision.loss_scaling) append_unscale(g);
     if (o.optimizer->clip_norm > 0) append_clip(g, o.optimizer->clip_norm);
     append_updates(g, *o.optimizer);
   }

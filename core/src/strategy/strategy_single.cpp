@@ -68,11 +68,23 @@ StepResult SingleDeviceRunner::train_step(const Element& batch, const StepScalar
   ex.run_range(0, bwd, s, slot);
   StepResult r;
   for (auto t : ex.graph().losses) {
-    float v = ex.read_scalar(t);
+    float v = ex.read_scalar(t) / s.loss_scale;  // the scaled loss of float16's loss scaling, unscaled
     r.losses.push_back(v);
     r.total_loss += v;
   }
   if (!std::isfinite(r.total_loss)) return r;
+  if (ex.graph().loss_scaling) {  // GradScaler.step: no update from a non-finite gradient
+    const size_t upd = ex.first_node_of(Phase::update);
+    ex.run_range(bwd, upd, s, slot);
+    const float sq = ex.read_scalar(ex.graph().grad_sq);
+    r.grad_norm = std::sqrt(sq);
+    if (!std::isfinite(sq)) {
+      r.skipped = true;
+      return r;
+    }
+    ex.run_range(upd, ex.size(), s, slot);
+    return r;
+  }
   ex.run_range(bwd, ex.size(), s, slot);
   if (ex.graph().grad_sq != kNoTensor) r.grad_norm = std::sqrt(ex.read_scalar(ex.graph().grad_sq));
   return r;

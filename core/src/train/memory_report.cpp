@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -132,6 +133,42 @@ std::string format_device_plan(const DevicePlan& p, size_t limit, const std::str
 
 namespace {
 const std::vector<ReservationHolder> kNoHolders;
+
+// The model's precision and what 16-bit storage saves: the same step planned in float32 beside it.
+std::string precision_line(Session& s, const RunnerContext& ctx, const std::vector<DevicePlan>& plans) {
+  ModelSpec& m = s.model();
+  const std::vector<DType> types = m.compute_types();
+  if (types.empty()) return "precision: float32\n";
+  const PrecisionSpec saved = m.precision;
+  std::vector<std::optional<DType>> overrides;
+  for (auto& l : m.layers) overrides.push_back(l.precision), l.precision.reset();
+  m.precision = PrecisionSpec{};
+  std::vector<DevicePlan> f32;
+  try {
+    f32 = s.strategy().plan(ctx);
+  } catch (...) {
+    f32.clear();
+  }
+  m.precision = saved;
+  for (size_t i = 0; i < m.layers.size(); ++i) m.layers[i].precision = overrides[i];
+  std::ostringstream os;
+  os << "precision: compute " << dtype_name(saved.compute);
+  for (size_t i = 0; i < m.layers.size(); ++i)
+    if (overrides[i] && *overrides[i] != saved.compute)
+      os << ", layer " << m.layers[i].name << " " << dtype_name(*overrides[i]);
+  os << " (parameters, their gradients and optimizer state float32"
+     << (saved.loss_scaling ? "; dynamic loss scaling from " + std::to_string(static_cast<int64_t>(saved.init_scale))
+                            : std::string())
+     << ")\n";
+  for (size_t i = 0; i < plans.size() && i < f32.size(); ++i) {
+    const double a = static_cast<double>(plans[i].activations), b = static_cast<double>(f32[i].activations);
+    os << "  " << plans[i].device << ": activations " << format_bytes(plans[i].activations) << " against "
+       << format_bytes(f32[i].activations) << " in float32 (" << std::fixed << std::setprecision(0)
+       << (b > 0 ? 100.0 * a / b : 100.0) << "%), step total " << format_bytes(plans[i].total()) << " against "
+       << format_bytes(f32[i].total()) << "\n";
+  }
+  return os.str();
+}
 }  // namespace
 
 PlanCheck check_plan(Session& s) {
@@ -141,11 +178,12 @@ PlanCheck check_plan(Session& s) {
   c.plans = s.strategy().plan(ctx);
   const auto limits = device_limits(ctx);
   std::ostringstream os;
-  const ModelSpec& m = s.model();
+  ModelSpec& m = s.model();
   os << "model: " << s.run_name() << " (input " << m.input_shape.str() << ", batch " << ctx.global_batch
      << ", optimizer " << (ctx.optimizer ? optimizer_name(*ctx.optimizer) : "none") << ", " << m.savers.describe()
      << ")\n";
   os << format_layer_table(layer_table(m));
+  os << precision_line(s, ctx, c.plans);
   size_t worst = 0;
   for (size_t i = 0; i < c.plans.size(); ++i) {
     const size_t di = device_of(c.plans[i], ctx, i);

@@ -239,6 +239,8 @@ bool may_change_on_resume(const std::string& key) {
       "train.epochs", "train.max_steps", "train.resume", "train.overwrite", "train.progress", "train.checkpoint_every",
       "train.keep_checkpoints", "train.evaluate", "train.divergence_factor", "train.output_dir",
       "train.device_prefetch", "train.memory_policy", "log.", "device.", "memory.", "plugins.", "data.test", "run.name",
+      // The checkpoint holds float32 master weights whatever the compute type: a run may continue in another.
+      "precision.",
       // How data_parallel spreads the same global batch (the checkpoint does not depend on it): processes, devices,
       // buckets and where the optimizer state lives.
       "strategy.communicator", "strategy.process_group", "strategy.devices", "strategy.timeout_s", "strategy.reduction",

@@ -262,6 +262,12 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
   std::string stype = "single";
   strategy_ = make_strategy(root, reg_, cfg_.file(), stype);
   if (device_.fail_block_request > 1 && device_.growth && stype == "single") check_fault_injection();
+  if (model_.precision.loss_scaling && stype != "single")
+    root.table("precision")
+        ->fail("compute",
+               "float16 with dynamic loss scaling runs with the single strategy only for now (strategy \"" + stype +
+                   "\" would have to agree on skipped steps across replicas); use compute = \"bfloat16\", which "
+                   "needs no loss scaling, or loss_scale = \"none\"");
   if (auto d = root.table("data")) check_data_stages(*d, reg_);
   root.finish();
   // Build each pipeline once so every stage validates its keys and files before anything else happens, then check

@@ -29,6 +29,7 @@
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "last_batch.hpp"
+#include "loss_scaler.hpp"
 #include "progress.hpp"
 #include "resume_checks.hpp"
 #include "run_dir.hpp"
@@ -112,6 +113,8 @@ class TrainingRun {
   [[noreturn]] void stop_on_divergence(EpochRun& e);
   void write_step_record(const EpochRun& e, const StepResult& r, const StepScalars& sc, double el);
   std::string progress_extra(const EpochRun& e) const;
+  // Loss scaling computes the gradient norm too; it is shown where clip_norm asked for it.
+  bool shows_grad_norm() const { return !scaler_.active() || s_.optimizer().clip_norm > 0; }
   bool stop_mid_epoch(EpochRun& e, const std::optional<Element>& next);
   EpochMetrics finish_epoch(EpochRun& e);
   void print_epoch_line(const EpochMetrics& em);
@@ -153,6 +156,7 @@ class TrainingRun {
   EarlyStopper es_;
   std::optional<EpochMetrics> best_metrics_;  // the best epoch's, for the report when early stopping restores it
   DivergenceGuard diverge_;
+  LossScaler scaler_;
 };
 
 TrainingRun::TrainingRun(Session& s, std::ostream& out, const RunInfo& info)
@@ -166,7 +170,8 @@ TrainingRun::TrainingRun(Session& s, std::ostream& out, const RunInfo& info)
       metrics_path_(ts_.output_dir + "/metrics.jsonl"),
       best_path_(ts_.output_dir + "/checkpoint-best.kiln"),
       es_(ts_.early_stopping),
-      diverge_(ts_.divergence_factor) {}
+      diverge_(ts_.divergence_factor),
+      scaler_(s.model().precision) {}
 
 TrainReport TrainingRun::run() {
   // Ranks started with different configs are refused before anything else.
@@ -267,6 +272,9 @@ void TrainingRun::start_runner() {
          << (d.allocator ? format_bytes(d.allocator->limit()) : std::string("none"))
          << (d.allocator && d.allocator->options().growth ? " (growth on demand)" : " (reserved at start)")
          << (s_.explicit_limit() ? " from [device] memory_limit" : "") << "\n";
+    for (DType t : s_.model().compute_types())
+      if (Support sp = d.device->supports_dtype(t); sp.yes && !sp.reason.empty())
+        out_ << "note: " << info.label() << ": " << sp.reason << "\n";
   }
   rctx_ = s_.runner_context();
   // Refuse up front, with the full plan report, when the plan cannot fit (memory_policy "fit" turns on savers first).
@@ -313,6 +321,7 @@ void TrainingRun::resume_from_checkpoint() {
   // The newest checkpoint that loads: a damaged one falls back to the one before ([train] keep_checkpoints).
   LoadedCheckpoint lc = load_newest_checkpoint(ckpt_path_);
   Checkpoint& c = lc.checkpoint;
+  scaler_.load(c.tensors, lc.path);
   check_checkpoint_fits(s_, *runner_, c, lc.path, per_epoch_, train_data_->size_hint());
   if (!lc.warning.empty()) out_ << lc.warning << "\n";
   runner_->load_state(c.tensors);
@@ -444,9 +453,10 @@ std::optional<Element> TrainingRun::pull(EpochRun& e) {
 }
 
 void TrainingRun::train_step(EpochRun& e, const Element& b) {
-  StepScalars sc{step_, static_cast<float>(s_.optimizer().learning_rate_at(step_))};
+  StepScalars sc{step_, static_cast<float>(s_.optimizer().learning_rate_at(step_)), scaler_.scale()};
   if (!report_.first_step_start) report_.first_step_start = Clock::now();
   StepResult r = runner_->train_step(b, sc);
+  scaler_.update(r.skipped);
   if (!std::isfinite(r.total_loss)) stop_on_nonfinite(e, b, r.total_loss);
   if (diverge_.observe(r.total_loss)) {
     ++step_;  // this step's weights are applied: the message counts it
@@ -455,7 +465,7 @@ void TrainingRun::train_step(EpochRun& e, const Element& b) {
   e.loss_sum += r.total_loss * static_cast<double>(b.batch);
   for (size_t i = 0; i < r.losses.size() && i < e.head_sum.size(); ++i)
     e.head_sum[i] += static_cast<double>(r.losses[i]) * static_cast<double>(b.batch);
-  if (r.grad_norm >= 0) e.norm_sum += r.grad_norm, ++e.norms;
+  if (r.grad_norm >= 0 && std::isfinite(r.grad_norm)) e.norm_sum += r.grad_norm, ++e.norms;
   e.examples += b.batch;
   ++e.batches;
   ++step_;
@@ -503,7 +513,10 @@ void TrainingRun::write_step_record(const EpochRun& e, const StepResult& r, cons
       metrics_ << (h ? "," : "") << json_string(outs[h].layer) << ":" << json_num(r.losses[h]);
     metrics_ << "}";
   }
-  if (r.grad_norm >= 0) metrics_ << ",\"grad_norm\":" << json_num(r.grad_norm);
+  if (r.grad_norm >= 0 && shows_grad_norm()) metrics_ << ",\"grad_norm\":" << json_num(r.grad_norm);
+  if (scaler_.active())
+    metrics_ << ",\"loss_scale\":" << json_num(sc.loss_scale) << ",\"skipped\":" << (r.skipped ? "true" : "false")
+             << ",\"skipped_steps\":" << scaler_.skipped();
   metrics_ << ",\"learning_rate\":" << json_num(sc.lr)
            << ",\"examples_per_s\":" << json_num(el > 0 ? static_cast<double>(e.examples) / el : 0);
   if (!s_.devices().empty() && s_.devices().front().allocator)
@@ -523,7 +536,9 @@ std::string TrainingRun::progress_extra(const EpochRun& e) const {
   if (e.head_sum.size() > 1 && e.examples > 0)
     for (size_t i = 0; i < e.head_sum.size(); ++i)
       os << "  " << s_.model().outputs[i].layer << " " << e.head_sum[i] / static_cast<double>(e.examples);
-  if (e.norms > 0) os << "  grad_norm " << e.norm_sum / static_cast<double>(e.norms);
+  if (e.norms > 0 && shows_grad_norm()) os << "  grad_norm " << e.norm_sum / static_cast<double>(e.norms);
+  if (scaler_.active())
+    os << std::setprecision(0) << "  loss_scale " << scaler_.scale() << "  skipped " << scaler_.skipped();
   return os.str();
 }
 
@@ -574,7 +589,7 @@ EpochMetrics TrainingRun::finish_epoch(EpochRun& e) {
   em.examples_per_s = em.seconds > 0 ? static_cast<double>(e.examples) / em.seconds : 0;
   em.s_per_batch = e.batches ? em.seconds / static_cast<double>(e.batches) : 0;
   em.input_wait_fraction = em.seconds > 0 ? e.wait / em.seconds : 0;
-  em.grad_norm = e.norms > 0 ? e.norm_sum / static_cast<double>(e.norms) : -1;
+  em.grad_norm = e.norms > 0 && shows_grad_norm() ? e.norm_sum / static_cast<double>(e.norms) : -1;
   for (double h : e.head_sum) em.train_losses.push_back(e.examples ? h / static_cast<double>(e.examples) : 0);
   e.prog.update(e.batches, em.train_loss, em.examples_per_s, em.s_per_batch, true, progress_extra(e));
   e.prog.finish();
@@ -756,6 +771,7 @@ bool TrainingRun::checkpoint_due() const {
 
 void TrainingRun::write_checkpoint(Checkpoint& c) {
   c.tensors = runner_->save_state();  // every rank: it may gather the optimizer state's shards
+  scaler_.save(c.tensors);
   std::string failed;
   if (lead_) {
     try {
