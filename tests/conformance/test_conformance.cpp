@@ -133,6 +133,10 @@ TEST_CASE("conformance run writes the JSON report and an op-support matrix namin
   CHECK(json.find("\"id\": \"gemm/nn.17x33x65.int\", \"op\": \"gemm\", \"status\": \"pass\"") != std::string::npos);
   CHECK(md.find("| gemm | yes (") != std::string::npos);
   CHECK(md.find("| conv2d_backward_filter | not run |") != std::string::npos);
+  // The 16-bit table: gemm's bf16 and f16 cases.
+  CHECK(md.find("## 16-bit storage") != std::string::npos);
+  CHECK(md.find("| gemm | bf16 yes (") != std::string::npos);
+  CHECK(md.find(", f16 yes (") != std::string::npos);
   CHECK(out.str().find("PASS cpu:0 gemm/tt.64x64x64.int -- exact") != std::string::npos);
 }
 

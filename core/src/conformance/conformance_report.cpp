@@ -1,4 +1,5 @@
 // The conformance suite's files: the JSON report and the markdown op-support matrix.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -97,6 +98,20 @@ void write_conformance_json(const ConformanceReport& report, const std::string& 
   write_file(path, j.str());
 }
 
+namespace {
+// "bf16" or "f16" for a 16-bit case (a variant's suffix, or a cast from or to the type), else "".
+std::string sixteen_bit_type(const std::string& id) {
+  auto ends = [&](const char* t) {
+    const std::string s(t);
+    return id.size() >= s.size() && id.compare(id.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends(".bf16") || id.find("bfloat16") != std::string::npos) return "bf16";
+  if (ends(".f16") || id.find(".float16") != std::string::npos || id.find("/float16") != std::string::npos)
+    return "f16";
+  return "";
+}
+}  // namespace
+
 void write_support_matrix(const ConformanceReport& report, const std::string& path) {
   std::ostringstream m;
   std::vector<std::string> notes;
@@ -150,6 +165,58 @@ void write_support_matrix(const ConformanceReport& report, const std::string& pa
         m << " partial (" << counts << ") " << note(md_escape(why)) << " |";
       else
         m << " yes (" << total << ") |";
+    }
+    m << "\n";
+  }
+  // The 16-bit cases (the .bf16/.f16 variants and the casts) per op and type: whether the backend runs the op on
+  // 16-bit storage at all (natively or converted: see docs/conformance.md).
+  m << "\n## 16-bit storage\n\n"
+    << "The op's bfloat16 and float16 cases (the `.bf16`/`.f16` variants of its cases and the casts): **yes** all\n"
+    << "passed, **no** the device refuses the type (Device::supports_dtype) or the op, **FAIL** some failed;\n"
+    << "**float32 only**: the op has no 16-bit cases (optimizer state and parameter-only ops stay float32 under\n"
+    << "every policy). Whether a kernel reads 16-bit storage itself or runs on float32 copies is not reported by\n"
+    << "any API; docs/conformance.md lists it per backend from the code.\n\n| op |";
+  for (const auto& b : report.backends) m << ' ' << b.backend << " |";
+  m << "\n|---|";
+  for (size_t i = 0; i < report.backends.size(); ++i) m << "---|";
+  m << "\n";
+  for (int k = 0; k < ops; ++k) {
+    const std::string op(op_name(static_cast<OpKind>(k)));
+    m << "| " << op << " |";
+    for (const auto& b : report.backends) {
+      if (!b.available) {
+        m << " n/a |";
+        continue;
+      }
+      const bool ran = std::any_of(b.cases.begin(), b.cases.end(), [&](const CaseResult& c) { return c.op == op; });
+      if (!ran) {
+        m << " not run |";
+        continue;
+      }
+      std::string cell;
+      for (const char* type : {"bf16", "f16"}) {
+        int total = 0, pass = 0, fail = 0;
+        std::string why;
+        for (const auto& c : b.cases) {
+          if (c.op != op || sixteen_bit_type(c.id) != type) continue;
+          ++total;
+          pass += c.status == CaseStatus::pass;
+          fail += c.status == CaseStatus::fail;
+          if (c.status == CaseStatus::unsupported && why.empty()) why = b.backend + " " + c.id + ": " + c.detail;
+        }
+        if (total == 0) continue;
+        cell += cell.empty() ? " " : ", ";
+        cell += type;
+        if (fail)
+          cell += " **FAIL** (" + std::to_string(pass) + "/" + std::to_string(total) + " passed)";
+        else if (pass == total)
+          cell += " yes (" + std::to_string(total) + ")";
+        else if (pass == 0)
+          cell += " no " + note(md_escape(why));
+        else
+          cell += " partial (" + std::to_string(pass) + "/" + std::to_string(total) + ") " + note(md_escape(why));
+      }
+      m << (cell.empty() ? std::string(" float32 only") : cell) << " |";
     }
     m << "\n";
   }
