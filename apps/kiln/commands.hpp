@@ -27,6 +27,7 @@ struct Options {
   std::string tolerance_dir;
   // evaluate / predict / export (model_io.hpp)
   std::string checkpoint, data = "test", input, output, format, weights = "auto";
+  std::string dtype = "float32";  // kiln export --dtype: the safetensors' element type
   // kiln plugins --check: load each plugin file alone in a child process, killed after check_timeout seconds
   bool check_plugins = false;
   double check_timeout = 10;

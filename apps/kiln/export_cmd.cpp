@@ -2,15 +2,19 @@
 // safetensors: 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__"},
 // then the tensors' bytes; names and layouts are Kiln's (docs/user_guide.md, "kiln export").
 #include <iostream>
+#include <vector>
 
 #include "kiln/error.hpp"
+#include "kiln/half.hpp"
 #include "model_io.hpp"
 
 namespace kiln::app {
 
 namespace {
 
-std::string safetensors(const TrainedModel& m) {
+// `type`: F32 as the checkpoint holds the weights, or BF16/F16 rounded to nearest even (what torch's .to() gives).
+std::string safetensors(const TrainedModel& m, DType type) {
+  const char* tag = type == DType::bf16 ? "BF16" : type == DType::f16 ? "F16" : "F32";
   std::string header = "{\"__metadata__\":{\"format\":\"kiln\",\"kiln_version\":" + json_str(KILN_VERSION_STRING) +
                        ",\"checkpoint\":" + json_str(m.checkpoint_path) + ",\"epoch\":\"" +
                        std::to_string(m.checkpoint.epoch) + "\",\"step\":\"" + std::to_string(m.checkpoint.step) +
@@ -20,12 +24,12 @@ std::string safetensors(const TrainedModel& m) {
   for (const auto& [name, shape] : m.params) {  // model order; the data follows in the same order
     header += ',';
     header += json_str(name);
-    header += ":{\"dtype\":\"F32\",\"shape\":[";
+    header += ":{\"dtype\":\"" + std::string(tag) + "\",\"shape\":[";
     for (size_t i = 0; i < shape.rank(); ++i) {
       if (i) header += ',';
       header += std::to_string(shape[i]);
     }
-    const size_t bytes = m.weights.at(name).bytes();
+    const size_t bytes = m.weights.at(name).data.size() * dtype_size(type);
     header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
     offset += bytes;
   }
@@ -37,7 +41,13 @@ std::string safetensors(const TrainedModel& m) {
   out += header;
   for (const auto& [name, shape] : m.params) {
     const HostTensor& t = m.weights.at(name);
-    out.append(reinterpret_cast<const char*>(t.data.data()), t.bytes());  // x86-64: little-endian float32
+    if (type == DType::f32) {
+      out.append(reinterpret_cast<const char*>(t.data.data()), t.bytes());  // x86-64: little-endian float32
+      continue;
+    }
+    std::vector<uint16_t> h(t.data.size());
+    from_float(t.data.data(), h.data(), type, h.size());
+    out.append(reinterpret_cast<const char*>(h.data()), h.size() * 2);
   }
   return out;
 }
@@ -48,8 +58,11 @@ int cmd_export(const Options& o) {
   check_new_output(o, "--output");
   auto m = load_trained_model(o);
   std::string bytes;
+  const DType type = o.dtype == "bfloat16" ? DType::bf16 : o.dtype == "float16" ? DType::f16 : DType::f32;
+  if (type != DType::f32 && o.format != "safetensors")
+    throw ConfigError("--dtype " + o.dtype + " applies to --format safetensors; the ONNX export is float32");
   if (o.format == "safetensors")
-    bytes = safetensors(*m);
+    bytes = safetensors(*m, type);
   else if (o.format == "onnx")
     bytes = onnx_model(*m);
   else
@@ -59,7 +72,8 @@ int cmd_export(const Options& o) {
   for (const auto& [name, t] : m->weights) values += t.data.size();
   std::cout << "exported " << m->params.size() << " tensors (" << values << " values, " << (m->ema ? "ema" : "raw")
             << " weights) of " << m->checkpoint_path << " (epoch " << m->checkpoint.epoch << ", step "
-            << m->checkpoint.step << ") as " << o.format << " to " << o.output << "\n";
+            << m->checkpoint.step << ") as " << o.format << (type == DType::f32 ? "" : " " + o.dtype) << " to "
+            << o.output << "\n";
   return 0;
 }
 

@@ -114,6 +114,10 @@ void add_model_commands(CLI::App& app, Options& o, Commands& c) {
       ->required()
       ->check(CLI::IsMember({"safetensors", "onnx"}));
   exp->add_option("--output", o.output, "The file to write")->required();
+  exp->add_option("--dtype", o.dtype,
+                  "safetensors element type: float32 (default; the checkpoint's values), bfloat16 "
+                  "or float16 (rounded to nearest even)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   exp->add_flag("--overwrite", o.overwrite, "Replace --output if it exists (else refused)");
 }
 

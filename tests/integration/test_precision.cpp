@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "kiln/checkpoint.hpp"
+#include "kiln/half.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -258,4 +260,46 @@ TEST_CASE("bad [precision] keys are config errors naming the key and what is all
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("precision") && Catch::Contains("float32") && Catch::Contains("bfloat16"));
+}
+
+TEST_CASE("kiln export --dtype writes bfloat16 and float16 safetensors rounded from the float32 weights",
+          "[precision][export]") {
+  auto dir = kiln::test::temp_dir("mp_export");
+  auto cfg = write(dir, config(dir / "out", "compute = \"bfloat16\"", 320));
+  REQUIRE(kiln::test::run_app("train " + cfg + " --set train.epochs=1").exit_code == 0);
+  std::string files[3];
+  const char* types[] = {"float32", "bfloat16", "float16"};
+  for (int i = 0; i < 3; ++i) {
+    const fs::path out = dir / (std::string(types[i]) + ".safetensors");
+    auto r = kiln::test::run_app("export " + cfg + " --format safetensors --dtype " + types[i] + " --output " +
+                                 out.string());
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    files[i] = slurp(out);
+  }
+  auto body = [](const std::string& f) {
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(f[i])) << (8 * i);
+    return std::make_pair(f.substr(8, n), f.substr(8 + n));
+  };
+  const auto [h32, d32] = body(files[0]);
+  CHECK_THAT(h32, Catch::Contains("\"dtype\":\"F32\""));
+  for (int i = 1; i < 3; ++i) {
+    const auto [h, d] = body(files[i]);
+    CHECK_THAT(h, Catch::Contains(i == 1 ? "\"dtype\":\"BF16\"" : "\"dtype\":\"F16\""));
+    REQUIRE(d.size() * 2 == d32.size());
+    size_t bad = 0;
+    for (size_t k = 0; k < d.size() / 2; ++k) {
+      float f;
+      std::memcpy(&f, d32.data() + 4 * k, 4);
+      uint16_t v;
+      std::memcpy(&v, d.data() + 2 * k, 2);
+      bad += v != (i == 1 ? kiln::float_to_bf16(f) : kiln::float_to_f16(f));
+    }
+    CHECK(bad == 0);
+  }
+  auto onnx =
+      kiln::test::run_app("export " + cfg + " --format onnx --dtype bfloat16 --output " + (dir / "m.onnx").string());
+  CHECK(onnx.exit_code == 2);
+  CHECK_THAT(onnx.output, Catch::Contains("--dtype bfloat16 applies to --format safetensors"));
 }
