@@ -67,9 +67,8 @@ double channel_sum(const T* x, int64_t N, int64_t C, int64_t I, int64_t c, F f) 
 // sum(dy * (x - mu) * r), each as channel_sum adds them (float chunks of 4096, added in double). With a ReLU's
 // backward in front (relu), dy = relu_y > 0 ? dz : 0 is computed here and written to dy_out (which may alias dz or
 // relu_y): the same values in the same order as the unfused ops, so the same sums.
-// relu: float32 storage only (fusion runs float32 calls).
 template <class T>
-void channel_sums_backward(const T* dy, const ReluInFront* relu, float* dy_out, const T* x, int64_t N, int64_t C,
+void channel_sums_backward(const T* dy, const ReluInFrontT<T>* relu, T* dy_out, const T* x, int64_t N, int64_t C,
                            int64_t I, int64_t c, float mu, float r, double& sdy, double& sdyx) {
   constexpr int64_t kChunk = 4096;
   sdy = 0, sdyx = 0;
@@ -80,13 +79,13 @@ void channel_sums_backward(const T* dy, const ReluInFront* relu, float* dy_out, 
       const int64_t i1 = std::min(I, i0 + kChunk);
       float p = 0.f, q = 0.f;
       if (relu) {
-        const float *yr = relu->relu_y + off, *dzr = relu->dz + off;
-        float* dyr = dy_out + off;
+        const T *yr = relu->relu_y + off, *dzr = relu->dz + off;
+        T* dyr = dy_out + off;
 #pragma omp simd reduction(+ : p, q)
         for (int64_t i = i0; i < i1; ++i) {
-          const float d = dzr[i];  // loaded unconditionally so the select vectorizes, as ActivationBackward does
-          const float g = yr[i] > 0.f ? d : 0.f;
-          dyr[i] = g;
+          const float d = load(dzr[i]);  // loaded unconditionally so the select vectorizes, as ActivationBackward does
+          const float g = load(yr[i]) > 0.f ? d : 0.f;
+          store(dyr + i, g);  // exact in bf16 too: g is dz or 0
           p += g;
           q += g * (load(xr[i]) - mu) * r;
         }
@@ -107,10 +106,9 @@ void channel_sums_backward(const T* dy, const ReluInFront* relu, float* dy_out, 
 
 int64_t channels_per_block(int64_t I) { return std::max<int64_t>(1, kBlock / std::max<int64_t>(I, 1)); }
 
-// relu_out: float32 storage only.
 template <class T>
 void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const float* beta, T* y, float* mean,
-                  float* rstd, float* running_mean, float* running_var, ThreadPool& pool, float* relu_out) {
+                  float* rstd, float* running_mean, float* running_var, ThreadPool& pool, T* relu_out) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
   const double unbias = m > 1 ? m / (m - 1) : 1.0, mom = a.momentum;
@@ -162,12 +160,12 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
           const T* xr = x + (o * C + cb) * I;
           T* yr = y + (o * C + cb) * I;
           if (relu_out) {
-            float* zr = relu_out + (o * C + cb) * I;
+            T* zr = relu_out + (o * C + cb) * I;
 #pragma omp simd
             for (int64_t j = 0; j < L; ++j) {
               const float v = load(xr[j]) * scale[j] + shift[j];
               store(yr + j, v);
-              zr[j] = v < 0.f ? 0.f : v;  // as ActivationForward relu: NaN passes through
+              store(zr + j, v < 0.f ? 0.f : v);  // as ActivationForward relu: NaN passes through
             }
           } else {
 #pragma omp simd
@@ -180,12 +178,12 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
           const T* xr = x + (o * C + cb) * I;
           T* yr = y + (o * C + cb) * I;
           if (relu_out) {
-            float* zr = relu_out + (o * C + cb) * I;
+            T* zr = relu_out + (o * C + cb) * I;
 #pragma omp simd
             for (int64_t i = 0; i < I; ++i) {
               const float v = load(xr[i]) * sc + sh;
               store(yr + i, v);
-              zr[i] = v < 0.f ? 0.f : v;
+              store(zr + i, v < 0.f ? 0.f : v);
             }
           } else {
 #pragma omp simd
@@ -213,7 +211,7 @@ namespace {
 // (the same buffer as dy) by the statistics sweep before the dx pass reads it.
 template <class T>
 void backward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const float* mean, const float* rstd,
-                   const T* dy, const ReluInFront* relu, float* relu_dy, T* dx, float* dgamma, float* dbeta,
+                   const T* dy, const ReluInFrontT<T>* relu, T* relu_dy, T* dx, float* dgamma, float* dbeta,
                    ThreadPool& pool) {
   const int64_t N = a.n, C = a.c, I = a.inner;
   const double m = double(N) * double(I);
@@ -272,7 +270,7 @@ void backward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, cons
 
 void batch_norm_backward(const BatchNormAttrs& a, const float* x, const float* gamma, const float* mean,
                          const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, ThreadPool& pool) {
-  backward_impl(a, x, gamma, mean, rstd, dy, nullptr, nullptr, dx, dgamma, dbeta, pool);
+  backward_impl<float>(a, x, gamma, mean, rstd, dy, nullptr, nullptr, dx, dgamma, dbeta, pool);
 }
 
 // Activations (x, y / x, dy, dx) all float32 or all bf16; gamma, beta, the statistics and the parameter gradients
@@ -302,29 +300,43 @@ void batch_norm_backward_relu(const BatchNormAttrs& a, const float* x, const flo
   backward_impl(a, x, gamma, mean, rstd, dy, &r, dy, dx, dgamma, dbeta, pool);
 }
 
+void batch_norm_forward_bf16(const BatchNormAttrs& a, const uint16_t* x, const float* gamma, const float* beta,
+                             uint16_t* y, float* mean, float* rstd, float* running_mean, float* running_var,
+                             ThreadPool& pool, uint16_t* relu_out) {
+  forward_impl(a, x, gamma, beta, y, mean, rstd, running_mean, running_var, pool, relu_out);
+}
+
+void batch_norm_backward_relu_bf16(const BatchNormAttrs& a, const uint16_t* x, const float* gamma, const float* mean,
+                                   const float* rstd, const ReluInFrontT<uint16_t>& r, uint16_t* dy, uint16_t* dx,
+                                   float* dgamma, float* dbeta, ThreadPool& pool) {
+  if (!batch_norm_long_runs(a)) throw std::logic_error("batch_norm_backward_relu_bf16: short runs are not fused");
+  backward_impl(a, x, gamma, mean, rstd, dy, &r, dy, dx, dgamma, dbeta, pool);
+}
+
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("batch_norm_forward",
                 {[](CpuDevice& d, const OpCall& c) {
                    if (c.in[0].dtype == DType::bf16) {
-                     forward_impl(attrs<BatchNormAttrs>(c), bf16_in(c, 0), in(c, 1), in(c, 2), bf16_out(c, 0),
-                                  out(c, 1), out(c, 2), out(c, 3), out(c, 4), d.pool(), nullptr);
+                     batch_norm_forward_bf16(attrs<BatchNormAttrs>(c), bf16_in(c, 0), in(c, 1), in(c, 2),
+                                             bf16_out(c, 0), out(c, 1), out(c, 2), out(c, 3), out(c, 4), d.pool());
                      return;
                    }
                    batch_norm_forward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), out(c, 0), out(c, 1),
                                       out(c, 2), out(c, 3), out(c, 4), d.pool());
                  },
                  nullptr, nullptr, forward_takes});
-KILN_CPU_KERNEL("batch_norm_backward",
-                {[](CpuDevice& d, const OpCall& c) {
-                   if (c.in[0].dtype == DType::bf16) {
-                     backward_impl(attrs<BatchNormAttrs>(c), bf16_in(c, 0), in(c, 1), in(c, 2), in(c, 3), bf16_in(c, 4),
-                                   nullptr, nullptr, bf16_out(c, 0), out(c, 1), out(c, 2), d.pool());
-                     return;
-                   }
-                   batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2), in(c, 3), in(c, 4),
-                                       out(c, 0), out(c, 1), out(c, 2), d.pool());
-                 },
-                 nullptr, nullptr, backward_takes});
+KILN_CPU_KERNEL("batch_norm_backward", {[](CpuDevice& d, const OpCall& c) {
+                                          if (c.in[0].dtype == DType::bf16) {
+                                            backward_impl<uint16_t>(attrs<BatchNormAttrs>(c), bf16_in(c, 0), in(c, 1),
+                                                                    in(c, 2), in(c, 3), bf16_in(c, 4), nullptr, nullptr,
+                                                                    bf16_out(c, 0), out(c, 1), out(c, 2), d.pool());
+                                            return;
+                                          }
+                                          batch_norm_backward(attrs<BatchNormAttrs>(c), in(c, 0), in(c, 1), in(c, 2),
+                                                              in(c, 3), in(c, 4), out(c, 0), out(c, 1), out(c, 2),
+                                                              d.pool());
+                                        },
+                                        nullptr, nullptr, backward_takes});
 
 }  // namespace kiln::cpu

@@ -314,16 +314,15 @@ bool pool_takes(const OpCall& c) { return all_of_type(c, DType::f32) || all_of_t
 size_t pool_workspace(const CpuDevice& d, const OpCall& c) {
   if (!all_of_type(c, DType::bf16)) return 0;
   const auto& a = std::get<PoolAttrs>(c.attrs);
-  return static_cast<size_t>(std::max(d.threads(), 1)) * slot_floats(a, d.threads()) * sizeof(float);
+  return max_pool_bf16_workspace_bytes(a, d.threads());
 }
 
-// Runs fn(p0, m, buf) over the (n, c) planes in groups: planes [p0, p0 + m), buf the calling thread's slot.
+// Runs fn(p0, m, buf) over the (n, c) planes in groups: planes [p0, p0 + m), buf the calling thread's slot of ws.
 template <class Fn>
-void bf16_groups(const PoolAttrs& a, const OpCall& c, ThreadPool& pool, Fn fn) {
+void bf16_groups(const PoolAttrs& a, float* ws, ThreadPool& pool, Fn fn) {
   const int64_t planes = a.n * a.c, g = plane_group(a, pool.size());
   const int64_t parts = std::min<int64_t>(parts_for(planes * a.h * a.w, pool), std::max<int64_t>(planes, 1));
   const size_t per = slot_floats(a, pool.size());
-  float* ws = c.workspace.host();
   pool.run(parts, [&](int64_t part, int slot) {
     const int64_t b = planes * part / parts, e = planes * (part + 1) / parts;
     for (int64_t p0 = b; p0 < e; p0 += g) fn(p0, std::min(g, e - p0), ws + static_cast<size_t>(slot) * per);
@@ -333,13 +332,26 @@ void bf16_groups(const PoolAttrs& a, const OpCall& c, ThreadPool& pool, Fn fn) {
 const uint16_t* bf16_in(const OpCall& c, size_t i) { return static_cast<const uint16_t*>(c.in[i].raw()); }
 uint16_t* bf16_out(const OpCall& c) { return static_cast<uint16_t*>(c.out[0].raw()); }
 
+// max_pool_backward_planes on the planes [p0, p0 + m) of bf16 tensors, in a thread's slot.
+void max_pool_backward_group_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy,
+                                  uint16_t* dx, bool relu_grad, float* plane_sums, int64_t p0, int64_t m, int64_t g,
+                                  float* buf) {
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+  float *xi = buf, *dxi = buf + g * in_plane, *yo = dxi + g * in_plane, *dyo = yo + g * out_plane;
+  bf16io::widen(x + p0 * in_plane, xi, m * in_plane);
+  bf16io::widen(y + p0 * out_plane, yo, m * out_plane);
+  bf16io::widen(dy + p0 * out_plane, dyo, m * out_plane);
+  max_pool_backward_planes(a, xi, yo, dyo, dxi, relu_grad, plane_sums ? plane_sums + p0 : nullptr, 0, m);
+  bf16io::narrow(dxi, dx + p0 * in_plane, m * in_plane);
+}
+
 void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
   using bf16io::narrow;
   using bf16io::widen;
   const auto& a = std::get<PoolAttrs>(c.attrs);
   const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const int64_t g = plane_group(a, pool.size());
-  bf16_groups(a, c, pool, [&](int64_t p0, int64_t m, float* buf) {
+  bf16_groups(a, c.workspace.host(), pool, [&](int64_t p0, int64_t m, float* buf) {
     float *xi = buf, *xi2 = buf + g * in_plane, *yo = xi2 + g * in_plane, *yo2 = yo + g * out_plane;
     switch (c.kind) {
       case OpKind::MaxPoolForward:
@@ -352,11 +364,8 @@ void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
         narrow(yo, bf16_out(c) + p0 * out_plane, m * out_plane);
         break;
       case OpKind::MaxPoolBackward:  // in: x, y, dy; out: dx
-        widen(bf16_in(c, 0) + p0 * in_plane, xi, m * in_plane);
-        widen(bf16_in(c, 1) + p0 * out_plane, yo, m * out_plane);
-        widen(bf16_in(c, 2) + p0 * out_plane, yo2, m * out_plane);
-        max_pool_backward_planes(a, xi, yo, yo2, xi2, false, nullptr, 0, m);
-        narrow(xi2, bf16_out(c) + p0 * in_plane, m * in_plane);
+        max_pool_backward_group_bf16(a, bf16_in(c, 0), bf16_in(c, 1), bf16_in(c, 2), bf16_out(c), false, nullptr, p0, m,
+                                     g, buf);
         break;
       case OpKind::AvgPoolBackward:  // in: dy; out: dx
         widen(bf16_in(c, 0) + p0 * out_plane, yo, m * out_plane);
@@ -370,6 +379,18 @@ void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
 }
 
 }  // namespace
+
+size_t max_pool_bf16_workspace_bytes(const PoolAttrs& a, int threads) {
+  return static_cast<size_t>(std::max(threads, 1)) * slot_floats(a, threads) * sizeof(float);
+}
+
+void max_pool_backward_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy, uint16_t* dx,
+                            float* ws, ThreadPool& pool, bool relu_grad, float* plane_sums) {
+  const int64_t g = plane_group(a, pool.size());
+  bf16_groups(a, ws, pool, [&](int64_t p0, int64_t m, float* buf) {
+    max_pool_backward_group_bf16(a, x, y, dy, dx, relu_grad, plane_sums, p0, m, g, buf);
+  });
+}
 
 // ---- registration ---------------------------------------------------------------------------------------------
 

@@ -17,8 +17,11 @@
 // weigh less than those copies; a float32 output's blocked copy is float32 too, so calls with one are not asked.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,17 +83,25 @@ class Call {
   size_t run() {
     for (auto* list : {&in_, &out_})
       for (auto& b : *list) upload(b);
+    return run_only(true);
+  }
+  // Runs it again on the buffers as they are (the first call uploads nothing: run() does).
+  size_t run_only(bool download_outputs = false) {
+    if (!in_.empty() && !in_[0].block)
+      for (auto* list : {&in_, &out_})
+        for (auto& b : *list) upload(b);
     OpCall c{kind_, attrs_, {}, {}, {}};
     for (auto& b : in_) c.in.push_back(b.view);
     for (auto& b : out_) c.out.push_back(b.view);
     const size_t ws = d_.workspace_bytes(c);
     if (ws) {
-      ws_ = d_.allocate_block(ws);
+      if (!ws_) ws_ = d_.allocate_block(ws);
       REQUIRE(ws_ != nullptr);
       c.workspace = BufferView{ws_, 0, ws};
     }
     d_.run(c);
-    for (auto& b : out_) b.v = download(b);
+    if (download_outputs)
+      for (auto& b : out_) b.v = download(b);
     return ws;
   }
   // The reference on the inputs' values (the outputs' initial values for the read-write ones).
@@ -272,4 +283,60 @@ TEST_CASE("cpu batch norm on bf16 activations matches the reference, statistics 
       // in: x, gamma, mean, rstd, dy; out: dx, dgamma, dbeta
       check_op(d, OpKind::BatchNormBackward, a, {B, F, F, F, B}, {B, F, F}, n + " backward", -1.f, 1.f);
     }
+}
+
+// Not a check: f32 against bf16 timings of the ops above at the CNN (batch 256) and ResNet (batch 128) samples'
+// shapes, best and median of interleaved runs (this host has slow phases; the best is the least disturbed).
+//   build/bin/kiln_unit_tests "[.bf16_speed]"
+TEST_CASE("cpu bf16 against float32 speed of the convolution side's ops", "[.bf16_speed]") {
+  Cpu cpu(2);
+  Device& d = *cpu.device;
+  struct Op {
+    std::string name;
+    OpKind kind;
+    OpAttrs attrs;
+  };
+  auto bn = [](int64_t n, int64_t c, int64_t inner) {
+    BatchNormAttrs a;
+    a.n = n, a.c = c, a.inner = inner;
+    return a;
+  };
+  const std::vector<Op> ops = {
+      {"cnn conv1 fwd", OpKind::Conv2dForward, ConvAttrs{256, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 28, 28}},
+      {"cnn conv1 bwd filter", OpKind::Conv2dBackwardFilter, ConvAttrs{256, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 28, 28}},
+      {"cnn conv2 fwd", OpKind::Conv2dForward, ConvAttrs{256, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14}},
+      {"cnn conv2 bwd data", OpKind::Conv2dBackwardData, ConvAttrs{256, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14}},
+      {"cnn conv2 bwd filter", OpKind::Conv2dBackwardFilter, ConvAttrs{256, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14}},
+      {"cnn pool1 fwd", OpKind::MaxPoolForward, PoolAttrs{256, 32, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14}},
+      {"cnn pool1 bwd", OpKind::MaxPoolBackward, PoolAttrs{256, 32, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14}},
+      {"resnet 16ch fwd", OpKind::Conv2dForward, ConvAttrs{128, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 28, 28}},
+      {"resnet 16ch bwd data", OpKind::Conv2dBackwardData, ConvAttrs{128, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 28, 28}},
+      {"resnet 16ch bwd filter", OpKind::Conv2dBackwardFilter,
+       ConvAttrs{128, 16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 28, 28}},
+      {"resnet bn 16ch fwd", OpKind::BatchNormForward, bn(128, 16, 784)},
+      {"resnet bn 16ch bwd", OpKind::BatchNormBackward, bn(128, 16, 784)},
+  };
+  for (const auto& op : ops) {
+    std::vector<double> t[2];
+    const auto ar = op_arity(op.kind, op.attrs);
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int ty = 0; ty < 2; ++ty) {
+      calls.push_back(std::make_unique<Call>(d, op.kind, op.attrs));
+      Call& c = *calls.back();
+      const bool bnorm = op.kind == OpKind::BatchNormForward || op.kind == OpKind::BatchNormBackward;
+      for (size_t i = 0; i < ar.in.size(); ++i) c.in(i).t = ty == 0 || (bnorm && i != 0 && i != 4) ? F : B;
+      for (size_t i = 0; i < ar.out.size(); ++i) c.out(i).t = ty == 0 || (bnorm && i != 0) ? F : B;
+      std::mt19937 g(1);
+      c.fill(g, 0.5f, 1.5f);
+    }
+    for (int rep = 0; rep < 12; ++rep)
+      for (int ty = 0; ty < 2; ++ty) {
+        const auto t0 = std::chrono::steady_clock::now();
+        calls[static_cast<size_t>(ty)]->run_only();
+        t[ty].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    for (auto& v : t) std::sort(v.begin(), v.end());
+    std::printf("%-26s f32 best %7.3f median %7.3f ms | bf16 best %7.3f median %7.3f ms | best ratio %.2fx\n",
+                op.name.c_str(), t[0][0], t[0][t[0].size() / 2], t[1][0], t[1][t[1].size() / 2], t[0][0] / t[1][0]);
+  }
 }
