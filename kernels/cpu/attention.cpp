@@ -32,7 +32,8 @@ void batched_gemm(const GemmAttrs& a, const float* A, const float* B, float* y, 
   });
 }
 
-void permute(const PermuteAttrs& a, const float* x, float* y, ThreadPool& pool) {
+template <class E>  // the element type: float, or uint16_t for any 16-bit storage (values moved as bits)
+void permute(const PermuteAttrs& a, const E* x, E* y, ThreadPool& pool) {
   const int r = static_cast<int>(a.rank);
   int64_t xstride[kPermuteMaxRank], ydims[kPermuteMaxRank], ystep[kPermuteMaxRank], total = 1;
   int64_t s = 1;
@@ -55,7 +56,7 @@ void permute(const PermuteAttrs& a, const float* x, float* y, ThreadPool& pool) 
     }
     for (int64_t row = rb; row < re; ++row) {
       if (run)
-        std::memcpy(y + row * len, x + src, static_cast<size_t>(len) * sizeof(float));
+        std::memcpy(y + row * len, x + src, static_cast<size_t>(len) * sizeof(E));
       else
         y[row] = x[src];
       for (int i = outer_rank - 1; i >= 0; --i) {  // next row of y
@@ -73,11 +74,29 @@ void permute(const PermuteAttrs& a, const float* x, float* y, ThreadPool& pool) 
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("batched_gemm", {[](CpuDevice& d, const OpCall& c) {
-                                   cpu::batched_gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
+                                   const auto& a = attrs<GemmAttrs>(c);
+                                   // Converted calls keep their empty views' types: positive sizes mean a native one.
+                                   if (c.in[0].dtype == DType::bf16 && a.batch > 0 && a.m > 0 && a.n > 0 && a.k > 0)
+                                     batched_gemm_bf16(d, c);  // gemm.cpp, where batched_gemm_bf16_takes said yes
+                                   else
+                                     cpu::batched_gemm(attrs<GemmAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
                                  },
-                                 gemm_supports});
+                                 gemm_supports,
+                                 [](const CpuDevice& d, const OpCall& c) {
+                                   return c.in[0].dtype == DType::bf16 ? batched_gemm_bf16_workspace(d, c) : size_t{0};
+                                 },
+                                 [](const OpCall& c) {
+                                   const bool f32 = c.in[0].dtype == DType::f32 && c.in[1].dtype == DType::f32 &&
+                                                    c.out[0].dtype == DType::f32;
+                                   return f32 || batched_gemm_bf16_takes(c);
+                                 }});
 KILN_CPU_KERNEL("permute", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::permute(attrs<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
+                              if (c.in[0].dtype == DType::f32)
+                                cpu::permute(attrs<PermuteAttrs>(c), in(c, 0), out(c, 0), d.pool());
+                              else
+                                cpu::permute(attrs<PermuteAttrs>(c), static_cast<const uint16_t*>(c.in[0].raw()),
+                                             static_cast<uint16_t*>(c.out[0].raw()), d.pool());
+                            },
+                            nullptr, nullptr, [](const OpCall& c) { return c.in[0].dtype == c.out[0].dtype; }});
 
 }  // namespace kiln::cpu

@@ -1,9 +1,11 @@
 // Bias add and its gradient, a per-channel sum, in a fixed order (the fused max-pool backward computes the same sums:
-// bias.hpp). y may alias x element for element (ops.hpp), which `omp simd` loops allow.
+// bias.hpp). x, y, dy and db in float32 or bf16 in any mix (float32 arithmetic, tiles staged as bf16_io.hpp says).
+// y may alias x element for element (ops.hpp): each tile is read before it is written.
 #include "bias.hpp"
 
 #include <algorithm>
 
+#include "bf16_io.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
 
@@ -14,53 +16,79 @@
 namespace kiln::cpu {
 namespace {
 
-void bias_add(const BiasAttrs& a, const float* x, const float* b, float* y, ThreadPool& pool) {
+template <class X, class B, class Y>
+void bias_add(const BiasAttrs& a, const X* x, const B* b, Y* y, ThreadPool& pool) {
   const int64_t C = a.channels, I = a.inner;
   const int64_t t = parts_for(a.outer * C * I, pool);
   if (I == 1) {  // dense: (outer, channels)
     parallel_ranges(pool, a.outer, t, [&](int64_t ob, int64_t oe) {
-      for (int64_t o = ob; o < oe; ++o) {
+      alignas(64) float bx[kTile], bb[kTile], by[kTile];
+      for (int64_t c0 = 0; c0 < C; c0 += kTile) {  // bias tile converted once for all rows
+        const int64_t n = std::min(kTile, C - c0);
+        const float* bs = f32_in(b + c0, n, bb);
+        for (int64_t o = ob; o < oe; ++o) {
+          const float* xs = f32_in(x + o * C + c0, n, bx);
+          float* ys = f32_out(y + o * C + c0, by);
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) y[o * C + c] = x[o * C + c] + b[c];
+          for (int64_t c = 0; c < n; ++c) ys[c] = xs[c] + bs[c];
+          f32_commit(ys, y + o * C + c0, n);
+        }
       }
     });
     return;
   }
   parallel_ranges(pool, a.outer * C, t, [&](int64_t pb, int64_t pe) {
+    alignas(64) float bx[kTile], by[kTile];
     for (int64_t oc = pb; oc < pe; ++oc) {  // one (o, c) plane of `inner` elements
-      const float bc = b[oc % C];
-      const float* xp = x + oc * I;
-      float* yp = y + oc * I;
+      const float bc = to_f32(b[oc % C]);
+      for (int64_t i0 = 0; i0 < I; i0 += kTile) {
+        const int64_t n = std::min(kTile, I - i0);
+        const float* xp = f32_in(x + oc * I + i0, n, bx);
+        float* yp = f32_out(y + oc * I + i0, by);
 #pragma omp simd
-      for (int64_t i = 0; i < I; ++i) yp[i] = xp[i] + bc;
+        for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] + bc;
+        f32_commit(yp, y + oc * I + i0, n);
+      }
     }
   });
 }
 
-void bias_grad(const BiasAttrs& a, const float* dy, float* db, ThreadPool& pool) {
+template <class D, class B>
+void bias_grad(const BiasAttrs& a, const D* dy, B* db, ThreadPool& pool) {
   const int64_t C = a.channels, I = a.inner, O = a.outer;
   const int64_t t = parts_for(O * C * I, pool);
   if (I == 1) {  // column sums of an (outer, channels) matrix, in column blocks
     constexpr int64_t kBlock = 64;
     parallel_ranges(pool, (C + kBlock - 1) / kBlock, t, [&](int64_t bb, int64_t be) {
+      alignas(64) float row_buf[kBlock];
       for (int64_t bl = bb; bl < be; ++bl) {
         const int64_t c0 = bl * kBlock, c1 = std::min(C, c0 + kBlock);
         float acc[kBlock] = {};
         for (int64_t o = 0; o < O; ++o) {
-          const float* row = dy + o * C;
+          const float* row = f32_in(dy + o * C + c0, c1 - c0, row_buf);
 #pragma omp simd
-          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+          for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += row[c];
         }
-        std::copy(acc, acc + (c1 - c0), db + c0);
+        for (int64_t c = c0; c < c1; ++c) db[c] = from_f32<B>(acc[c - c0]);
       }
     });
     return;
   }
   parallel_ranges(pool, C, t, [&](int64_t cb, int64_t ce) {
+    alignas(64) float plane[kTile];
     for (int64_t c = cb; c < ce; ++c) {
       double total = 0;
-      for (int64_t o = 0; o < O; ++o) total += bias_plane_sum(dy + (o * C + c) * I, I);
-      db[c] = static_cast<float>(total);
+      for (int64_t o = 0; o < O; ++o) {
+        if constexpr (std::is_same_v<D, float>) {
+          total += bias_plane_sum(dy + (o * C + c) * I, I);
+        } else {
+          for (int64_t i0 = 0; i0 < I; i0 += kTile) {
+            const int64_t n = std::min(kTile, I - i0);
+            total += bias_plane_sum(f32_in(dy + (o * C + c) * I + i0, n, plane), n);
+          }
+        }
+      }
+      db[c] = from_f32<B>(static_cast<float>(total));
     }
   });
 }
@@ -115,10 +143,25 @@ void bias_grad_from_plane_sums(const BiasAttrs& a, const float* sums, float* db)
 // ---- registration ---------------------------------------------------------------------------------------------
 
 KILN_CPU_KERNEL("bias_add", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::bias_add(attrs<BiasAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-                }});
+                               with_type(c.in[0].dtype, [&](auto x) {
+                                 with_type(c.in[1].dtype, [&](auto b) {
+                                   with_type(c.out[0].dtype, [&](auto y) {
+                                     cpu::bias_add(attrs<BiasAttrs>(c), buf_as<const decltype(x)>(c.in[0]),
+                                                   buf_as<const decltype(b)>(c.in[1]), buf_as<decltype(y)>(c.out[0]),
+                                                   d.pool());
+                                   });
+                                 });
+                               });
+                             },
+                             nullptr, nullptr, all_f32_or_bf16});
 KILN_CPU_KERNEL("bias_grad", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::bias_grad(attrs<BiasAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
+                                with_type(c.in[0].dtype, [&](auto dy) {
+                                  with_type(c.out[0].dtype, [&](auto db) {
+                                    cpu::bias_grad(attrs<BiasAttrs>(c), buf_as<const decltype(dy)>(c.in[0]),
+                                                   buf_as<decltype(db)>(c.out[0]), d.pool());
+                                  });
+                                });
+                              },
+                              nullptr, nullptr, all_f32_or_bf16});
 
 }  // namespace kiln::cpu

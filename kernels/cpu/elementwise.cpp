@@ -1,54 +1,96 @@
-// Elementwise arithmetic, fill and copy. Outputs that ops.hpp lets alias an input do so element for element only,
-// which `omp simd` loops allow.
+// Elementwise arithmetic, fill and copy, on float32 or bf16 storage in any mix (float32 arithmetic, tiles staged as
+// bf16_io.hpp says). Outputs that ops.hpp lets alias an input do so element for element only: each tile is read
+// before it is written.
 #include <algorithm>
 #include <cstring>
 
+#include "bf16_io.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
 
 namespace kiln::cpu {
 namespace {
 
-void add(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool) {
+// y = f(x, z) (z null for one-input ops), tile by tile; f(x, z, y, n) works on float32 tiles.
+template <class X, class Z, class Y, class F>
+void binary(int64_t count, const X* x, const Z* z, Y* y, ThreadPool& pool, F f) {
+  parallel_ranges(pool, count, parts_for(count, pool), [&](int64_t b, int64_t e) {
+    alignas(64) float bx[kTile], bz[kTile], by[kTile];
+    for (int64_t t = b; t < e; t += kTile) {
+      const int64_t n = std::min(kTile, e - t);
+      float* o = f32_out(y + t, by);
+      f(f32_in(x + t, n, bx), z ? f32_in(z + t, n, bz) : nullptr, o, n);
+      f32_commit(o, y + t, n);
+    }
+  });
+}
+
+template <class X, class Z, class Y>
+void add(const ElementwiseAttrs& a, const X* x, const Z* z, Y* y, ThreadPool& pool) {
   const float al = a.alpha, be = a.beta;
-  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+  binary(a.count, x, z, y, pool, [&](const float* xs, const float* zs, float* ys, int64_t n) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) y[i] = al * x[i] + be * z[i];
+    for (int64_t i = 0; i < n; ++i) ys[i] = al * xs[i] + be * zs[i];
   });
 }
 
-void mul(const ElementwiseAttrs& a, const float* x, const float* z, float* y, ThreadPool& pool) {
-  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+template <class X, class Z, class Y>
+void mul(const ElementwiseAttrs& a, const X* x, const Z* z, Y* y, ThreadPool& pool) {
+  binary(a.count, x, z, y, pool, [&](const float* xs, const float* zs, float* ys, int64_t n) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) y[i] = x[i] * z[i];
+    for (int64_t i = 0; i < n; ++i) ys[i] = xs[i] * zs[i];
   });
 }
 
-void axpby(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool) {
+template <class X, class Y>
+void axpby(const ElementwiseAttrs& a, const X* x, Y* y, ThreadPool& pool) {
   const float al = a.alpha, be = a.beta;
-  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+  binary(a.count, x, static_cast<const Y*>(y), y, pool, [&](const float* xs, const float* ys0, float* ys, int64_t n) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) y[i] = al * x[i] + be * y[i];
+    for (int64_t i = 0; i < n; ++i) ys[i] = al * xs[i] + be * ys0[i];
   });
 }
 
-void scale(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool) {
+template <class X, class Y>
+void scale(const ElementwiseAttrs& a, const X* x, Y* y, ThreadPool& pool) {
   const float al = a.alpha;
-  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+  binary(a.count, x, static_cast<const float*>(nullptr), y, pool,
+         [&](const float* xs, const float*, float* ys, int64_t n) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) y[i] = al * x[i];
-  });
+           for (int64_t i = 0; i < n; ++i) ys[i] = al * xs[i];
+         });
 }
 
-void fill(const ElementwiseAttrs& a, float* y, ThreadPool& pool) {
-  const float al = a.alpha;
-  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) { std::fill(y + b, y + e, al); });
+template <class Y>
+void fill(const ElementwiseAttrs& a, Y* y, ThreadPool& pool) {
+  const Y v = from_f32<Y>(a.alpha);
+  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) { std::fill(y + b, y + e, v); });
 }
 
-void copy(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool) {
-  if (x == y) return;
-  parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
-    if (e > b) std::memcpy(y + b, x + b, static_cast<size_t>(e - b) * sizeof(float));
+template <class X, class Y>
+void copy(const ElementwiseAttrs& a, const X* x, Y* y, ThreadPool& pool) {
+  if constexpr (std::is_same_v<X, Y>) {
+    if (x == y) return;
+    parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+      if (e > b) std::memcpy(y + b, x + b, static_cast<size_t>(e - b) * sizeof(X));
+    });
+  } else {  // a conversion
+    binary(a.count, x, static_cast<const float*>(nullptr), y, pool,
+           [&](const float* xs, const float*, float* ys, int64_t n) { std::memcpy(ys, xs, n * sizeof(float)); });
+  }
+}
+
+// Runs f(x, z, y) with the call's buffers as typed pointers (z and x null where the op has fewer inputs).
+template <class F>
+void typed(const OpCall& c, F f) {
+  const size_t ins = c.in.size();
+  with_type(ins > 0 ? c.in[0].dtype : DType::f32, [&](auto x) {
+    with_type(ins > 1 ? c.in[1].dtype : DType::f32, [&](auto z) {
+      with_type(c.out[0].dtype, [&](auto y) {
+        f(ins > 0 ? buf_as<const decltype(x)>(c.in[0]) : nullptr,
+          ins > 1 ? buf_as<const decltype(z)>(c.in[1]) : nullptr, buf_as<decltype(y)>(c.out[0]));
+      });
+    });
   });
 }
 
@@ -56,22 +98,34 @@ void copy(const ElementwiseAttrs& a, const float* x, float* y, ThreadPool& pool)
 
 // ---- registration ---------------------------------------------------------------------------------------------
 
-KILN_CPU_KERNEL("add", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::add(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-                }});
-KILN_CPU_KERNEL("mul", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::mul(attrs<ElementwiseAttrs>(c), in(c, 0), in(c, 1), out(c, 0), d.pool());
-                }});
-KILN_CPU_KERNEL("axpby", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::axpby(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
-KILN_CPU_KERNEL("scale", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::scale(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
-KILN_CPU_KERNEL("fill",
-                {[](CpuDevice& d, const OpCall& c) { cpu::fill(attrs<ElementwiseAttrs>(c), out(c, 0), d.pool()); }});
+KILN_CPU_KERNEL("add",
+                {[](CpuDevice& d, const OpCall& c) {
+                   typed(c, [&](auto x, auto z, auto y) { cpu::add(attrs<ElementwiseAttrs>(c), x, z, y, d.pool()); });
+                 },
+                 nullptr, nullptr, all_f32_or_bf16});
+KILN_CPU_KERNEL("mul",
+                {[](CpuDevice& d, const OpCall& c) {
+                   typed(c, [&](auto x, auto z, auto y) { cpu::mul(attrs<ElementwiseAttrs>(c), x, z, y, d.pool()); });
+                 },
+                 nullptr, nullptr, all_f32_or_bf16});
+KILN_CPU_KERNEL("axpby",
+                {[](CpuDevice& d, const OpCall& c) {
+                   typed(c, [&](auto x, auto, auto y) { cpu::axpby(attrs<ElementwiseAttrs>(c), x, y, d.pool()); });
+                 },
+                 nullptr, nullptr, all_f32_or_bf16});
+KILN_CPU_KERNEL("scale",
+                {[](CpuDevice& d, const OpCall& c) {
+                   typed(c, [&](auto x, auto, auto y) { cpu::scale(attrs<ElementwiseAttrs>(c), x, y, d.pool()); });
+                 },
+                 nullptr, nullptr, all_f32_or_bf16});
+KILN_CPU_KERNEL("fill", {[](CpuDevice& d, const OpCall& c) {
+                           typed(c, [&](auto, auto, auto y) { cpu::fill(attrs<ElementwiseAttrs>(c), y, d.pool()); });
+                         },
+                         nullptr, nullptr, all_f32_or_bf16});
 KILN_CPU_KERNEL("copy", {[](CpuDevice& d, const OpCall& c) {
-                  cpu::copy(attrs<ElementwiseAttrs>(c), in(c, 0), out(c, 0), d.pool());
-                }});
+                           typed(c,
+                                 [&](auto x, auto, auto y) { cpu::copy(attrs<ElementwiseAttrs>(c), x, y, d.pool()); });
+                         },
+                         nullptr, nullptr, all_f32_or_bf16});
 
 }  // namespace kiln::cpu

@@ -144,7 +144,7 @@ Support conv_supports(OpKind, const OpAttrs& a) {
 // the backend converts the call to float32 instead (dispatch.cpp).
 namespace {
 
-using MatmulKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, float, float, int>;
+using MatmulKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, float, float, int>;
 struct Matmul {
   dnnl::matmul prim;
   size_t scratch = 0;
@@ -155,22 +155,39 @@ dnnl::engine& bf16_engine() {
   return eng;
 }
 
-const Matmul* bf16_matmul(int64_t m, const GemmAttrs& a, DType out) {
+// The (batch, rows, k) . (batch, k, n) descriptors of `bb` matrices of a batched product (rows = a.m, trans flags of
+// a), or of a slab of m rows of a plain one (bb == 0: 2-D).
+struct MatmulDescs {
+  dnnl::memory::desc a, b, c;
+};
+MatmulDescs matmul_descs(int64_t bb, int64_t m, const GemmAttrs& a, DType out) {
+  using dt = dnnl::memory::data_type;
+  const dt ct = out == DType::f32 ? dt::f32 : dt::bf16;
+  if (bb == 0) {
+    // A slab of m of A's a.m rows: with trans_a, A is stored (k, a.m) and the slab's rows are columns of it.
+    const dnnl::memory::dims as = a.trans_a ? dnnl::memory::dims{1, a.m} : dnnl::memory::dims{a.k, 1};
+    const dnnl::memory::dims bs = a.trans_b ? dnnl::memory::dims{1, a.k} : dnnl::memory::dims{a.n, 1};
+    return {{{m, a.k}, dt::bf16, as}, {{a.k, a.n}, dt::bf16, bs}, {{m, a.n}, ct, dnnl::memory::dims{a.n, 1}}};
+  }
+  const int64_t sa = a.m * a.k, sb = a.k * a.n, sc = a.m * a.n;
+  const dnnl::memory::dims as = a.trans_a ? dnnl::memory::dims{sa, 1, a.m} : dnnl::memory::dims{sa, a.k, 1};
+  const dnnl::memory::dims bs = a.trans_b ? dnnl::memory::dims{sb, 1, a.k} : dnnl::memory::dims{sb, a.n, 1};
+  return {{{bb, a.m, a.k}, dt::bf16, as},
+          {{bb, a.k, a.n}, dt::bf16, bs},
+          {{bb, a.m, a.n}, ct, dnnl::memory::dims{sc, a.n, 1}}};
+}
+
+const Matmul* bf16_matmul(int64_t bb, int64_t m, const GemmAttrs& a, DType out) {
   static std::mutex mu;
   static std::map<MatmulKey, std::unique_ptr<Matmul>> cache;
   dnnl::engine& eng = bf16_engine();
-  const MatmulKey key{m, a.m, a.n, a.k, a.trans_a, a.trans_b, a.alpha, a.beta, static_cast<int>(out)};
+  const MatmulKey key{bb, m, a.m, a.n, a.k, a.trans_a, a.trans_b, a.alpha, a.beta, static_cast<int>(out)};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second.get();
-  using dt = dnnl::memory::data_type;
-  // A slab of m of A's a.m rows: with trans_a, A is stored (k, a.m) and the slab's rows are columns of it.
-  const dnnl::memory::dims as = a.trans_a ? dnnl::memory::dims{1, a.m} : dnnl::memory::dims{a.k, 1};
-  const dnnl::memory::dims bs = a.trans_b ? dnnl::memory::dims{1, a.k} : dnnl::memory::dims{a.n, 1};
   std::unique_ptr<Matmul> mm;
   try {
-    dnnl::memory::desc ad({m, a.k}, dt::bf16, as), bd({a.k, a.n}, dt::bf16, bs),
-        cd({m, a.n}, out == DType::f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{a.n, 1});
+    const MatmulDescs md = matmul_descs(bb, m, a, out);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (a.alpha != 1.f) attr.set_output_scales(0, {a.alpha});
@@ -180,7 +197,7 @@ const Matmul* bf16_matmul(int64_t m, const GemmAttrs& a, DType out) {
       attr.set_post_ops(po);
     }
     const OneOmpThread one;
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, eng);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md.a, md.b, md.c), attr, eng);
     mm = std::make_unique<Matmul>(Matmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()});
   } catch (const dnnl::error&) {
     mm = nullptr;  // no implementation here: the caller converts
@@ -214,8 +231,8 @@ bool gemm_bf16(const GemmAttrs& a, const uint16_t* A, const uint16_t* B, void* y
                ThreadPool& pool) {
   const int64_t m = a.m, n = a.n, k = a.k;
   const Slabs sl = slabs(a, pool.size());
-  const Matmul* full = bf16_matmul(sl.chunk, a, out);
-  const Matmul* tail = sl.last == sl.chunk ? full : bf16_matmul(sl.last, a, out);
+  const Matmul* full = bf16_matmul(0, sl.chunk, a, out);
+  const Matmul* tail = sl.last == sl.chunk ? full : bf16_matmul(0, sl.last, a, out);
   if (!full || !tail) return false;
   const size_t per = scratch_per_thread(full, tail);
   if (per * static_cast<size_t>(pool.size()) > ws_bytes) return false;
@@ -252,26 +269,129 @@ bool gemm_takes(const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   if (c.in[0].dtype == DType::f32 && c.in[1].dtype == DType::f32 && c.out[0].dtype == DType::f32) return true;
   if (!is_bf16_product(c) || a.m <= 0 || a.n <= 0 || a.k <= 0) return false;
-  return bf16_matmul(slabs(a, 1).chunk, a, c.out[0].dtype) != nullptr;
+  return bf16_matmul(0, slabs(a, 1).chunk, a, c.out[0].dtype) != nullptr;
 }
 
 size_t gemm_workspace(const CpuDevice& d, const OpCall& c) {
   if (!is_bf16_product(c) || !gemm_takes(c)) return 0;
   const auto& a = std::get<GemmAttrs>(c.attrs);
   const Slabs sl = slabs(a, const_cast<CpuDevice&>(d).pool().size());
-  const Matmul* full = bf16_matmul(sl.chunk, a, c.out[0].dtype);
-  const Matmul* tail = bf16_matmul(sl.last, a, c.out[0].dtype);
+  const Matmul* full = bf16_matmul(0, sl.chunk, a, c.out[0].dtype);
+  const Matmul* tail = bf16_matmul(0, sl.last, a, c.out[0].dtype);
   if (!full || !tail) return 0;
   return scratch_per_thread(full, tail) * static_cast<size_t>(const_cast<CpuDevice&>(d).pool().size());
 }
 
+// Batched products: whole matrices per pool thread, one slab of consecutive matrices each (a full and a tail
+// primitive), as the float32 kernel (attention.cpp) does; fewer matrices than threads: each split by rows as gemm.
+struct BatchSlabs {
+  int64_t parts = 1, chunk = 0, last = 0;
+};
+BatchSlabs batch_slabs(const GemmAttrs& a, int threads) {
+  BatchSlabs s;
+  const double flops = 2.0 * double(a.batch) * double(a.m) * double(a.n) * double(a.k);
+  s.parts = flops < 1.0e6 ? 1 : std::min<int64_t>(a.batch, threads);
+  s.chunk = (a.batch + s.parts - 1) / s.parts;
+  s.parts = (a.batch + s.chunk - 1) / s.chunk;
+  s.last = a.batch - (s.parts - 1) * s.chunk;
+  return s;
+}
+bool per_matrix(const GemmAttrs& a, int threads) { return a.batch < threads; }
+
+GemmAttrs one_matrix(const GemmAttrs& a) {
+  GemmAttrs one = a;
+  one.batch = 1;
+  return one;
+}
+
 }  // namespace
+
+bool batched_gemm_bf16_takes(const OpCall& c) {
+  const auto& a = std::get<GemmAttrs>(c.attrs);
+  if (!is_bf16_product(c) || a.batch <= 0 || a.m <= 0 || a.n <= 0 || a.k <= 0) return false;
+  return bf16_matmul(0, slabs(a, 1).chunk, one_matrix(a), c.out[0].dtype) &&
+         bf16_matmul(a.batch, a.m, a, c.out[0].dtype);
+}
+
+size_t batched_gemm_bf16_workspace(const CpuDevice& d, const OpCall& c) {
+  if (!batched_gemm_bf16_takes(c)) return 0;
+  const auto& a = std::get<GemmAttrs>(c.attrs);
+  const int threads = const_cast<CpuDevice&>(d).pool().size();
+  const DType out = c.out[0].dtype;
+  if (per_matrix(a, threads)) {
+    const GemmAttrs one = one_matrix(a);
+    const Slabs sl = slabs(one, threads);
+    const Matmul* full = bf16_matmul(0, sl.chunk, one, out);
+    const Matmul* tail = bf16_matmul(0, sl.last, one, out);
+    return full && tail ? scratch_per_thread(full, tail) * static_cast<size_t>(threads) : 0;
+  }
+  const BatchSlabs bs = batch_slabs(a, threads);
+  const Matmul* full = bf16_matmul(bs.chunk, a.m, a, out);
+  const Matmul* tail = bf16_matmul(bs.last, a.m, a, out);
+  return full && tail ? scratch_per_thread(full, tail) * static_cast<size_t>(threads) : 0;
+}
+
+void batched_gemm_bf16(CpuDevice& d, const OpCall& c) {
+  const auto& a = attrs<GemmAttrs>(c);
+  ThreadPool& pool = d.pool();
+  const DType out = c.out[0].dtype;
+  const auto* A = static_cast<const uint16_t*>(c.in[0].raw());
+  const auto* B = static_cast<const uint16_t*>(c.in[1].raw());
+  char* y = static_cast<char*>(c.out[0].raw());
+  char* ws = c.workspace.block ? static_cast<char*>(c.workspace.raw()) : nullptr;
+  const size_t ws_bytes = ws ? c.workspace.bytes : 0;
+  const int64_t sa = a.m * a.k, sb = a.k * a.n, sy = a.m * a.n;
+  const size_t ysize = dtype_size(out);
+  auto fail = [&] {
+    throw DeviceError("batched_gemm: oneDNN created no bf16 matmul for " + std::to_string(a.batch) + "x" +
+                      std::to_string(a.m) + "x" + std::to_string(a.n) + "x" + std::to_string(a.k) +
+                      " or the workspace is too small for it");
+  };
+  if (per_matrix(a, pool.size())) {
+    const GemmAttrs one = one_matrix(a);
+    for (int64_t b = 0; b < a.batch; ++b)
+      if (!gemm_bf16(one, A + b * sa, B + b * sb, y + static_cast<size_t>(b * sy) * ysize, out, ws, ws_bytes, pool))
+        fail();
+    return;
+  }
+  const BatchSlabs bs = batch_slabs(a, pool.size());
+  const Matmul* full = bf16_matmul(bs.chunk, a.m, a, out);
+  const Matmul* tail = bs.last == bs.chunk ? full : bf16_matmul(bs.last, a.m, a, out);
+  if (!full || !tail) fail();
+  const size_t per = scratch_per_thread(full, tail);
+  if (per * static_cast<size_t>(pool.size()) > ws_bytes) fail();
+  dnnl::engine& eng = bf16_engine();
+  pool.run(bs.parts, [&](int64_t p, int slot) {
+    const int64_t b0 = p * bs.chunk, count = std::min(bs.chunk, a.batch - b0);
+    if (count <= 0) return;
+    const Matmul* mm = count == bs.chunk ? full : tail;
+    const MatmulDescs md = matmul_descs(count, a.m, a, out);
+    const OneOmpThread one;
+    dnnl::stream st(eng);
+    dnnl::memory am(md.a, eng, const_cast<uint16_t*>(A + b0 * sa));
+    dnnl::memory bm(md.b, eng, const_cast<uint16_t*>(B + b0 * sb));
+    dnnl::memory cm(md.c, eng, y + static_cast<size_t>(b0 * sy) * ysize);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    if (mm->scratch)
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   dnnl::memory({{static_cast<int64_t>(mm->scratch)}, dnnl::memory::data_type::u8, {1}}, eng,
+                                ws + per * static_cast<size_t>(slot)));
+    mm->prim.execute(st, args);
+    st.wait();
+  });
+}
+#else
+bool batched_gemm_bf16_takes(const OpCall&) { return false; }
+size_t batched_gemm_bf16_workspace(const CpuDevice&, const OpCall&) { return 0; }
+void batched_gemm_bf16(CpuDevice&, const OpCall&) { throw DeviceError("batched_gemm: built without oneDNN"); }
 #endif
 
 KILN_CPU_KERNEL("gemm", {[](CpuDevice& d, const OpCall& c) {
                            const auto& a = attrs<GemmAttrs>(c);
 #ifdef KILN_WITH_DNNL
-                           if (c.in[0].dtype == DType::bf16) {
+                           // A call the backend converted keeps its empty views' types (nothing to convert):
+                           // with k, m and n positive every buffer here is float32 unless the call is native.
+                           if (c.in[0].dtype == DType::bf16 && a.k > 0 && a.m > 0 && a.n > 0) {
                              char* w = c.workspace.block ? static_cast<char*>(c.workspace.raw()) : nullptr;
                              if (!gemm_bf16(a, static_cast<const uint16_t*>(c.in[0].raw()),
                                             static_cast<const uint16_t*>(c.in[1].raw()), c.out[0].raw(), c.out[0].dtype,

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend.hpp"
 #include "kiln/device.hpp"
 #include "kiln/ops.hpp"
 #include "thread_pool.hpp"
@@ -22,6 +23,12 @@ void gemm(const GemmAttrs& a, const float* A, const float* B, float* y, ThreadPo
 // Row-major sgemm on the calling thread only, with leading dimensions (used by the conv and batched GEMM kernels).
 void sgemm_1t(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// The batched product on bf16 inputs (float32 or bf16 output) through oneDNN's matmul where the plugin has oneDNN:
+// whether it runs the call, its workspace (per-thread scratchpads), and the run (attention.cpp registers them).
+bool batched_gemm_bf16_takes(const OpCall& c);
+size_t batched_gemm_bf16_workspace(const CpuDevice& d, const OpCall& c);
+void batched_gemm_bf16(CpuDevice& d, const OpCall& c);
 
 // Dimension checks of the kernels that call BLAS with 32-bit sizes: gemm and batched_gemm, convolutions.
 Support gemm_supports(OpKind kind, const OpAttrs& attrs);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "bf16_io.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
 #include "vec_math.hpp"
@@ -25,15 +27,20 @@ double ordered_sum(ThreadPool& pool, int64_t n, int64_t parts, double* partials,
   return total;
 }
 
-void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labels, float* loss, float* dx,
+// Logits and their gradient in float32 or bf16 (rows staged whole, bf16_io.hpp); labels and the loss float32.
+template <class X, class D>
+void softmax_cross_entropy(const LossAttrs& a, const X* x_store, const float* labels, float* loss, D* dx_store,
                            double* partials, ThreadPool& pool) {
   const int64_t cols = a.cols;
   const float scale = a.scale;
   const double total = ordered_sum(pool, a.rows, parts_for(a.rows * cols, pool), partials, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> bx, bd;
+    if constexpr (!std::is_same_v<X, float>) bx.resize(static_cast<size_t>(cols));
+    if constexpr (!std::is_same_v<D, float>) bd.resize(static_cast<size_t>(cols));
     double acc = 0;
     for (int64_t r = b; r < e; ++r) {
-      const float* xr = x + r * cols;
-      float* dr = dx + r * cols;
+      const float* xr = f32_in(x_store + r * cols, cols, bx.data());
+      float* dr = f32_out(dx_store + r * cols, bd.data());
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, xr[j]);
@@ -45,6 +52,7 @@ void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labe
         for (int64_t j = 0; j < cols; ++j) tsum += tr[j], term += double(tr[j]) * (lse - double(xr[j]));
         const float k = static_cast<float>(tsum) * scale / sum;
         for (int64_t j = 0; j < cols; ++j) dr[j] = dr[j] * k - scale * tr[j];
+        f32_commit(dr, dx_store + r * cols, cols);
         acc += term;
         continue;
       }
@@ -60,6 +68,7 @@ void softmax_cross_entropy(const LossAttrs& a, const float* x, const float* labe
       } else {
         acc += std::numeric_limits<double>::quiet_NaN();
       }
+      f32_commit(dr, dx_store + r * cols, cols);
     }
     return acc;
   });
@@ -118,10 +127,21 @@ void binary_cross_entropy(const LossAttrs& a, const float* p, const float* t, fl
 
 // ---- registration ---------------------------------------------------------------------------------------------
 
+// Logits and dlogits in float32 or bf16; labels and the loss are float32 (check_call requires it).
 KILN_CPU_KERNEL("softmax_cross_entropy", {[](CpuDevice& d, const OpCall& c) {
-                  softmax_cross_entropy(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(),
-                                        d.pool());
-                }});
+                                            with_type(c.in[0].dtype, [&](auto x) {
+                                              with_type(c.out[1].dtype, [&](auto dx) {
+                                                softmax_cross_entropy(
+                                                    attrs<LossAttrs>(c), buf_as<const decltype(x)>(c.in[0]), in(c, 1),
+                                                    out(c, 0), buf_as<decltype(dx)>(c.out[1]), d.partials(), d.pool());
+                                              });
+                                            });
+                                          },
+                                          nullptr, nullptr,
+                                          [](const OpCall& c) {
+                                            return f32_or_bf16(c.in[0].dtype) && f32_or_bf16(c.out[1].dtype) &&
+                                                   c.in[1].dtype == DType::f32 && c.out[0].dtype == DType::f32;
+                                          }});
 KILN_CPU_KERNEL("mean_squared_error", {[](CpuDevice& d, const OpCall& c) {
                   mean_squared_error(attrs<LossAttrs>(c), in(c, 0), in(c, 1), out(c, 0), out(c, 1), d.partials(),
                                      d.pool());
