@@ -168,8 +168,7 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
               store(zr + j, v < 0.f ? 0.f : v);  // as ActivationForward relu: NaN passes through
             }
           } else {
-#pragma omp simd
-            for (int64_t j = 0; j < L; ++j) store(yr + j, load(xr[j]) * scale[j] + shift[j]);
+            bf16io::store_all(yr, L, [&](int64_t j) { return load(xr[j]) * scale[j] + shift[j]; });
           }
         }
       } else {
@@ -186,8 +185,7 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
               store(zr + i, v < 0.f ? 0.f : v);
             }
           } else {
-#pragma omp simd
-            for (int64_t i = 0; i < I; ++i) store(yr + i, load(xr[i]) * sc + sh);
+            bf16io::store_all(yr, I, [&](int64_t i) { return load(xr[i]) * sc + sh; });
           }
         }
       }
@@ -256,12 +254,11 @@ void backward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, cons
         const T* dyr = dy + off;
         T* dxr = dx + off;
         if (short_runs) {
-#pragma omp simd
-          for (int64_t j = 0; j < L; ++j) store(dxr + j, k1[j] * load(dyr[j]) - k2[j] * (load(xr[j]) - me[j]) - k3[j]);
+          bf16io::store_all(dxr, L,
+                            [&](int64_t j) { return k1[j] * load(dyr[j]) - k2[j] * (load(xr[j]) - me[j]) - k3[j]; });
         } else {
           const float c1 = k1[0], c2 = k2[0], c3 = k3[0], mu = me[0];
-#pragma omp simd
-          for (int64_t i = 0; i < I; ++i) store(dxr + i, c1 * load(dyr[i]) - c2 * (load(xr[i]) - mu) - c3);
+          bf16io::store_all(dxr, I, [&](int64_t i) { return c1 * load(dyr[i]) - c2 * (load(xr[i]) - mu) - c3; });
         }
       }
     }

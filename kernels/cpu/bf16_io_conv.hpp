@@ -5,6 +5,11 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 namespace kiln::cpu::bf16io {
 
@@ -25,9 +30,45 @@ inline void widen(const uint16_t* src, float* dst, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = load(src[i]);
 }
+// GCC does not vectorize to_bf16's 32-to-16-bit store on AVX2 (measured: 1.25 ns a value, against 0.25 for widen),
+// so the 8-lane version is written out: the same rounding and NaN rule, then a saturating pack (every lane already
+// fits in 16 bits) and a cross-lane permute to put the 8 results in order.
 inline void narrow(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(hi, one)), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
+// dst[i] = f(i) for i in [0, n): directly into float32, through a float32 chunk and narrow() into bf16 (a loop of
+// per-value bf16 stores does not vectorize).
+template <class T, class F>
+inline void store_all(T* dst, int64_t n, F f) {
+  if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = f(i);
+  } else {
+    constexpr int64_t kChunk = 512;
+    float tmp[kChunk];
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const int64_t m = n - i0 < kChunk ? n - i0 : kChunk;
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) tmp[j] = f(i0 + j);
+      narrow(tmp, dst + i0, m);
+    }
+  }
 }
 
 }  // namespace kiln::cpu::bf16io

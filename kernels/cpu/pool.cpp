@@ -33,15 +33,33 @@ inline void store_first(float* p, int64_t n, __m256 v) {
   else
     _mm256_maskstore_ps(p, first_lanes(n), v);
 }
+// The same for bf16 storage: widened to float32 lanes on load, rounded to bf16 (bf16io::narrow's rule) on store.
+inline __m256 widen8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+inline __m256 load_first(const uint16_t* p, int64_t n) {
+  if (n >= 8) return widen8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) t[i] = p[i];
+  return widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+}
+inline void store_first(uint16_t* p, int64_t n, __m256 v) {
+  alignas(32) float f[8];
+  _mm256_store_ps(f, v);
+  if (n >= 8) return bf16io::narrow(f, p, 8);
+  alignas(16) uint16_t t[8];
+  bf16io::narrow(f, t, 8);
+  for (int64_t i = 0; i < n; ++i) p[i] = t[i];
+}
 // The first n of 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of
 // 8 windows).
-inline void deinterleave(const float* p, int64_t n, __m256& even, __m256& odd) {
+template <class T>
+inline void deinterleave(const T* p, int64_t n, __m256& even, __m256& odd) {
   const __m256 a = load_first(p, n), b = load_first(p + 8, n - 8);
   even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
   odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
 }
 // The inverse: p[2i] = even[i], p[2i + 1] = odd[i], the first n floats.
-inline void interleave(float* p, int64_t n, __m256 even, __m256 odd) {
+template <class T>
+inline void interleave(T* p, int64_t n, __m256 even, __m256 odd) {
   const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
   store_first(p, n, _mm256_permute2f128_ps(lo, hi, 0x20));
   store_first(p + 8, n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
@@ -60,12 +78,14 @@ inline int64_t next_windows(const PoolAttrs& a, int64_t oy, int64_t& ox) {
 }
 // The four corners of `lanes` windows (top-left, top-right, bottom-left, bottom-right), and the inverse: a value for
 // each corner written into rows d0, d1.
-inline void corners(const float* r0, const float* r1, int64_t ox, int64_t lanes, __m256& t0, __m256& t1, __m256& b0,
+template <class T>
+inline void corners(const T* r0, const T* r1, int64_t ox, int64_t lanes, __m256& t0, __m256& t1, __m256& b0,
                     __m256& b1) {
   deinterleave(r0 + 2 * ox, 2 * lanes, t0, t1);
   deinterleave(r1 + 2 * ox, 2 * lanes, b0, b1);
 }
-inline void put_corners(float* d0, float* d1, int64_t ox, int64_t lanes, __m256 t0, __m256 t1, __m256 b0, __m256 b1) {
+template <class T>
+inline void put_corners(T* d0, T* d1, int64_t ox, int64_t lanes, __m256 t0, __m256 t1, __m256 b0, __m256 b1) {
   interleave(d0 + 2 * ox, 2 * lanes, t0, t1);
   interleave(d1 + 2 * ox, 2 * lanes, b0, b1);
 }
@@ -94,16 +114,22 @@ bool is_2x2_s2(const PoolAttrs& a) {
 
 }  // namespace
 
-void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe) {
+namespace {
+
+// T: float, or uint16_t holding bf16 (loaded into float32 lanes, stored rounded: a maximum of bf16 values is one of
+// them, so bf16 storage changes no result).
+template <class T>
+void max_pool_planes_t(const PoolAttrs& a, const T* x, T* y, int64_t pb, int64_t pe) {
+  using bf16io::load;
   const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
   for (int64_t p = pb; p < pe; ++p) {
-    const float* xp = x + p * in_plane;
-    float* yp = y + p * out_plane;
+    const T* xp = x + p * in_plane;
+    T* yp = y + p * out_plane;
     for (int64_t oy = 0; oy < a.oh; ++oy) {
       if (fast) {  // first element wins ties and NaN, as in the general path
-        const float* r0 = xp + 2 * oy * a.w;
-        const float* r1 = r0 + a.w;
+        const T* r0 = xp + 2 * oy * a.w;
+        const T* r1 = r0 + a.w;
         int64_t ox = 0;
 #ifdef __AVX2__
         // 8 windows at a time (next_windows: how the last of a row are done), the same comparisons in the same
@@ -121,11 +147,11 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
         }
 #endif
         for (; ox < a.ow; ++ox) {
-          float b = r0[2 * ox];
-          b = r0[2 * ox + 1] > b ? r0[2 * ox + 1] : b;
-          b = r1[2 * ox] > b ? r1[2 * ox] : b;
-          b = r1[2 * ox + 1] > b ? r1[2 * ox + 1] : b;
-          yp[oy * a.ow + ox] = b;
+          float b = load(r0[2 * ox]);
+          b = load(r0[2 * ox + 1]) > b ? load(r0[2 * ox + 1]) : b;
+          b = load(r1[2 * ox]) > b ? load(r1[2 * ox]) : b;
+          b = load(r1[2 * ox + 1]) > b ? load(r1[2 * ox + 1]) : b;
+          bf16io::store(yp + oy * a.ow + ox, b);
         }
         continue;
       }
@@ -135,14 +161,20 @@ void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, i
         bool found = false;
         for (int64_t iy = w.y0; iy < w.y1; ++iy)
           for (int64_t ix = w.x0; ix < w.x1; ++ix) {
-            const float v = xp[iy * a.w + ix];
+            const float v = load(xp[iy * a.w + ix]);
             if (!found || v > best) best = v;
             found = true;
           }
-        yp[oy * a.ow + ox] = best;
+        bf16io::store(yp + oy * a.ow + ox, best);
       }
     }
   }
+}
+
+}  // namespace
+
+void max_pool_planes(const PoolAttrs& a, const float* x, float* y, int64_t pb, int64_t pe) {
+  max_pool_planes_t(a, x, y, pb, pe);
 }
 
 namespace {
@@ -156,22 +188,37 @@ void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& 
 
 // With relu_grad a window whose maximum yv is not > 0 passes no gradient: its argmax is where x == yv, so
 // x > 0 there exactly when yv > 0, and every other position gets 0 from both ops.
-void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
-                              bool relu_grad, float* plane_sums, int64_t pb, int64_t pe) {
+namespace {
+
+// A plane's sum for a fused BiasGrad: bias_grad's own function on float32, in double on bf16.
+float plane_sum(const float* p, int64_t n) { return bias_plane_sum(p, n); }
+float plane_sum(const uint16_t* p, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += bf16io::load(p[i]);
+  return static_cast<float>(s);
+}
+
+// T as max_pool_planes_t. On bf16 the general path (overlapping windows) would round each added gradient: run_pool_bf16
+// takes only the 2x2 stride-2 path here and widens the planes for the others.
+template <class T>
+void max_pool_backward_planes_t(const PoolAttrs& a, const T* x, const T* y, const T* dy, T* dx, bool relu_grad,
+                                float* plane_sums, int64_t pb, int64_t pe) {
+  using bf16io::load;
+  using bf16io::store;
   const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
   {
     for (int64_t p = pb; p < pe; ++p) {
-      const float* xp = x + p * in_plane;
-      float* dxp = dx + p * in_plane;
+      const T* xp = x + p * in_plane;
+      T* dxp = dx + p * in_plane;
       if (fast) {  // disjoint windows: write each window's 4 gradients directly, first match wins, no branches
         for (int64_t oy = 0; oy < a.oh; ++oy) {
-          const float* r0 = xp + 2 * oy * a.w;
-          const float* r1 = r0 + a.w;
-          float* d0 = dxp + 2 * oy * a.w;
-          float* d1 = d0 + a.w;
-          const float* yr = y + p * out_plane + oy * a.ow;
-          const float* gr = dy + p * out_plane + oy * a.ow;
+          const T* r0 = xp + 2 * oy * a.w;
+          const T* r1 = r0 + a.w;
+          T* d0 = dxp + 2 * oy * a.w;
+          T* d1 = d0 + a.w;
+          const T* yr = y + p * out_plane + oy * a.ow;
+          const T* gr = dy + p * out_plane + oy * a.ow;
           int64_t ox = 0;
 #ifdef __AVX2__
           // 8 windows at a time (next_windows), the masks of the scalar loop
@@ -196,40 +243,47 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
 #endif
           for (; ox < a.ow; ++ox) {
             // Bitwise, not &&: after a ReLU many windows tie at 0, and short-circuit branches mispredict.
-            const float yv = yr[ox], g = gr[ox];
+            const float yv = load(yr[ox]), g = load(gr[ox]);
             const int live = !relu_grad | (yv > 0.f);
-            const int e0 = r0[2 * ox] == yv, e1 = r0[2 * ox + 1] == yv, e2 = r1[2 * ox] == yv;
-            const int e3 = r1[2 * ox + 1] == yv;
+            const int e0 = load(r0[2 * ox]) == yv, e1 = load(r0[2 * ox + 1]) == yv, e2 = load(r1[2 * ox]) == yv;
+            const int e3 = load(r1[2 * ox + 1]) == yv;
             const int m1 = e1 & ~e0 & live, m2 = e2 & ~(e0 | e1) & live, m3 = e3 & ~(e0 | e1 | e2) & live;
-            d0[2 * ox] = keep_if(e0 & live, g);
-            d0[2 * ox + 1] = keep_if(m1, g);
-            d1[2 * ox] = keep_if(m2, g);
-            d1[2 * ox + 1] = keep_if(m3, g);
+            store(d0 + 2 * ox, keep_if(e0 & live, g));
+            store(d0 + 2 * ox + 1, keep_if(m1, g));
+            store(d1 + 2 * ox, keep_if(m2, g));
+            store(d1 + 2 * ox + 1, keep_if(m3, g));
           }
-          std::fill(d0 + 2 * a.ow, d0 + a.w, 0.f);  // an odd last column is in no window
-          std::fill(d1 + 2 * a.ow, d1 + a.w, 0.f);
+          std::fill(d0 + 2 * a.ow, d0 + a.w, T{});  // an odd last column is in no window
+          std::fill(d1 + 2 * a.ow, d1 + a.w, T{});
         }
-        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, 0.f);           // likewise an odd last row
-        if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);  // while the plane is in cache
+        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, T{});      // likewise an odd last row
+        if (plane_sums) plane_sums[p] = plane_sum(dxp, in_plane);  // while the plane is in cache
         continue;
       }
-      std::fill(dxp, dxp + in_plane, 0.f);
+      std::fill(dxp, dxp + in_plane, T{});
       for (int64_t oy = 0; oy < a.oh; ++oy)
         for (int64_t ox = 0; ox < a.ow; ++ox) {
           const int64_t o = p * out_plane + oy * a.ow + ox;
-          const float yv = y[o];
+          const float yv = load(y[o]);
           const Window w = window(a, oy, ox);
           for (int64_t iy = w.y0; iy < w.y1; ++iy)
             for (int64_t ix = w.x0; ix < w.x1; ++ix)
-              if (xp[iy * a.w + ix] == yv) {
-                if (!relu_grad || yv > 0.f) dxp[iy * a.w + ix] += dy[o];
+              if (load(xp[iy * a.w + ix]) == yv) {
+                if (!relu_grad || yv > 0.f) store(dxp + iy * a.w + ix, load(dxp[iy * a.w + ix]) + load(dy[o]));
                 goto next;  // only the first match gets the gradient
               }
         next:;
         }
-      if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);
+      if (plane_sums) plane_sums[p] = plane_sum(dxp, in_plane);
     }
   }
+}
+
+}  // namespace
+
+void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx,
+                              bool relu_grad, float* plane_sums, int64_t pb, int64_t pe) {
+  max_pool_backward_planes_t(a, x, y, dy, dx, relu_grad, plane_sums, pb, pe);
 }
 
 void max_pool_backward(const PoolAttrs& a, const float* x, const float* y, const float* dy, float* dx, ThreadPool& pool,
@@ -311,10 +365,16 @@ bool all_of_type(const OpCall& c, DType t) {
 }
 // Every buffer float32, or every one bf16 (a bf16 layer's activations and their gradients).
 bool pool_takes(const OpCall& c) { return all_of_type(c, DType::f32) || all_of_type(c, DType::bf16); }
+// A 2x2 stride-2 max pool on bf16 runs its float32 code's vector path on the bf16 planes directly (widened in
+// registers): no scratch.
+bool max_pool_direct(const OpCall& c) {
+  return (c.kind == OpKind::MaxPoolForward || c.kind == OpKind::MaxPoolBackward) &&
+         is_2x2_s2(std::get<PoolAttrs>(c.attrs));
+}
 size_t pool_workspace(const CpuDevice& d, const OpCall& c) {
-  if (!all_of_type(c, DType::bf16)) return 0;
+  if (!all_of_type(c, DType::bf16) || max_pool_direct(c)) return 0;
   const auto& a = std::get<PoolAttrs>(c.attrs);
-  return max_pool_bf16_workspace_bytes(a, d.threads());
+  return static_cast<size_t>(std::max(d.threads(), 1)) * slot_floats(a, d.threads()) * sizeof(float);
 }
 
 // Runs fn(p0, m, buf) over the (n, c) planes in groups: planes [p0, p0 + m), buf the calling thread's slot of ws.
@@ -349,10 +409,19 @@ void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
   using bf16io::narrow;
   using bf16io::widen;
   const auto& a = std::get<PoolAttrs>(c.attrs);
+  if (max_pool_direct(c)) {
+    parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
+      if (c.kind == OpKind::MaxPoolForward)
+        max_pool_planes_t(a, bf16_in(c, 0), bf16_out(c), pb, pe);
+      else
+        max_pool_backward_planes_t(a, bf16_in(c, 0), bf16_in(c, 1), bf16_in(c, 2), bf16_out(c), false, nullptr, pb, pe);
+    });
+    return;
+  }
   const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const int64_t g = plane_group(a, pool.size());
   bf16_groups(a, c.workspace.host(), pool, [&](int64_t p0, int64_t m, float* buf) {
-    float *xi = buf, *xi2 = buf + g * in_plane, *yo = xi2 + g * in_plane, *yo2 = yo + g * out_plane;
+    float *xi = buf, *xi2 = buf + g * in_plane, *yo = xi2 + g * in_plane;
     switch (c.kind) {
       case OpKind::MaxPoolForward:
       case OpKind::AvgPoolForward:
@@ -381,11 +450,18 @@ void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
 }  // namespace
 
 size_t max_pool_bf16_workspace_bytes(const PoolAttrs& a, int threads) {
+  if (is_2x2_s2(a)) return 0;
   return static_cast<size_t>(std::max(threads, 1)) * slot_floats(a, threads) * sizeof(float);
 }
 
 void max_pool_backward_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy, uint16_t* dx,
                             float* ws, ThreadPool& pool, bool relu_grad, float* plane_sums) {
+  if (is_2x2_s2(a)) {
+    parallel_ranges(pool, a.n * a.c, parts_for(a.n * a.c * a.h * a.w, pool), [&](int64_t pb, int64_t pe) {
+      max_pool_backward_planes_t(a, x, y, dy, dx, relu_grad, plane_sums, pb, pe);
+    });
+    return;
+  }
   const int64_t g = plane_group(a, pool.size());
   bf16_groups(a, ws, pool, [&](int64_t p0, int64_t m, float* buf) {
     max_pool_backward_group_bf16(a, x, y, dy, dx, relu_grad, plane_sums, p0, m, g, buf);
