@@ -227,8 +227,45 @@ size_t scratch_per_thread(const Matmul* full, const Matmul* tail) {
   return (std::max(full->scratch, tail->scratch) + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
 }
 
-bool gemm_bf16(const GemmAttrs& a, const uint16_t* A, const uint16_t* B, void* y, DType out, char* ws, size_t ws_bytes,
-               ThreadPool& pool) {
+// A transposed A (trans_a: stored (k, m), as a weight gradient's x^T) is copied to (m, k) in the workspace first:
+// oneDNN 2.6 runs a bf16 matmul whose source is transposed with its gemm:jit kernel, at 50-140 GFLOP/s on the GPT
+// sample's weight gradients (ONEDNN_VERBOSE) against brgemm's 160-200 on the same shapes untransposed, and the copy
+// costs a pass over A. The product then runs untransposed.
+size_t transposed_bytes(const GemmAttrs& a) {
+  return a.trans_a ? (static_cast<size_t>(a.m * a.k) * 2 + kScratchAlign - 1) / kScratchAlign * kScratchAlign : 0;
+}
+GemmAttrs untransposed(const GemmAttrs& a) {
+  GemmAttrs u = a;
+  u.trans_a = false;
+  return u;
+}
+
+// x (rows, cols) -> y (cols, rows), 16-bit values, in 32x32 blocks, column blocks of y's rows spread over the pool.
+void transpose16(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* y, ThreadPool& pool) {
+  constexpr int64_t kB = 32;
+  const int64_t cblocks = (cols + kB - 1) / kB;
+  parallel_ranges(pool, cblocks, parts_for(rows * cols, pool), [&](int64_t cb, int64_t ce) {
+    for (int64_t c0 = cb * kB; c0 < std::min(cols, ce * kB); c0 += kB)
+      for (int64_t r0 = 0; r0 < rows; r0 += kB) {
+        const int64_t c1 = std::min(cols, c0 + kB), r1 = std::min(rows, r0 + kB);
+        for (int64_t c = c0; c < c1; ++c)
+          for (int64_t r = r0; r < r1; ++r) y[c * rows + r] = x[r * cols + c];
+      }
+  });
+}
+
+bool gemm_bf16(const GemmAttrs& a_in, const uint16_t* A, const uint16_t* B, void* y, DType out, char* ws,
+               size_t ws_bytes, ThreadPool& pool) {
+  const GemmAttrs a = untransposed(a_in);
+  if (a_in.trans_a) {
+    const size_t tb = transposed_bytes(a_in);
+    if (!ws || tb > ws_bytes) return false;
+    auto* At = reinterpret_cast<uint16_t*>(ws);
+    transpose16(A, a.k, a.m, At, pool);
+    A = At;
+    ws += tb;
+    ws_bytes -= tb;
+  }
   const int64_t m = a.m, n = a.n, k = a.k;
   const Slabs sl = slabs(a, pool.size());
   const Matmul* full = bf16_matmul(0, sl.chunk, a, out);
@@ -269,17 +306,23 @@ bool gemm_takes(const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   if (c.in[0].dtype == DType::f32 && c.in[1].dtype == DType::f32 && c.out[0].dtype == DType::f32) return true;
   if (!is_bf16_product(c) || a.m <= 0 || a.n <= 0 || a.k <= 0) return false;
-  return bf16_matmul(0, slabs(a, 1).chunk, a, c.out[0].dtype) != nullptr;
+  const GemmAttrs u = untransposed(a);
+  return bf16_matmul(0, slabs(u, 1).chunk, u, c.out[0].dtype) != nullptr;
+}
+
+// gemm_bf16's workspace: A's transposed copy, then a scratchpad per pool thread.
+size_t gemm_bf16_workspace(const GemmAttrs& a, DType out, int threads) {
+  const GemmAttrs u = untransposed(a);
+  const Slabs sl = slabs(u, threads);
+  const Matmul* full = bf16_matmul(0, sl.chunk, u, out);
+  const Matmul* tail = bf16_matmul(0, sl.last, u, out);
+  if (!full || !tail) return 0;
+  return transposed_bytes(a) + scratch_per_thread(full, tail) * static_cast<size_t>(threads);
 }
 
 size_t gemm_workspace(const CpuDevice& d, const OpCall& c) {
   if (!is_bf16_product(c) || !gemm_takes(c)) return 0;
-  const auto& a = std::get<GemmAttrs>(c.attrs);
-  const Slabs sl = slabs(a, const_cast<CpuDevice&>(d).pool().size());
-  const Matmul* full = bf16_matmul(0, sl.chunk, a, c.out[0].dtype);
-  const Matmul* tail = bf16_matmul(0, sl.last, a, c.out[0].dtype);
-  if (!full || !tail) return 0;
-  return scratch_per_thread(full, tail) * static_cast<size_t>(const_cast<CpuDevice&>(d).pool().size());
+  return gemm_bf16_workspace(std::get<GemmAttrs>(c.attrs), c.out[0].dtype, const_cast<CpuDevice&>(d).pool().size());
 }
 
 // Batched products: whole matrices per pool thread, one slab of consecutive matrices each (a full and a tail
@@ -309,8 +352,8 @@ GemmAttrs one_matrix(const GemmAttrs& a) {
 bool batched_gemm_bf16_takes(const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   if (!is_bf16_product(c) || a.batch <= 0 || a.m <= 0 || a.n <= 0 || a.k <= 0) return false;
-  return bf16_matmul(0, slabs(a, 1).chunk, one_matrix(a), c.out[0].dtype) &&
-         bf16_matmul(a.batch, a.m, a, c.out[0].dtype);
+  const GemmAttrs u = untransposed(one_matrix(a));
+  return bf16_matmul(0, slabs(u, 1).chunk, u, c.out[0].dtype) && bf16_matmul(a.batch, a.m, a, c.out[0].dtype);
 }
 
 size_t batched_gemm_bf16_workspace(const CpuDevice& d, const OpCall& c) {
@@ -318,13 +361,7 @@ size_t batched_gemm_bf16_workspace(const CpuDevice& d, const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   const int threads = const_cast<CpuDevice&>(d).pool().size();
   const DType out = c.out[0].dtype;
-  if (per_matrix(a, threads)) {
-    const GemmAttrs one = one_matrix(a);
-    const Slabs sl = slabs(one, threads);
-    const Matmul* full = bf16_matmul(0, sl.chunk, one, out);
-    const Matmul* tail = bf16_matmul(0, sl.last, one, out);
-    return full && tail ? scratch_per_thread(full, tail) * static_cast<size_t>(threads) : 0;
-  }
+  if (per_matrix(a, threads)) return gemm_bf16_workspace(one_matrix(a), out, threads);
   const BatchSlabs bs = batch_slabs(a, threads);
   const Matmul* full = bf16_matmul(bs.chunk, a.m, a, out);
   const Matmul* tail = bf16_matmul(bs.last, a.m, a, out);
