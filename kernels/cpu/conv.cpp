@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "bf16_io_conv.hpp"
 #include "conv_dnnl.hpp"
 #include "cpu_kernel.hpp"
 #include "gemm.hpp"
@@ -207,6 +208,32 @@ void conv_epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool add_bias, fl
     }
   }
   if (ep.relu_out && ep.pool && ep.pool_out) max_pool_planes(*ep.pool, ep.relu_out, ep.pool_out, n0 * K, n1 * K);
+}
+
+void conv_epilogue_bf16(const ConvAttrs& a, const ConvEpilogueBf16& ep, uint16_t* y, int64_t n0, int64_t n1) {
+  using bf16io::load;
+  const int64_t K = a.k, P = ohw(a);
+  for (int64_t n = n0; n < n1; ++n) {
+    uint16_t* yn = y + n * K * P;
+    for (int64_t k = 0; k < K; ++k) {
+      uint16_t* row = yn + k * P;
+      if (ep.bias) {
+        const float b = ep.bias[k];
+        bf16io::store_all(row, P, [&](int64_t i) { return load(row[i]) + b; });
+      }
+      if (ep.relu_out) {
+        uint16_t* r = ep.relu_out + n * K * P + k * P;  // may be row
+        // ReLU on the bf16 bits, as ActivationForward's v < 0 ? 0 : v: a number below zero (sign set, magnitude
+        // neither 0 nor NaN) becomes +0; -0 and NaN pass.
+#pragma omp simd
+        for (int64_t i = 0; i < P; ++i) {
+          const uint16_t h = row[i], mag = h & 0x7fffu;
+          r[i] = (h & 0x8000u) && mag != 0 && mag <= 0x7f80u ? uint16_t{0} : h;
+        }
+      }
+    }
+  }
+  if (ep.relu_out && ep.pool && ep.pool_out) max_pool_planes_bf16(*ep.pool, ep.relu_out, ep.pool_out, n0 * K, n1 * K);
 }
 
 // y(n) (k, oh*ow) = w (k, c*r*s) * col(n) [+ bias, then ReLU, then max pool].

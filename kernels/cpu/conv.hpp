@@ -23,6 +23,15 @@ struct ConvEpilogue {
 // oneDNN may add it), then relu_out = ReLU(y) and the max pool, as ConvEpilogue says. Same arithmetic as the
 // unfused BiasAdd, ActivationForward (NaN passes through) and MaxPoolForward.
 void conv_epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool add_bias, float* y, int64_t n0, int64_t n1);
+// The same for a bf16 layer (y, relu_out, pool_out bf16; bias float32): the unfused bf16 ops' arithmetic (y + bias
+// rounded to bf16 once, as BiasAdd on bf16 storage; the ReLU and the max pool are exact on bf16 values).
+struct ConvEpilogueBf16 {
+  const float* bias = nullptr;
+  uint16_t* relu_out = nullptr;
+  const PoolAttrs* pool = nullptr;
+  uint16_t* pool_out = nullptr;
+};
+void conv_epilogue_bf16(const ConvAttrs& a, const ConvEpilogueBf16& ep, uint16_t* y, int64_t n0, int64_t n1);
 // What a fused backward convolution runs first: it writes dy's images [n0, n1) (a max-pool backward, with the
 // ReLU's gradient and the bias's plane sums, writes them: fusion.cpp). Called with ranges that cover the batch once,
 // each range on one thread, before anything reads those images; ranges may run on several threads at once.

@@ -400,7 +400,7 @@ void sum_partials_bf16(const Plan& p, int64_t wsize, uint16_t* dw, const float* 
 // `bias_done` the primitives added the bias (Post::bias) and reorder the output back a group of images at a time.
 void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, const void* in1, void* out, float* ws,
               ThreadPool& pool, const ConvEpilogue* ep = nullptr, bool bias_done = false,
-              const ConvPrologue* pro = nullptr) {
+              const ConvPrologue* pro = nullptr, const ConvEpilogueBf16* ep16 = nullptr) {
   auto& eng = engine();
   const OneOmpThread one;
   // Weights shared by every slice (forward, backward data).
@@ -464,6 +464,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, c
         out_to_user(q, out_chosen, user_out, s);
         s.wait();
         if (ep) conv_epilogue(a, *ep, !bias_done, static_cast<float*>(out), b, b + n);
+        if (ep16) conv_epilogue_bf16(a, *ep16, static_cast<uint16_t*>(out), b, b + n);
       }
       if (kind == OpKind::Conv2dBackwardFilter && t != t0)
         for (int64_t i = 0; i < wsize; ++i) group_dw[i] += bufs[4][i];
@@ -584,10 +585,12 @@ bool dnnl_conv_typed_workspace(OpKind kind, const ConvAttrs& a, const std::array
 }
 
 bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, const void* in0,
-                     const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool) {
+                     const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool,
+                     const ConvEpilogueBf16* ep) {
   const auto p = plan_for(kind, a, pool.size(), false, {}, Types{types});
   if (!p || ws_floats < workspace_floats(*p, pool.size())) return false;
-  run_plan(kind, a, *p, in0, in1, out, ws, pool);
+  if (kind != OpKind::Conv2dForward || types[2] != DType::bf16) ep = nullptr;
+  run_plan(kind, a, *p, in0, in1, out, ws, pool, nullptr, false, nullptr, ep);
   return true;
 }
 
@@ -637,7 +640,7 @@ bool dnnl_conv_backward_pair(const ConvAttrs&, const float*, const float*, const
 }
 bool dnnl_conv_typed_workspace(OpKind, const ConvAttrs&, const std::array<DType, 3>&, int, size_t&) { return false; }
 bool dnnl_conv_typed(OpKind, const ConvAttrs&, const std::array<DType, 3>&, const void*, const void*, void*, float*,
-                     size_t, ThreadPool&) {
+                     size_t, ThreadPool&, const ConvEpilogueBf16*) {
   return false;
 }
 }  // namespace kiln::cpu

@@ -27,8 +27,12 @@ bool dnnl_conv(OpKind kind, const ConvAttrs& a, const float* in0, const float* i
 // than dnnl_conv_typed_workspace said.
 bool dnnl_conv_typed_workspace(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, int threads,
                                size_t& floats);
+// With `ep` (Conv2dForward into a bf16 y only), the bf16 epilogue of each slice's images right after they are back
+// in the plain layout, while in cache: what a fused run of a bf16 layer's conv, bias, ReLU and max pool would call,
+// with the conv call's workspace.
 bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, const void* in0,
-                     const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool);
+                     const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool,
+                     const ConvEpilogueBf16* ep = nullptr);
 bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
                              float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro);
 

@@ -193,8 +193,14 @@ namespace {
 // A plane's sum for a fused BiasGrad: bias_grad's own function on float32, in double on bf16.
 float plane_sum(const float* p, int64_t n) { return bias_plane_sum(p, n); }
 float plane_sum(const uint16_t* p, int64_t n) {
+  constexpr int64_t kChunk = 4096;  // widened a chunk at a time into float32, summed by bias_grad's function
+  float buf[kChunk];
   double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += bf16io::load(p[i]);
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - i0);
+    bf16io::widen(p + i0, buf, m);
+    s += bias_plane_sum(buf, m);
+  }
   return static_cast<float>(s);
 }
 
@@ -448,6 +454,10 @@ void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
 }
 
 }  // namespace
+
+void max_pool_planes_bf16(const PoolAttrs& a, const uint16_t* x, uint16_t* y, int64_t pb, int64_t pe) {
+  max_pool_planes_t(a, x, y, pb, pe);
+}
 
 size_t max_pool_bf16_workspace_bytes(const PoolAttrs& a, int threads) {
   if (is_2x2_s2(a)) return 0;

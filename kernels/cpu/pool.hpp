@@ -21,6 +21,8 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
 // bf16 storage (x, y, dy, dx: uint16_t holding bf16): max_pool_backward with its options, float32 math (the
 // plane sums are of dx as stored), `ws` max_pool_bf16_workspace_bytes of scratch (none, ws may be null, for 2x2 stride
 // 2): the max_pool_backward kernel's workspace on bf16 storage, so a fused run can pass that call's workspace.
+// max_pool_planes on bf16 planes (any geometry; a maximum of bf16 values is exact).
+void max_pool_planes_bf16(const PoolAttrs& a, const uint16_t* x, uint16_t* y, int64_t pb, int64_t pe);
 size_t max_pool_bf16_workspace_bytes(const PoolAttrs& a, int threads);
 void max_pool_backward_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy, uint16_t* dx,
                             float* ws, ThreadPool& pool, bool relu_grad = false, float* plane_sums = nullptr);
