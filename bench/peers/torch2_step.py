@@ -4,9 +4,11 @@ Debian's PyTorch 1.13: the real Fashion-MNIST training set held as tensors, a ra
 (torch.randint, seeded), Adam lr 1e-3, CrossEntropy, 20 warm-up steps then the median over STEPS.
 
 usage: .venv-peers/bin/python bench/peers/torch2_step.py {mlp|cnn} BATCH [STEPS] [--compile[=model|step]] [--epoch]
+                                                         [--amp=bf16]
   --compile / --compile=model  torch.compile(model) (forward and its backward compiled; Adam eager)
   --compile=step               torch.compile of the whole step function (graph-breaks at backward(); Adam compiled)
   --epoch                      one full epoch instead (torch_epoch.py; --loader gather|dataloader)
+  --amp=bf16                   torch.autocast("cpu", dtype=torch.bfloat16) around forward and loss
 Threads: TORCH_THREADS (default 2). Run it with MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864.
 """
 import os
@@ -27,7 +29,8 @@ if "--epoch" in a:
     run_epoch(kind, batch, a[a.index("--loader") + 1] if "--loader" in a else "gather", compile_mode)
     sys.exit()
 
-step = make_step(build(kind), compile_mode)
+amp = next((x.split("=", 1)[1] for x in a if x.startswith("--amp=")), None)
+step = make_step(build(kind), compile_mode, amp)
 X, Y = load()
 g = torch.Generator().manual_seed(0)
 times = []
@@ -41,7 +44,7 @@ for i in range(steps + 20):
 med = statistics.median(times[20:])
 mean = statistics.mean(times[20:])
 cpu = (time.process_time() - c0) / sum(times[20:])
-peer = f"torch{VERSION}" + ("+compile" if compile_mode else "")
+peer = f"torch{VERSION}" + ("+compile" if compile_mode else "") + (f"+autocast-{amp}" if amp else "")
 print(f"{peer} {kind} batch {batch}: median {med*1e3:.3f} ms/step, {batch/med:.0f} examples/s "
       f"(mean {mean*1e3:.3f} ms, torch threads {torch.get_num_threads()}, compile {compile_mode or 'none'}"
       f"{f', first step (compile) {times[0]:.2f} s' if compile_mode else ''}, cpu/wall {cpu:.2f}, "

@@ -43,15 +43,18 @@ def load():
     return X, Y
 
 
-def make_step(model, compile_mode):
-    """compile_mode None: eager; "model": torch.compile(model); "step": torch.compile of forward+loss+backward+Adam."""
+def make_step(model, compile_mode, amp=None):
+    """compile_mode None: eager; "model": torch.compile(model); "step": torch.compile of forward+loss+backward+Adam.
+    amp "bf16": forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), as PyTorch's AMP recipe runs it
+    (float32 master weights; bfloat16 needs no GradScaler)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
     loss_fn = nn.CrossEntropyLoss()
     fwd = torch.compile(model) if compile_mode == "model" else model
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(fwd(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+            loss = loss_fn(fwd(x), y)
         loss.backward()
         opt.step()
         return loss
