@@ -218,12 +218,48 @@ void* CpuDevice::extension(std::string_view name) {
 
 size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
   if (calls.size() < 2) return 0;
-  // The fused kernels read and write float32: a 16-bit call runs on its own (dispatch.cpp converts for it).
+  bool low = false;
   for (size_t i = 0; i < std::min<size_t>(calls.size(), 6); ++i) {
     for (const auto& v : calls[i].in)
-      if (v.dtype != DType::f32) return 0;
+      if (v.dtype != DType::f32) low = true;
     for (const auto& v : calls[i].out)
-      if (v.dtype != DType::f32) return 0;
+      if (v.dtype != DType::f32) low = true;
+  }
+  // 16-bit runs: the bf16 entry points of the same fusions (conv + bias + ReLU (+ max pool); max-pool + ReLU
+  // backward (+ the conv's bias gradient)); any other 16-bit run is not fused (dispatch.cpp converts its calls).
+  if (low) {
+    const BufferView *y = nullptr, *relu_out = nullptr;
+    const OpCall* pool = nullptr;
+    auto b16 = [](const BufferView& v) { return static_cast<uint16_t*>(v.raw()); };
+    if (const size_t k = conv_run(calls, y, relu_out, pool)) {
+      const OpCall& c = calls[0];
+      if (c.in[0].dtype != DType::bf16 || c.in[1].dtype != DType::bf16 || y->dtype != DType::bf16 ||
+          (relu_out && relu_out->dtype != DType::bf16) || (pool && pool->out[0].dtype != DType::bf16) ||
+          calls[1].in[1].dtype != DType::f32)
+        return 0;
+      const ConvEpilogueBf16 ep{calls[1].in[1].host(), relu_out ? b16(*relu_out) : nullptr,
+                                pool ? &std::get<PoolAttrs>(pool->attrs) : nullptr, pool ? b16(pool->out[0]) : nullptr};
+      if (!dnnl_conv_typed(OpKind::Conv2dForward, std::get<ConvAttrs>(c.attrs), {DType::bf16, DType::bf16, DType::bf16},
+                           c.in[0].raw(), c.in[1].raw(), y->raw(), c.workspace.block ? c.workspace.host() : nullptr,
+                           c.workspace.block ? c.workspace.bytes / 4 : 0, pool_, &ep))
+        return 0;
+      return k;
+    }
+    if (pool_relu_bias_run(calls) || pool_relu_run(calls)) {
+      const OpCall& c = calls[0];
+      for (const auto* v : {&c.in[0], &c.in[1], &c.in[2], &c.out[0]})
+        if (v->dtype != DType::bf16) return 0;
+      const auto& a = std::get<PoolAttrs>(c.attrs);
+      if (max_pool_bf16_workspace_bytes(a, pool_.size()) != 0) return 0;
+      const bool bias = pool_relu_bias_run(calls);
+      if (bias) plane_sums_.resize(static_cast<size_t>(a.n * a.c));
+      max_pool_backward_bf16(a, b16(c.in[0]), b16(c.in[1]), b16(c.in[2]), b16(c.out[0]), nullptr, pool_, true,
+                             bias ? plane_sums_.data() : nullptr);
+      if (bias)
+        bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+      return bias ? 3 : 2;
+    }
+    return 0;
   }
   const BufferView *y = nullptr, *relu_out = nullptr;
   const OpCall* pool = nullptr;
