@@ -5,8 +5,8 @@
 // 16-bit storage (bfloat16, float16): a kernel that reads float32 only (no VulkanKernel::takes_types, or it declines
 // the call) runs on float32 copies of the call's 16-bit buffers in the call's workspace, as on the cpu backend: each
 // is converted in with the cast kernel, the kernel runs on the copies, and the outputs are converted back (outputs
-// are converted in too: an output may be read-write, and an in-place output shares its input's copy). The command
-// stream's hazard tracking puts the barriers between the conversions and the kernel.
+// are converted in too: an output may be read-write, and an in-place output shares its input's copy). A barrier
+// follows the conversions in; hazard tracking puts the one before the conversions back.
 #include "dispatch.hpp"
 
 #include <array>
@@ -83,10 +83,10 @@ Support OpKernels::supports(OpKind kind, const OpAttrs& attrs, const OpArity& ar
   return kernel->supports ? kernel->supports(kind, attrs, limits) : Support{};
 }
 
-bool OpKernels::converts(const OpCall& call) const {
+bool OpKernels::converts(const OpCall& call, const DeviceLimits& limits) const {
   if (!any_16bit(call)) return false;
   const VulkanKernel* k = find(call.kind);
-  return !(k && k->takes_types && k->takes_types(call));
+  return !(k && k->takes_types && k->takes_types(call, limits));
 }
 
 // The planner asks with unbound views (no block, bytes and type set): each 16-bit buffer then counts on its own.
@@ -94,7 +94,7 @@ bool OpKernels::converts(const OpCall& call) const {
 // offset, and the kernel's workspace on the float32 call after the copies.
 size_t OpKernels::workspace_bytes(const OpCall& call, const DeviceLimits& limits) const {
   const VulkanKernel* kernel = find(call.kind);
-  if (!converts(call)) return kernel && kernel->workspace_bytes ? kernel->workspace_bytes(call, limits) : 0;
+  if (!converts(call, limits)) return kernel && kernel->workspace_bytes ? kernel->workspace_bytes(call, limits) : 0;
   OpCall f = call;
   size_t extra = kScratchAlign;
   std::vector<BufferView> seen;
@@ -117,7 +117,7 @@ void OpKernels::run_float32(Encoder& e, const OpCall& call) const {
 }
 
 void OpKernels::run(Encoder& e, const OpCall& call, const OpArity& arity) const {
-  if (!converts(call)) return run_float32(e, call);
+  if (!converts(call, e.limits())) return run_float32(e, call);
   struct Copy {
     BufferView orig, copy;
     int64_t count;
@@ -156,6 +156,9 @@ void OpKernels::run(Encoder& e, const OpCall& call, const OpArity& arity) const 
   f.workspace.bytes = ws.offset + ws.bytes - at;
   if (f.workspace.bytes == 0) f.workspace = BufferView{};
   for (const Copy& c : in) record_cast(e, c.orig, c.orig.dtype, c.copy, DType::f32, c.count);
+  // Kernels bind buffers they do not touch in some modes (Access::unused, no hazard): a copy bound so must still be
+  // complete before the kernel's dispatch, or the validation layer reports a read-after-write hazard.
+  if (!in.empty()) e.barrier();
   run_float32(e, f);
   for (const Copy& c : back) record_cast(e, c.copy, DType::f32, c.orig, c.orig.dtype, c.count);
 }

@@ -33,7 +33,7 @@ class OpKernels {
 
  private:
   // Whether the call has 16-bit buffers that its kernel does not read itself (VulkanKernel::takes_types).
-  bool converts(const OpCall& call) const;
+  bool converts(const OpCall& call, const DeviceLimits& limits) const;
   void run_float32(Encoder& e, const OpCall& call) const;
   const VulkanKernel* find(OpKind kind) const {
     const auto i = static_cast<size_t>(kind);

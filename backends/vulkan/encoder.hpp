@@ -53,6 +53,8 @@ class Encoder {
   // maxStorageBufferRange limit); nothing for an empty view or a view onto itself. Throws DeviceError when the two
   // overlap otherwise.
   void copy(const BufferView& src, const BufferView& dst);
+  // A full barrier: everything recorded before it is visible to everything after (hazard tracking starts over).
+  void barrier() { stream_.barrier(); }
   // Workgroups for a grid-stride loop over `n` items with `local` invocations each.
   uint32_t groups_for(int64_t n, uint32_t local = 256) const;
   const DeviceLimits& limits() const { return limits_; }

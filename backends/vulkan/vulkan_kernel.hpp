@@ -24,7 +24,8 @@ struct VulkanKernel {
   bool transfer = false;
   // Whether the kernel reads and writes the call's buffer types itself (BufferView::dtype); null or false: it
   // reads float32 only, and the dispatch converts every 16-bit buffer to float32 in the workspace around it.
-  bool (*takes_types)(const OpCall& c) = nullptr;
+  // Asked with the planner's unbound views too (no block: offsets unknown), so it decides by types and sizes there.
+  bool (*takes_types)(const OpCall& c, const DeviceLimits& limits) = nullptr;
 };
 
 // Records a conversion of `count` values of type `from` in `src` into type `to` in `dst` (kernels/vulkan/cast.cpp:

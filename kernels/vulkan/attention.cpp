@@ -61,7 +61,8 @@ Support batched_gemm_supports(OpKind, const OpAttrs& attrs, const DeviceLimits& 
 
 }  // namespace
 
-KILN_VULKAN_KERNEL("batched_gemm", {run_batched_gemm, batched_gemm_supports});
+KILN_VULKAN_KERNEL("batched_gemm",
+                   {.run = run_batched_gemm, .supports = batched_gemm_supports, .takes_types = gemm_takes_types});
 KILN_VULKAN_KERNEL("permute", {run_permute});
 
 }  // namespace kiln::vulkan

@@ -33,6 +33,6 @@ void run_cast(Encoder& e, const OpCall& c) {
 
 }  // namespace
 
-KILN_VULKAN_KERNEL("cast", {.run = run_cast, .takes_types = [](const OpCall&) { return true; }});
+KILN_VULKAN_KERNEL("cast", {.run = run_cast, .takes_types = [](const OpCall&, const DeviceLimits&) { return true; }});
 
 }  // namespace kiln::vulkan

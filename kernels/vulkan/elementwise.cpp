@@ -44,7 +44,7 @@ KILN_VULKAN_KERNEL("axpby", {run_unary});
 KILN_VULKAN_KERNEL("scale", {run_unary});
 KILN_VULKAN_KERNEL("fill", {run_fill});
 // Bytes are bytes: a copy between buffers of one type needs no conversion.
-KILN_VULKAN_KERNEL("copy", {.run = run_copy, .transfer = true, .takes_types = [](const OpCall& c) {
+KILN_VULKAN_KERNEL("copy", {.run = run_copy, .transfer = true, .takes_types = [](const OpCall& c, const DeviceLimits&) {
                               return c.in[0].dtype == c.out[0].dtype;
                             }});
 

@@ -21,8 +21,8 @@ struct GemmParams {
 // of kLvpMaxK (the loop budget; later ranges add to y) and per maxComputeWorkGroupCount[2] batches.
 constexpr int64_t kLvpTileM = 64, kLvpTileN = 128;  // gemm_lvp.glsl: a workgroup's tile (LVP_R = 32)
 
-bool lvp_gemm_ok(const Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b) {
-  if (!e.limits().llvmpipe_gemm) return false;
+bool lvp_gemm_ok(const DeviceLimits& l, const LvpGemm& g, const BufferView& a, const BufferView& b) {
+  if (!l.llvmpipe_gemm) return false;
   const bool a_ok = a.offset % 16 == 0 && g.sa % 4 == 0 && (g.trans_a ? g.m % 4 == 0 : g.k % 4 == 0);
   const bool b_ok = b.offset % 16 == 0 && g.sb % 4 == 0 && (g.trans_b ? g.k % 4 == 0 : g.n % 4 == 0);
   return a_ok && b_ok;
@@ -30,8 +30,9 @@ bool lvp_gemm_ok(const Encoder& e, const LvpGemm& g, const BufferView& a, const 
 
 void lvp_gemm(Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b, const BufferView& y) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  static const char* const kNames[4] = {"gemm_lvp_nn", "gemm_lvp_nt", "gemm_lvp_tn", "gemm_lvp_tt"};
-  const char* name = kNames[(g.trans_a ? 2 : 0) + (g.trans_b ? 1 : 0)];
+  static const char* const kNames[8] = {"gemm_lvp_nn",   "gemm_lvp_nt",   "gemm_lvp_tn",   "gemm_lvp_tt",
+                                        "gemm_lvp_h_nn", "gemm_lvp_h_nt", "gemm_lvp_h_tn", "gemm_lvp_h_tt"};
+  const char* name = kNames[(g.half_ab ? 4 : 0) + (g.trans_a ? 2 : 0) + (g.trans_b ? 1 : 0)];
   const int64_t zmax = std::max<uint32_t>(e.limits().max_groups[2], 1);
   for (int64_t b0 = 0; b0 < g.batch; b0 += zmax) {
     const int64_t nb = std::min(zmax, g.batch - b0);
@@ -42,8 +43,9 @@ void lvp_gemm(Encoder& e, const LvpGemm& g, const BufferView& a, const BufferVie
       struct {
         uint32_t m, n, k;
         float alpha, beta;
-        uint32_t kbegin, kend, batch0, sa, sb, sy;
-      } p{u32(g.m), u32(g.n), u32(g.k), g.alpha, beta, u32(k0), u32(k1), u32(b0), u32(g.sa), u32(g.sb), u32(g.sy)};
+        uint32_t kbegin, kend, batch0, sa, sb, sy, y_half;  // y_half: gemm_lvp_h_*.comp only
+      } p{u32(g.m), u32(g.n), u32(g.k),  g.alpha,   beta,      u32(k0),
+          u32(k1),  u32(b0),  u32(g.sa), u32(g.sb), u32(g.sy), g.half_y ? 1u : 0u};
       e.dispatch(name, {rd(a), rd(b), beta != 0.f ? rw(y) : wr(y)}, p, ceil_div(g.n, kLvpTileN),
                  ceil_div(g.m, kLvpTileM), u32(nb));
       k0 = k1;
@@ -51,11 +53,29 @@ void lvp_gemm(Encoder& e, const LvpGemm& g, const BufferView& a, const BufferVie
   }
 }
 
-bool run_gemm_lvp(Encoder& e, const OpCall& c) {
+namespace {
+
+LvpGemm lvp_of(const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   LvpGemm g;
   g.m = a.m, g.n = a.n, g.k = a.k, g.batch = a.batch, g.trans_a = a.trans_a, g.trans_b = a.trans_b;
   g.alpha = a.alpha, g.beta = a.beta, g.sa = a.m * a.k, g.sb = a.k * a.n, g.sy = a.m * a.n;
+  g.half_ab = c.in[0].dtype == DType::f16 && c.in[1].dtype == DType::f16;
+  g.half_y = c.out[0].dtype == DType::f16;
+  return g;
+}
+
+}  // namespace
+
+// Unbound views (the planner's) have offset 0: the decision then rests on the sizes, and the bound call (whose
+// views the arena aligns) makes the same one.
+bool gemm_takes_types(const OpCall& c, const DeviceLimits& l) {
+  const LvpGemm g = lvp_of(c);
+  return g.half_ab && c.out[0].dtype != DType::bf16 && lvp_gemm_ok(l, g, c.in[0], c.in[1]);
+}
+
+bool run_gemm_lvp(Encoder& e, const OpCall& c) {
+  const LvpGemm g = lvp_of(c);
   if (!lvp_gemm_ok(e, g, c.in[0], c.in[1])) return false;
   lvp_gemm(e, g, c.in[0], c.in[1], c.out[0]);
   return true;
@@ -68,6 +88,7 @@ void run_gemm(Encoder& e, const OpCall& c) {
   const auto& a = std::get<GemmAttrs>(c.attrs);
   if (a.m == 0 || a.n == 0) return;
   if (run_gemm_lvp(e, c)) return;
+  // Only float32 gets here: gemm_takes_types accepted 16-bit buffers where run_gemm_lvp runs them.
   int64_t k0 = 0;
   do {
     const int64_t k1 = std::min(a.k, k0 + kTileMaxK);
@@ -88,6 +109,6 @@ Support gemm_supports(OpKind, const OpAttrs& attrs, const DeviceLimits& limits) 
 
 }  // namespace
 
-KILN_VULKAN_KERNEL("gemm", {run_gemm, gemm_supports});
+KILN_VULKAN_KERNEL("gemm", {.run = run_gemm, .supports = gemm_supports, .takes_types = gemm_takes_types});
 
 }  // namespace kiln::vulkan

@@ -110,8 +110,17 @@ struct LvpGemm {
   bool trans_a = false, trans_b = false;
   float alpha = 1.f, beta = 0.f;
   int64_t sa = 0, sb = 0, sy = 0;
+  // A and B float16 (gemm_lvp_h_*.comp: f16vec4 loads, float32 accumulation); y float16 too (rounded as
+  // kiln/half.hpp does). The strides count float16 values then.
+  bool half_ab = false, half_y = false;
 };
-bool lvp_gemm_ok(const Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b);
+bool lvp_gemm_ok(const DeviceLimits& l, const LvpGemm& g, const BufferView& a, const BufferView& b);
+inline bool lvp_gemm_ok(const Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b) {
+  return lvp_gemm_ok(e.limits(), g, a, b);
+}
+// gemm and batched_gemm read float16 A and B themselves (VulkanKernel::takes_types) where the llvmpipe kernel runs:
+// both operands float16, y float16 or float32, and the vec4 loads allowed.
+bool gemm_takes_types(const OpCall& c, const DeviceLimits& l);
 void lvp_gemm(Encoder& e, const LvpGemm& g, const BufferView& a, const BufferView& b, const BufferView& y);
 
 // Narrowing for push constants; supports() has already refused sizes that do not fit.

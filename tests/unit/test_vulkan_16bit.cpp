@@ -265,6 +265,19 @@ TEST_CASE("vulkan gemm, add, axpby, relu, gelu, softmax and layer_norm on bfloat
         check_close(got[0], reference_typed(OpKind::Gemm, a, in, {t})[0], t, 1e-3f,
                     "gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
       }
+      {  // y read (beta != 0) and written in t; float16 runs the native kernel on llvmpipe here (K, N multiples of 4)
+        GemmAttrs a;
+        a.m = 8, a.n = 12, a.k = 16, a.beta = 0.5f;
+        const std::vector<Tensor> in = {{pattern(128, -1.f, 1.f, 17), t}, {pattern(192, -1.f, 1.f, 18), t}};
+        const OutStart y_start = {pattern(96, -1.f, 1.f, 19)};
+        check_close(run_typed(v, OpKind::Gemm, a, in, {t}, {-1, -1}, y_start)[0],
+                    reference_typed(OpKind::Gemm, a, in, {t}, y_start)[0], t, 1e-3f, "gemm beta = 0.5");
+        GemmAttrs b;  // attention's products: 3 batches, B transposed
+        b.m = 8, b.n = 16, b.k = 12, b.batch = 3, b.trans_b = true;
+        const std::vector<Tensor> bin = {{pattern(3 * 96, -1.f, 1.f, 20), t}, {pattern(3 * 192, -1.f, 1.f, 21), t}};
+        check_close(run_typed(v, OpKind::BatchedGemm, b, bin, {t})[0],
+                    reference_typed(OpKind::BatchedGemm, b, bin, {t})[0], t, 1e-3f, "batched_gemm");
+      }
       // Mixed: a float32 layer after 16-bit ones (x 16-bit, W and y float32), accumulating into y (beta = 1).
       GemmAttrs a;
       a.m = 6, a.n = 10, a.k = 12, a.beta = 1.f;
@@ -337,6 +350,18 @@ TEST_CASE("vulkan 16-bit calls size their float32 copies in the workspace and re
                                          {BufferView{nullptr, 0, 4000}},
                                          {BufferView{nullptr, 0, 2000, DType::f16}},
                                          {}}) == 0);
+  // On llvmpipe gemm reads float16 operands itself (gemm_lvp_h_*.comp): no copies; bfloat16 ones are copied.
+  if (v.device->info().name.find("llvmpipe") != std::string::npos && !std::getenv("KILN_VULKAN_LVP_GEMM")) {
+    for (DType t : {DType::f16, DType::bf16}) {
+      OpCall g{OpKind::Gemm,
+               GemmAttrs{16, 32, 64},
+               {BufferView{nullptr, 0, 2048, t}, BufferView{nullptr, 0, 4096, t}},
+               {BufferView{nullptr, 0, 1024, t}},
+               {}};
+      INFO(dtype_name(t));
+      CHECK((v.device->workspace_bytes(g) == 0) == (t == DType::f16));
+    }
+  }
   Allocation x = v.alloc->allocate(2000, {}), y = v.alloc->allocate(4000, {}), z = v.alloc->allocate(2000, {});
   BufferView xv = x.view(), yv = y.view(), zv = z.view();
   xv.bytes = zv.bytes = 2000, yv.bytes = 4000;
