@@ -5,7 +5,8 @@
 // 16-bit storage: a kernel that reads float32 only (no CpuKernel::takes_types, or it declines the call) gets its
 // 16-bit buffers as float32 copies in the workspace: inputs and outputs converted in, outputs converted back (an
 // output may be read-write). Every op thus runs under a 16-bit policy with float32 arithmetic; the kernels that
-// matter for speed (matrix products, convolutions, casts) read 16-bit storage themselves.
+// matter for speed (products, convolutions, pooling, normalization, activations, elementwise ops, losses: see
+// docs/conformance.md) read 16-bit storage themselves.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -70,7 +71,11 @@ Converted convert_layout(const OpCall& c) {
   size_t at = 0;
   std::vector<std::pair<BufferView, BufferView>> seen;
   auto place = [&](BufferView& v, bool output) {
-    if (v.dtype == DType::f32 || v.bytes == 0 || !v.block) return;
+    if (v.dtype == DType::f32) return;
+    if (v.bytes == 0 || !v.block) {  // nothing to convert, but the float32 kernel must not see a 16-bit label
+      v.dtype = DType::f32;
+      return;
+    }
     for (const auto& [orig, copy] : seen)
       if (orig.block == v.block && orig.offset == v.offset && orig.bytes == v.bytes && orig.dtype == v.dtype) {
         if (output) r.out.emplace_back(v, copy);  // in place: the input's copy, converted back
