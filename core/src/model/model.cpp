@@ -369,86 +369,76 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
   }
 }
 
-// torch.nn.utils.clip_grad_norm_ before the optimizer: s = sum of every gradient's squares (accumulated in one
-// (1) tensor), then every gradient *= min(1, clip / (sqrt(s) + 1e-6)). Update-phase nodes, so a data-parallel
-// runner clips the all-reduced gradient.
+// A node of the global gradient passes below (one input, one output, ElementwiseAttrs).
+void add_grad_node(Graph& g, OpKind k, ElementwiseAttrs a, TensorId in, TensorId out, const std::string& layer, int dev,
+                   Phase phase) {
+  Node n;
+  n.kind = k;
+  n.attrs = a;
+  n.in = {in};
+  n.out = {out};
+  n.layer = layer;
+  n.device = dev;
+  n.phase = phase;
+  g.add_node(std::move(n));
+}
+
+// The device every parameter lives on: the global passes below sum over all gradients on one device. `refusal`
+// says why several devices cannot be (model_parallel).
+int params_device(const Graph& g, const std::string& refusal) {
+  const int dev = g.tensor(g.param_grads.front().first).device;
+  for (auto [param, grad] : g.param_grads)
+    if (g.tensor(param).device != dev) throw ConfigError(refusal);
+  return dev;
+}
+
+// grad_sq = the sum of every gradient's squares, accumulated in one (1) tensor by nodes of `phase`.
+void append_grad_sq(Graph& g, int dev, Phase phase, const std::string& layer) {
+  TensorInfo t;
+  t.shape = Shape{1};
+  t.role = TensorRole::activation;
+  t.layer = layer;
+  t.name = "grad_norm_sq";
+  t.device = dev;
+  g.grad_sq = g.add_tensor(std::move(t));
+  bool first = true;
+  for (auto [param, grad] : g.param_grads) {
+    add_grad_node(g, OpKind::SumSquares, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, first ? 0.f : 1.f}, grad,
+                  g.grad_sq, g.tensor(param).layer, dev, phase);
+    first = false;
+  }
+}
+
 // float16's dynamic loss scaling: every parameter gradient divided by the scale in place, then the sum of their
 // squares in grad_sq (unscale phase), which the runner reads: a step with a non-finite gradient runs no update node.
 // Clipping, if any, reuses grad_sq (its sums are not emitted again).
 void append_unscale(Graph& g) {
   if (g.param_grads.empty()) return;
-  const int dev = g.tensor(g.param_grads.front().first).device;
-  for (auto [param, grad] : g.param_grads)
-    if (g.tensor(param).device != dev)
-      throw ConfigError(
-          "[precision] loss_scale = \"dynamic\": the parameters live on several devices (model_parallel), and the "
-          "check for non-finite gradients runs on one; use bfloat16 (no loss scaling) or the single strategy");
-  TensorInfo t;
-  t.shape = Shape{1};
-  t.role = TensorRole::activation;
-  t.layer = "loss_scale";
-  t.name = "grad_norm_sq";
-  t.device = dev;
-  g.grad_sq = g.add_tensor(std::move(t));
+  const int dev = params_device(
+      g,
+      "[precision] loss_scale = \"dynamic\": the parameters live on several devices (model_parallel), and the "
+      "check for non-finite gradients runs on one; use bfloat16 (no loss scaling) or the single strategy");
   g.loss_scaling = true;
-  auto node = [&](OpKind k, ElementwiseAttrs a, TensorId in, TensorId out, const std::string& layer) {
-    Node n;
-    n.kind = k;
-    n.attrs = a;
-    n.in = {in};
-    n.out = {out};
-    n.layer = layer;
-    n.device = dev;
-    n.phase = Phase::unscale;
-    g.add_node(std::move(n));
-  };
   for (auto [param, grad] : g.param_grads)
-    node(OpKind::LossUnscale, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, 0.f}, grad, grad,
-         g.tensor(param).layer);
-  bool first = true;
-  for (auto [param, grad] : g.param_grads) {
-    node(OpKind::SumSquares, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, first ? 0.f : 1.f}, grad, g.grad_sq,
-         g.tensor(param).layer);
-    first = false;
-  }
+    add_grad_node(g, OpKind::LossUnscale, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, 0.f}, grad, grad,
+                  g.tensor(param).layer, dev, Phase::unscale);
+  append_grad_sq(g, dev, Phase::unscale, "loss_scale");
 }
 
+// torch.nn.utils.clip_grad_norm_ before the optimizer: s = sum of every gradient's squares (accumulated in one
+// (1) tensor), then every gradient *= min(1, clip / (sqrt(s) + 1e-6)). Update-phase nodes, so a data-parallel
+// runner clips the all-reduced gradient.
 void append_clip(Graph& g, double clip) {
   if (g.param_grads.empty()) return;
-  const int dev = g.tensor(g.param_grads.front().first).device;
-  for (auto [param, grad] : g.param_grads)
-    if (g.tensor(param).device != dev)
-      throw ConfigError(
-          "[optimizer] clip_norm: the parameters live on several devices (model_parallel), and the global "
-          "gradient norm is computed on one; remove clip_norm or use the single or data_parallel strategy");
-  const bool summed = g.grad_sq != kNoTensor;  // loss scaling's unscale phase summed the squares already
-  if (!summed) {
-    TensorInfo t;
-    t.shape = Shape{1};
-    t.role = TensorRole::activation;
-    t.layer = "clip_norm";
-    t.name = "grad_norm_sq";
-    t.device = dev;
-    g.grad_sq = g.add_tensor(std::move(t));
-  }
+  const int dev =
+      params_device(g,
+                    "[optimizer] clip_norm: the parameters live on several devices (model_parallel), and the global "
+                    "gradient norm is computed on one; remove clip_norm or use the single or data_parallel strategy");
+  // Loss scaling's unscale phase summed the squares already.
+  if (g.grad_sq == kNoTensor) append_grad_sq(g, dev, Phase::update, "clip_norm");
   auto node = [&](OpKind k, ElementwiseAttrs a, TensorId in, TensorId out, const std::string& layer) {
-    Node n;
-    n.kind = k;
-    n.attrs = a;
-    n.in = {in};
-    n.out = {out};
-    n.layer = layer;
-    n.device = dev;
-    n.phase = Phase::update;
-    g.add_node(std::move(n));
+    add_grad_node(g, k, a, in, out, layer, dev, Phase::update);
   };
-  bool first = true;
-  for (auto [param, grad] : g.param_grads) {
-    if (summed) break;
-    node(OpKind::SumSquares, ElementwiseAttrs{g.tensor(param).shape.numel(), 1.f, first ? 0.f : 1.f}, grad, g.grad_sq,
-         g.tensor(param).layer);
-    first = false;
-  }
   for (auto [param, grad] : g.param_grads)
     node(OpKind::ClipByGlobalNorm, ElementwiseAttrs{g.tensor(param).shape.numel(), static_cast<float>(clip), 0.f},
          g.grad_sq, grad, g.tensor(param).layer);
