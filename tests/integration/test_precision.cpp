@@ -169,7 +169,7 @@ TEST_CASE("float16's loss scale backs off on a non-finite gradient, skips that u
 TEST_CASE("16-bit runs resume bit for bit: stopped at max_steps, killed with SIGKILL, or from a float32 checkpoint",
           "[precision][resume]") {
   auto dir = kiln::test::temp_dir("mp_resume");
-  for (const std::string precision : {std::string("compute = \"bfloat16\""), std::string(kFloat16)}) {
+  for (const std::string& precision : {std::string("compute = \"bfloat16\""), std::string(kFloat16)}) {
     CAPTURE(precision);
     auto cfg = write(dir, config(dir / "full", precision, 1000));
     REQUIRE(kiln::test::run_app("train " + cfg + " --overwrite").exit_code == 0);
