@@ -63,7 +63,7 @@ struct GuardedBuffer {
     std::vector<float> v(count);
     const char* p = reinterpret_cast<const char*>(downloaded.data()) + kGuardBytes;
     if (dtype == DType::f32) {
-      std::memcpy(v.data(), p, count * 4);
+      if (count) std::memcpy(v.data(), p, count * 4);  // an empty vector's data() may be null
       return v;
     }
     to_float(p, dtype, v.data(), count);
@@ -91,7 +91,7 @@ GuardedBuffer place(Allocator& a, const std::vector<float>& data, DType t, const
   b.uploaded.assign(2 * g + bytes / 4, kGuardBits);
   char* p = reinterpret_cast<char*>(b.uploaded.data()) + kGuardBytes;
   if (t == DType::f32) {
-    std::memcpy(p, data.data(), b.count * 4);
+    if (b.count) std::memcpy(p, data.data(), b.count * 4);  // an empty vector's data() may be null
   } else {
     std::memset(p, 0, bytes);
     from_float(data.data(), p, t, b.count);  // the values are already rounded to t: this is exact

@@ -6,6 +6,7 @@
 namespace kiln {
 
 void to_float(const void* src, DType from, float* dst, size_t n) {
+  if (n == 0) return;  // the pointers of empty buffers may be null, which memcpy must not see
   if (from == DType::f32) {
     std::memcpy(dst, src, n * sizeof(float));
     return;
@@ -14,6 +15,7 @@ void to_float(const void* src, DType from, float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(s[i], from);
 }
 void from_float(const float* src, void* dst, DType to, size_t n) {
+  if (n == 0) return;
   if (to == DType::f32) {
     std::memcpy(dst, src, n * sizeof(float));
     return;
