@@ -15,6 +15,7 @@
 #include "kiln/files.hpp"
 #include "kiln/session.hpp"
 #include "kiln/strategy.hpp"
+#include "run_dir.hpp"
 
 namespace kiln {
 
@@ -97,6 +98,21 @@ void check_checkpoint_fits(const Session& s_, Runner& runner, const Checkpoint& 
                   " Resume with the configuration the checkpoint was written with, or start over with "
                   "--overwrite. Nothing was changed in " +
                   ts_.output_dir);
+}
+
+void check_resume_config(const Session& s, const std::string& output_dir) {
+  check_resume_vocabulary(s);
+  std::ifstream saved_cfg(output_dir + "/config.toml");
+  if (!saved_cfg) return;
+  const std::string saved((std::istreambuf_iterator<char>(saved_cfg)), std::istreambuf_iterator<char>());
+  const auto changed = resume_incompatible_keys(saved, s.config().resolved_text());
+  if (changed.empty()) return;
+  std::string list;
+  for (const auto& c : changed) list += "\n  " + c;
+  throw ConfigError(s.config().file() + ": cannot resume the run in " + output_dir + ": these keys differ from " +
+                    output_dir + "/config.toml, the configuration it was started with:" + list +
+                    "\nResume with the same values, or start over with --overwrite (keys that may change on a resume "
+                    "are listed in docs/user_guide.md, \"Stopping and resuming\")");
 }
 
 }  // namespace kiln

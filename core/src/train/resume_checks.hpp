@@ -14,6 +14,10 @@ struct Checkpoint;
 // The [data.train] text source's vocabulary against <output_dir>/vocab.json (nothing to check without either).
 void check_resume_vocabulary(const Session& s);
 
+// The run continues only with the model, data and optimizer it was started with: the vocabulary, then the resolved
+// config against <output_dir>/config.toml (ConfigError listing every key that differs and may not change).
+void check_resume_config(const Session& s, const std::string& output_dir);
+
 // `c`, read from `path`, against the run: its epoch and step against [train] epochs and the steps those epochs have
 // (`per_epoch` batches an epoch, -1 when unknown; `size_hint` the train pipeline's examples per epoch), and its
 // tensors against the runner's own state (names and shapes: optimizer state and EMA included).

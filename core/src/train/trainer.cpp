@@ -97,7 +97,6 @@ class TrainingRun {
   void claim_run_dir();
   void start_runner();
   void resume_or_start_over();
-  void check_resume_config() const;
   void resume_from_checkpoint();
   void write_run_json() const;
   void write_vocabulary() const;
@@ -288,7 +287,7 @@ void TrainingRun::start_runner() {
 
 void TrainingRun::resume_or_start_over() {
   if (ts_.resume && prior_.checkpoint) {
-    check_resume_config();
+    check_resume_config(s_, ts_.output_dir);
     resume_from_checkpoint();
   } else if (ts_.resume) {
     out_ << "nothing to resume: " << ts_.output_dir << " holds no checkpoint.kiln"
@@ -299,22 +298,6 @@ void TrainingRun::resume_or_start_over() {
   }
   // A run started over leaves no TensorBoard events of the earlier one: TensorBoard would show both as one run.
   if (lead_ && !resumed_) remove_tensorboard_events(ts_.output_dir);
-}
-
-// The run continues only with the model, data and optimizer it was started with (config.toml of the run).
-void TrainingRun::check_resume_config() const {
-  check_resume_vocabulary(s_);
-  std::ifstream saved_cfg(ts_.output_dir + "/config.toml");
-  if (!saved_cfg) return;
-  const std::string saved((std::istreambuf_iterator<char>(saved_cfg)), std::istreambuf_iterator<char>());
-  const auto changed = resume_incompatible_keys(saved, s_.config().resolved_text());
-  if (changed.empty()) return;
-  std::string list;
-  for (const auto& c : changed) list += "\n  " + c;
-  throw ConfigError(s_.config().file() + ": cannot resume the run in " + ts_.output_dir + ": these keys differ from " +
-                    ts_.output_dir + "/config.toml, the configuration it was started with:" + list +
-                    "\nResume with the same values, or start over with --overwrite (keys that may change on a resume "
-                    "are listed in docs/user_guide.md, \"Stopping and resuming\")");
 }
 
 void TrainingRun::resume_from_checkpoint() {
