@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/error.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -29,6 +30,7 @@ struct StageStats {
   uint64_t elements = 0;
   double busy_seconds = 0;  // time producing elements (its own work)
   double wait_seconds = 0;  // time waiting on upstream
+  uint64_t bytes_read = 0;  // bytes read from files (sources), so a rank's share of the reading can be counted
 };
 
 class Stage {
@@ -59,6 +61,21 @@ class Stage {
   // `label = ["digit", "parity"]`: label_shape() (2), one value per name), so each model output can train on its own
   // (`[[model.outputs]] label = "parity"`); empty otherwise. Only a pipeline's first stage (the source) is asked.
   virtual std::vector<std::string> label_names() const { return {}; }
+
+  // Random access within the current epoch (after reset() or restore()): element k of the epoch, without producing
+  // the elements before it. Stages that can answer say so: sources with fixed-size records or a decoded copy,
+  // shuffles and per-example maps over such an upstream. at() may be called from several threads at once and does
+  // not move next()'s position. A batch stage that keeps only some rows of every batch (an MPI rank's share) reads
+  // just those rows through it.
+  virtual bool random_access() const { return false; }
+  virtual Element at(uint64_t k) {
+    (void)k;
+    throw Error(name() + ": this stage has no random access");
+  }
+  // How a source reads, in a few words for `kiln plan` and the progress line (e.g. "decoded once, 47.0 MB in
+  // memory" or "streaming: decoded set 1.2 GB > budget 800 MB"); "" for every other stage. Only a pipeline's first
+  // stage (the source) is asked.
+  virtual std::string reading() const { return {}; }
 };
 
 // Context a stage factory receives.
@@ -68,6 +85,11 @@ struct StageContext {
   int64_t global_batch = 0;         // [train] batch_size
   uint64_t seed = 0;                // [run] seed
   std::string pipeline;             // "train" or "test" ([data.<which>]); "" outside a run's pipelines
+  // Bytes a source may keep decoded in memory to decode only once per run ([data] decoded_budget); 0 = stream.
+  uint64_t decoded_budget = 0;
+  // Rows [rows_begin, rows_end) of every global batch this process uses (an MPI rank's share under data_parallel);
+  // rows_end = 0 means all of them. A batch stage fills only these rows when its upstream has random access.
+  int64_t rows_begin = 0, rows_end = 0;
 };
 
 using StageFactory = std::function<std::unique_ptr<Stage>(const ConfigNode& cfg, StageContext ctx)>;
