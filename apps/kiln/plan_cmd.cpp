@@ -6,13 +6,30 @@
 #include "commands.hpp"
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/executor.hpp"
 #include "kiln/files.hpp"
 #include "kiln/memory_report.hpp"
+#include "kiln/model.hpp"
 #include "kiln/session.hpp"
 
 namespace kiln::app {
 
 namespace fs = std::filesystem;
+
+namespace {
+// trainable = false: what the frozen layers' parameters do not get (the plan above already leaves it out).
+void print_frozen_saving(Session& s) {
+  GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  const FrozenSaving f = frozen_saving(s.model(), build_graph(s.model(), go), s.optimizer(), PlanOptions{}.alignment);
+  if (f.layers == 0) return;
+  std::cout << "frozen: " << f.layers << (f.layers == 1 ? " layer" : " layers") << " (" << f.values << " parameters), "
+            << format_bytes(f.bytes()) << " of gradients" << (f.ema_bytes ? ", EMA" : "")
+            << " and optimizer state not allocated (" << format_bytes(f.gradient_bytes) << " + "
+            << format_bytes(f.optimizer_state_bytes + f.ema_bytes) << ")\n";
+}
+}  // namespace
 
 int cmd_plan(const Options& o) {
   PluginLoader loader;
@@ -24,6 +41,7 @@ int cmd_plan(const Options& o) {
   s.open_devices(/*reserve=*/false);
   PlanCheck c = check_plan(s);
   std::cout << c.report;
+  print_frozen_saving(s);
   if (!o.sweep) return c.fits ? 0 : 1;
 
   auto ctx = s.runner_context();

@@ -110,7 +110,10 @@ KILN_CORE_OPS(optimizer) {
         ref_of<SgdAttrs, sgd_ref>());
     d.unused_output = [](const OpAttrs& a) { return std::get<SgdAttrs>(a).momentum == 0.f ? 1 : -1; };
     d.step_scalars = kStepLearningRate;
-    d.patch = [](OpAttrs& a, const StepScalars& s) { std::get<SgdAttrs>(a).lr = s.lr; };
+    d.patch = [](OpAttrs& attrs, const StepScalars& s) {
+      auto& a = std::get<SgdAttrs>(attrs);
+      a.lr = s.lr * a.lr_scale;
+    };
     d.cases = cases_of(OpKind::SgdUpdate, optimizer_cases);
     register_op(OpKind::SgdUpdate, std::move(d));
   }
@@ -127,7 +130,7 @@ KILN_CORE_OPS(optimizer) {
     d.step_scalars = kStepLearningRate | kStepCount;
     d.patch = [](OpAttrs& attrs, const StepScalars& s) {
       auto& a = std::get<AdamAttrs>(attrs);
-      a.lr = s.lr;
+      a.lr = s.lr * a.lr_scale;
       a.step = s.step + 1;
     };
     d.cases = cases_of(OpKind::AdamUpdate, optimizer_cases);
@@ -143,7 +146,10 @@ KILN_CORE_OPS(optimizer) {
         ref_of<RmspropAttrs, rmsprop_ref>());
     d.unused_output = [](const OpAttrs& a) { return std::get<RmspropAttrs>(a).momentum > 0.f ? -1 : 2; };
     d.step_scalars = kStepLearningRate;
-    d.patch = [](OpAttrs& a, const StepScalars& s) { std::get<RmspropAttrs>(a).lr = s.lr; };
+    d.patch = [](OpAttrs& attrs, const StepScalars& s) {
+      auto& a = std::get<RmspropAttrs>(attrs);
+      a.lr = s.lr * a.lr_scale;
+    };
     d.cases = cases_of(OpKind::RmspropUpdate, optimizer_cases);
     register_op(OpKind::RmspropUpdate, std::move(d));
   }

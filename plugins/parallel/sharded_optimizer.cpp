@@ -22,9 +22,9 @@ BufferView sub(BufferView v, int64_t offset, int64_t count) {
 }
 
 void set_count_and_scalars(OpAttrs& a, int64_t count, const StepScalars& s) {
-  if (auto* x = std::get_if<SgdAttrs>(&a)) x->count = count, x->lr = s.lr;
-  if (auto* x = std::get_if<AdamAttrs>(&a)) x->count = count, x->lr = s.lr, x->step = s.step + 1;
-  if (auto* x = std::get_if<RmspropAttrs>(&a)) x->count = count, x->lr = s.lr;
+  if (auto* x = std::get_if<SgdAttrs>(&a)) x->count = count, x->lr = s.lr * x->lr_scale;
+  if (auto* x = std::get_if<AdamAttrs>(&a)) x->count = count, x->lr = s.lr * x->lr_scale, x->step = s.step + 1;
+  if (auto* x = std::get_if<RmspropAttrs>(&a)) x->count = count, x->lr = s.lr * x->lr_scale;
 }
 
 }  // namespace

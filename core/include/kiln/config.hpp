@@ -2,6 +2,7 @@
 // was expected; keys nobody read are reported as unknown.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,11 @@ class ConfigNode {
   std::vector<ConfigNode> table_array(const std::string& key) const;  // [[key]] or key = [{...}, ...]
   // Throws ConfigError naming every key of this table that no getter read.
   void finish() const;
+  // A copy of this table whose every string value (inside lists and sub-tables too) is `rewrite(key, value)`, key
+  // being this table's key the value sits under; `rewrite` may throw. The copy lives as long as the document, has its
+  // own read keys (finish()), and names this table's path, file and lines in its errors: a [[model.layers]] block
+  // written once and repeated is read as one table per repetition.
+  ConfigNode rewritten(const std::function<std::string(const std::string&, const std::string&)>& rewrite) const;
   // Marks a key as read without reading it (for keys handled elsewhere).
   void ignore(const std::string& key) const;
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;

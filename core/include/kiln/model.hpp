@@ -25,6 +25,15 @@ struct LayerSpec {
   std::shared_ptr<const ConfigNode> config;
   // `precision = "float32"` on a layer: its ops compute and store in that type whatever [precision] compute says.
   std::optional<DType> precision;
+  // `trainable = false` (Keras' layer.trainable, PyTorch's requires_grad_(False)): its parameters become buffers
+  // (no gradient, no optimizer state, never updated, still checkpointed) and a batch norm in it normalizes with its
+  // running statistics.
+  bool trainable = true;
+  // `learning_rate_scale`: the optimizer's rate for this layer's parameters is the schedule's times this.
+  float lr_scale = 1.f;
+  // A layer of a repeated block: where the block is and which repetition ("repetition i = 2 of the block repeated at
+  // run.toml:31 (model.layers[2])"), added to its errors; "" otherwise.
+  std::string block;
 };
 
 enum class LossKind : uint8_t { softmax_cross_entropy, mse, binary_cross_entropy };
@@ -106,8 +115,21 @@ struct GraphOptions {
   const OptimizerSpec* optimizer = nullptr;  // training: append update nodes
   // Model-parallel placement: the device index (into the strategy's list) of each layer; null = all on 0.
   std::function<int(const LayerSpec&)> place;
+  // false: every layer trains whatever its trainable key says (frozen_saving compares against that model).
+  bool apply_trainable = true;
 };
 // Forward (+ backward + update when training). Persistent tensors are named so several graphs share them.
 Graph build_graph(const ModelSpec& m, const GraphOptions& o);
+
+// What `trainable = false` saves in a training step: the frozen layers, their parameters (buffers in the graph), and
+// the bytes of what they would otherwise have had: a gradient, the optimizer's state tensors and an EMA shadow each,
+// every tensor rounded up to `alignment` as the planner rounds it.
+struct FrozenSaving {
+  size_t layers = 0, tensors = 0;
+  int64_t values = 0;
+  size_t gradient_bytes = 0, optimizer_state_bytes = 0, ema_bytes = 0;
+  size_t bytes() const { return gradient_bytes + optimizer_state_bytes + ema_bytes; }
+};
+FrozenSaving frozen_saving(const ModelSpec& m, const Graph& g, const OptimizerSpec& o, size_t alignment);
 
 }  // namespace kiln

@@ -232,16 +232,19 @@ struct SgdAttrs {
   int64_t count = 0;
   float lr = 0.01f, momentum = 0.f, weight_decay = 0.f;
   bool nesterov = false;
+  float lr_scale = 1.f;  // a layer's learning_rate_scale: the executor sets lr to the step's rate times this
 };
 struct AdamAttrs {
   int64_t count = 0;
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-7f, weight_decay = 0.f;
   int64_t step = 1;             // t, set by the executor
   float decoupled_decay = 0.f;  // AdamW's weight decay: w *= 1 - lr * decoupled_decay before the Adam step
+  float lr_scale = 1.f;         // a layer's learning_rate_scale: the executor sets lr to the step's rate times this
 };
 struct RmspropAttrs {
   int64_t count = 0;
   float lr = 1e-3f, rho = 0.9f, eps = 1e-7f, momentum = 0.f;
+  float lr_scale = 1.f;  // a layer's learning_rate_scale: the executor sets lr to the step's rate times this
 };
 struct EmaAttrs {
   int64_t count = 0;

@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "kiln/config.hpp"
 #include "kiln/error.hpp"
+#include "kiln/executor.hpp"
 #include "kiln/memory_savers.hpp"
 #include "kiln/plugin.hpp"
 
@@ -37,6 +40,113 @@ LossKind parse_loss(const ConfigNode& c, const std::string& key) {
   if (l == "mse") return LossKind::mse;
   if (l == "binary_cross_entropy") return LossKind::binary_cross_entropy;
   return LossKind::softmax_cross_entropy;
+}
+
+// Where a config table starts, "run.toml:31", from its where() ("run.toml:31: key 'model.layers[2]'").
+std::string file_line(const ConfigNode& c) {
+  const std::string w = c.where();
+  const size_t k = w.find(": key '");
+  return k == std::string::npos ? w : w.substr(0, k);
+}
+
+// `v` with the block's placeholders replaced: {i} (the 0-based repetition), {i+K} and {i-K} (another repetition's
+// index), {prev} (the repetition's input). Anything else in braces is an error naming the key of block table `t`.
+std::string substitute(const std::string& v, int64_t i, const std::string& prev, const ConfigNode& t,
+                       const std::string& key) {
+  std::string out;
+  for (size_t p = 0; p < v.size();) {
+    if (v[p] != '{') {
+      out += v[p++];
+      continue;
+    }
+    const size_t close = v.find('}', p);
+    if (close == std::string::npos)
+      t.fail(key, "\"" + v + "\" has a '{' that is never closed; the placeholders are {i}, {i+K}, {i-K} and {prev}");
+    const std::string ph = v.substr(p + 1, close - p - 1);
+    if (ph == "i") {
+      out += std::to_string(i);
+    } else if (ph == "prev") {
+      out += prev;
+    } else if (ph.size() > 2 && ph[0] == 'i' && (ph[1] == '+' || ph[1] == '-') && ph.size() <= 8 &&
+               std::all_of(ph.begin() + 2, ph.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      const int64_t k = std::stoll(ph.substr(2)), j = ph[1] == '+' ? i + k : i - k;
+      if (j < 0)
+        t.fail(key, "\"" + v + "\": {" + ph + "} is " + std::to_string(j) + " at i = " + std::to_string(i) +
+                        ", before the first repetition; {prev} names the block's input there");
+      out += std::to_string(j);
+    } else {
+      t.fail(key, "\"" + v + "\" has the placeholder {" + ph +
+                      "}, which a repeated block does not define; the placeholders are {i} (the repetition, from 0), "
+                      "{i+K} and {i-K}, and {prev} (the repetition's input: the previous repetition's last layer, the "
+                      "block's input for the first)");
+    }
+    p = close + 1;
+  }
+  return out;
+}
+
+// One layer table, or one repetition of a block's: the block's context ("" outside), and the block's trainable and
+// learning_rate_scale, the defaults of its layers.
+using AddLayer = std::function<void(const ConfigNode&, const std::string&, std::optional<bool>, std::optional<double>)>;
+
+// A block of layers written once and repeated, as PyTorch's nn.ModuleList of identical blocks or a Keras loop:
+//   [[model.layers]]
+//   repeat = 4                   # i = 0, 1, 2, 3
+//   [[model.layers.block]]
+//   name = "h{i}_ln_1"
+//   ...
+// Each repetition reads a copy of every block table with the placeholders replaced in every string value, so it is
+// exactly the layers written out by hand: same names (the initial values are keyed by name), same order.
+void expand_block(const ConfigNode& bc, std::string& prev, const std::set<std::string>& names, const AddLayer& add) {
+  if (bc.has("type"))
+    bc.fail("type", "a table with repeat takes no type: its layers are the [[" +
+                        bc.path().substr(0, bc.path().rfind('[')) + ".block]] tables after it");
+  if (!bc.has("repeat"))
+    bc.fail("block", "is a block of layers, but the table has no repeat: give repeat = N (N >= 1) beside it");
+  const int64_t n = bc.get_int("repeat");
+  constexpr int64_t kMaxRepeat = 65536;
+  if (n < 1 || n > kMaxRepeat)
+    bc.fail("repeat", "expected how many times the block repeats, 1 to " + std::to_string(kMaxRepeat) + ", found " +
+                          std::to_string(n));
+  const auto inputs = bc.get_string_list("inputs", {prev});
+  if (inputs.size() != 1)
+    bc.fail("inputs",
+            "a repeated block takes one input (its first repetition's {prev}), found " + std::to_string(inputs.size()));
+  if (!names.count(inputs[0]))
+    bc.fail("inputs", "\"" + inputs[0] + "\" is not an earlier layer (\"input\" is the model input)");
+  std::optional<bool> trainable;
+  if (bc.has("trainable")) trainable = bc.get_bool("trainable", true);
+  std::optional<double> scale;
+  if (bc.has("learning_rate_scale")) {
+    scale = bc.get_float("learning_rate_scale");
+    if (!(*scale >= 0 && *scale <= 1e6))
+      bc.fail("learning_rate_scale", "expected a number in [0, 1e6], found " + std::to_string(*scale));
+    if (trainable == false)
+      bc.fail("learning_rate_scale", "is set, but the block has trainable = false: a frozen layer has no updates");
+  }
+  const auto block = bc.table_array("block");
+  if (block.empty())
+    bc.fail("block", "a table with repeat needs its layers: [[" + bc.path().substr(0, bc.path().rfind('[')) +
+                         ".block]] tables after it, written as one repetition with {i} in their names");
+  for (const auto& t : block)
+    for (const char* k : {"repeat", "block"})
+      if (t.has(k)) t.fail(k, "a block inside a repeated block is not supported: repeat the outer block's layers");
+  bc.finish();
+  prev = inputs[0];
+  const std::string at = file_line(bc) + " (" + bc.path() + ", repeat = " + std::to_string(n) + ")";
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string ctx = "repetition i = " + std::to_string(i) + " of the block repeated at " + at;
+    const std::string input = prev;
+    for (const auto& t : block) {
+      try {
+        const ConfigNode c =
+            t.rewritten([&](const std::string& key, const std::string& v) { return substitute(v, i, input, t, key); });
+        add(c, ctx, trainable, scale);
+      } catch (const ConfigError& e) {
+        throw ConfigError(std::string(e.what()) + " [" + ctx + "]");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -89,13 +199,17 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   if (!m.input_shape.fits())
     model.fail("input_shape",
                "is " + m.input_shape.str() + ", more values per example than one tensor can hold (2^46)");
-  auto layers = model.table_array("layers");
-  if (layers.empty()) model.fail("layers", "the model has no layers; add [[model.layers]] tables");
+  auto tables = model.table_array("layers");
+  if (tables.empty()) model.fail("layers", "the model has no layers; add [[model.layers]] tables");
   std::set<std::string> names{"input"};
+  std::map<std::string, std::string> name_block;  // a block layer's name -> its repetition, for name clashes
   std::map<std::string, int> counters;
   std::string prev = "input";
-  for (auto& lc : layers) {
+  // One layer table (or one repetition of a block's table): `block` says which, for its errors.
+  auto add_layer = [&](const ConfigNode& lc, const std::string& block, std::optional<bool> trainable,
+                       std::optional<double> lr_scale) {
     LayerSpec s;
+    s.block = block;
     s.type = lc.get_string("type");
     if (!reg.has_layer(s.type)) {
       std::string known;
@@ -103,14 +217,31 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
       lc.fail("type", "unknown layer type \"" + s.type + "\"; known: " + known);
     }
     s.name = lc.get_string("name", s.type + "_" + std::to_string(++counters[s.type]));
-    if (names.count(s.name)) lc.fail("name", "duplicate layer name \"" + s.name + "\"");
+    if (names.count(s.name)) {
+      auto it = name_block.find(s.name);
+      lc.fail("name", "duplicate layer name \"" + s.name + "\"" +
+                          (it != name_block.end() ? " (first made by " + it->second + ")" : "") +
+                          (block.empty() ? "" : ": a layer of a repeated block needs {i} in its name (\"h{i}_attn\")"));
+    }
     s.inputs = lc.get_string_list("inputs", {prev});
     for (const auto& i : s.inputs)
       if (!names.count(i))
         lc.fail("inputs",
-                "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input)");
+                "\"" + i + "\" is not an earlier layer (layers are listed in order; \"input\" is the model input" +
+                    (block.empty() ? ")" : "; {prev} is the block's input, the previous repetition's last layer)"));
     s.device = lc.get_string("device", "");
     if (lc.has("precision")) s.precision = parse_dtype(lc, "precision");
+    s.trainable = lc.get_bool("trainable", trainable.value_or(true));
+    const double scale = lc.get_float("learning_rate_scale", lr_scale.value_or(1.0));
+    if (!(scale >= 0 && scale <= 1e6))
+      lc.fail("learning_rate_scale",
+              "expected a number in [0, 1e6] multiplying the optimizer's learning rate for this layer's parameters "
+              "(1: the rate itself; 0: the weights stay, though gradients and optimizer state are still kept: "
+              "trainable = false saves them), found " +
+                  std::to_string(scale));
+    s.lr_scale = static_cast<float>(scale);
+    if (!s.trainable && lc.has("learning_rate_scale"))
+      lc.fail("learning_rate_scale", "is set, but the layer has trainable = false: a frozen layer has no updates");
     s.layer = reg.layer(s.type)(lc);  // reads the layer's own keys and rejects unknown ones
     s.config = std::make_shared<const ConfigNode>(lc);
     int ar = s.layer->arity();
@@ -119,8 +250,16 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
                             std::to_string(s.inputs.size()));
     if (ar < 0 && s.inputs.size() < 2) lc.fail("inputs", "layer type " + s.type + " takes two or more inputs");
     names.insert(s.name);
+    if (!block.empty()) name_block[s.name] = block;
     prev = s.name;
     m.layers.push_back(std::move(s));
+  };
+  for (auto& lc : tables) {
+    if (!lc.has("repeat") && !lc.has("block")) {
+      add_layer(lc, "", std::nullopt, std::nullopt);
+      continue;
+    }
+    expand_block(lc, prev, names, add_layer);
   }
   auto outs = model.table_array("outputs");
   if (outs.empty()) {
@@ -163,10 +302,11 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
   for (size_t i = 0; i < m.layers.size(); ++i)
     if (!consumed.count(m.layers[i].name))
       throw ConfigError(
-          layers[i].where() + ": layer \"" + m.layers[i].name + "\" (type " + m.layers[i].type +
+          m.layers[i].config->where() + ": layer \"" + m.layers[i].name + "\" (type " + m.layers[i].type +
           "): nothing uses its output: no later layer lists it in inputs and it is not a model output " +
           (outs.empty() ? "(the last layer, \"" + m.layers.back().name + "\", is)" : "(see [[model.outputs]])") +
-          "; remove the layer, list it in a later layer's inputs, or add it as an output");
+          "; remove the layer, list it in a later layer's inputs, or add it as an output" +
+          (m.layers[i].block.empty() ? "" : " (" + m.layers[i].block + ")"));
   return m;
 }
 
@@ -312,9 +452,13 @@ TensorId add_state(Graph& g, TensorId param, const std::string& suffix, TensorRo
   return g.add_tensor(std::move(t));
 }
 
-void append_updates(Graph& g, const OptimizerSpec& o) {
+void append_updates(Graph& g, const OptimizerSpec& o, const ModelSpec& m) {
+  std::map<std::string, float> scale;  // learning_rate_scale by layer; a tied weight is its creator's
+  for (const auto& l : m.layers) scale[l.name] = l.lr_scale;
   for (auto [param, grad] : std::vector(g.param_grads)) {
     const auto pinfo = g.tensor(param);
+    const auto sc = scale.find(pinfo.layer);
+    const float lr_scale = sc == scale.end() ? 1.f : sc->second;
     int64_t count = pinfo.shape.numel();
     Node n;
     n.layer = pinfo.layer;
@@ -327,7 +471,7 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
     switch (o.kind) {
       case OptimizerKind::sgd:
         n.kind = OpKind::SgdUpdate;
-        n.attrs = SgdAttrs{count, lr, static_cast<float>(o.momentum), wd, o.nesterov};
+        n.attrs = SgdAttrs{count, lr * lr_scale, static_cast<float>(o.momentum), wd, o.nesterov, lr_scale};
         n.out.push_back(o.momentum > 0 ? add_state(g, param, "momentum", TensorRole::optimizer_state) : param);
         break;
       case OptimizerKind::adam:
@@ -335,21 +479,26 @@ void append_updates(Graph& g, const OptimizerSpec& o) {
         const bool decoupled = o.kind == OptimizerKind::adamw;
         n.kind = OpKind::AdamUpdate;
         n.attrs = AdamAttrs{count,
-                            lr,
+                            lr * lr_scale,
                             static_cast<float>(o.beta1),
                             static_cast<float>(o.beta2),
                             static_cast<float>(o.eps),
                             decoupled ? 0.f : wd,
                             1,
-                            decoupled ? wd : 0.f};
+                            decoupled ? wd : 0.f,
+                            lr_scale};
         n.out.push_back(add_state(g, param, "adam_m", TensorRole::optimizer_state));
         n.out.push_back(add_state(g, param, "adam_v", TensorRole::optimizer_state));
         break;
       }
       case OptimizerKind::rmsprop:
         n.kind = OpKind::RmspropUpdate;
-        n.attrs = RmspropAttrs{count, lr, static_cast<float>(o.rho), static_cast<float>(o.eps),
-                               static_cast<float>(o.momentum)};
+        n.attrs = RmspropAttrs{count,
+                               lr * lr_scale,
+                               static_cast<float>(o.rho),
+                               static_cast<float>(o.eps),
+                               static_cast<float>(o.momentum),
+                               lr_scale};
         n.out.push_back(add_state(g, param, "rms_sq", TensorRole::optimizer_state));
         n.out.push_back(o.momentum > 0 ? add_state(g, param, "rms_buf", TensorRole::optimizer_state) : param);
         break;
@@ -528,24 +677,71 @@ std::string located_layer_error(const LayerSpec& l, const std::string& what) {
   return at + ": layer '" + l.name + "' (type = \"" + l.type + "\"): " + rest;
 }
 
+// trainable = false, once every layer is built (a later layer may tie to a frozen one's weight and then shares a
+// frozen tensor, as a tied nn.Parameter with requires_grad False is frozen for both its uses): the frozen layers'
+// parameters become buffers, so autodiff gives them no gradient (and keeps nothing alive for one), the optimizer no
+// state and no update, while checkpoints, evaluation and export still hold them. A batch norm in a frozen layer
+// normalizes with its running statistics and leaves them alone (Keras' trainable = False on BatchNormalization, a
+// PyTorch backbone in eval()). `nodes[k]` is where layer k's nodes begin.
+void freeze_layers(Graph& g, const ModelSpec& m, const std::vector<size_t>& nodes) {
+  std::map<std::string, const LayerSpec*> by_name;
+  for (const auto& l : m.layers) by_name[l.name] = &l;
+  auto frozen = [&](const std::string& layer) {
+    auto it = by_name.find(layer);
+    return it != by_name.end() && !it->second->trainable;
+  };
+  for (size_t k = 0; k < m.layers.size(); ++k) {
+    const LayerSpec& l = m.layers[k];
+    if (l.trainable) continue;
+    const size_t end = k + 1 < nodes.size() ? nodes[k + 1] : g.nodes().size();
+    for (size_t i = nodes[k]; i < end; ++i) {
+      Node& n = g.nodes()[i];
+      if (auto* a = std::get_if<BatchNormAttrs>(&n.attrs); a && n.kind == OpKind::BatchNormForward)
+        a->training = false, a->sync = false;
+      for (auto t : n.in) {
+        const TensorInfo& p = g.tensor(g.root(t));
+        if (p.role == TensorRole::parameter && p.layer != l.name && !frozen(p.layer)) {
+          const std::string at = l.config ? l.config->where("trainable") + ": " : std::string();
+          throw ConfigError(
+              at + "layer '" + l.name + "' has trainable = false, but it uses parameter '" + p.name + "' of layer '" +
+              p.layer + "', which trains (a tied weight is one tensor): set trainable = false on '" + p.layer +
+              "' as well, or leave '" + l.name + "' trainable" + (l.block.empty() ? "" : " [" + l.block + "]"));
+        }
+      }
+    }
+  }
+  std::vector<bool> freeze(g.tensors().size(), false);
+  for (size_t t = 0; t < g.tensors().size(); ++t) {
+    const TensorInfo& r = g.tensor(g.root(static_cast<TensorId>(t)));
+    freeze[t] = r.role == TensorRole::parameter && frozen(r.layer);
+  }
+  for (size_t t = 0; t < freeze.size(); ++t)
+    if (freeze[t]) g.tensor(static_cast<TensorId>(t)).role = TensorRole::buffer;
+}
+
 // Every layer in order, each reading its inputs' outputs. Returns each layer's output by name ("input": the input).
 std::map<std::string, TensorId> add_layers(Graph& g, const ModelSpec& m, const GraphOptions& o) {
   GraphBuilder b(g, o.batch, o.training, m.seed);
   std::map<std::string, TensorId> outs{{"input", g.input}};
+  std::vector<size_t> nodes;  // where each layer's nodes begin
+  bool any_frozen = false;
   for (const auto& l : m.layers) {
     b.begin_layer(l.name, o.place ? o.place(l) : 0);
     b.set_compute(l.precision.value_or(m.precision.compute));
     std::vector<TensorId> ins;
     for (const auto& i : l.inputs) ins.push_back(outs.at(i));
     TensorId y = kNoTensor;
+    nodes.push_back(g.nodes().size());
     try {
       y = l.layer->build(b, ins);
     } catch (const ConfigError& e) {
-      throw ConfigError(located_layer_error(l, e.what()));
+      throw ConfigError(located_layer_error(l, e.what()) + (l.block.empty() ? "" : " [" + l.block + "]"));
     }
     outs[l.name] = y;
     g.layer_outputs.push_back({l.name, l.type, y});
+    any_frozen = any_frozen || !l.trainable;
   }
+  if (any_frozen && o.apply_trainable) freeze_layers(g, m, nodes);
   return outs;
 }
 
@@ -702,10 +898,38 @@ Graph build_graph(const ModelSpec& m, const GraphOptions& o) {
     if (!o.optimizer) throw Error("build_graph: a training graph needs an optimizer");
     if (m.precision.loss_scaling) append_unscale(g);
     if (o.optimizer->clip_norm > 0) append_clip(g, o.optimizer->clip_norm);
-    append_updates(g, *o.optimizer);
+    append_updates(g, *o.optimizer, m);
   }
   apply_memory_savers(g, m.savers, o.training);  // [memory] in_place / recompute / memory_policy
   return g;
+}
+
+FrozenSaving frozen_saving(const ModelSpec& m, const Graph& g, const OptimizerSpec& o, size_t alignment) {
+  FrozenSaving f;
+  std::set<std::string> frozen;
+  for (const auto& l : m.layers)
+    if (!l.trainable) frozen.insert(l.name), ++f.layers;
+  if (frozen.empty()) return f;
+  // The same model with every layer trainable tells which of the frozen layers' buffers are parameters there (a
+  // frozen batch norm's running statistics are buffers either way).
+  GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  go.apply_trainable = false;
+  const Graph all = build_graph(m, go);
+  for (const auto& t : all.tensors()) {
+    if (t.role != TensorRole::parameter || t.alias_of != kNoTensor || !frozen.count(t.layer)) continue;
+    // Only what this graph holds (a parameter of a layer placed on another device lives in that device's graph).
+    const TensorId here = g.find(t.name);
+    if (here == kNoTensor) continue;
+    const size_t bytes = aligned_size(t.bytes(), alignment);
+    ++f.tensors;
+    f.values += t.shape.numel();
+    f.gradient_bytes += bytes;
+    f.optimizer_state_bytes += bytes * o.state_tensors_per_param();
+    if (o.ema_decay > 0) f.ema_bytes += bytes;
+  }
+  return f;
 }
 
 }  // namespace kiln

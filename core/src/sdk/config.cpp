@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -23,6 +25,10 @@ class ConfigDocument {
   std::vector<std::string> overridden;  // dotted paths set by --set
   mutable std::mutex mu;
   mutable std::set<std::pair<const void*, std::string>> used;
+  // Tables made by ConfigNode::rewritten, and for each (sub)table of a copy the table it was copied from: toml++'s
+  // copies carry no source lines, so errors take their lines from the original.
+  std::vector<std::unique_ptr<toml::table>> copies;
+  std::map<const void*, const void*> origin;
 };
 
 namespace {
@@ -191,8 +197,13 @@ std::string ConfigNode::where(const std::string& key) const {
   if (std::find(doc_->overridden.begin(), doc_->overridden.end(), full) != doc_->overridden.end())
     return doc_->file + ": key '" + full + "' (from --set " + full + "=...)";
   os << doc_->file;
-  const toml::node* n = key.empty() ? static_cast<const toml::node*>(&tbl(table_)) : tbl(table_).get(key);
-  if (!n) n = &tbl(table_);  // a missing key: the line of the table it belongs in
+  const void* lines = table_;  // a rewritten copy's lines are its original's
+  {
+    std::lock_guard lk(doc_->mu);
+    if (auto it = doc_->origin.find(table_); it != doc_->origin.end()) lines = it->second;
+  }
+  const toml::node* n = key.empty() ? static_cast<const toml::node*>(&tbl(lines)) : tbl(lines).get(key);
+  if (!n) n = &tbl(lines);  // a missing key: the line of the table it belongs in
   if (n && n->source().begin.line > 0) os << ":" << n->source().begin.line;
   os << ": key '" << (full.empty() ? "<root>" : full) << "'";
   return os.str();
@@ -413,6 +424,39 @@ void ConfigNode::finish() const {
     // (a scan of the whole set made checking N tables O(N^2)).
     for (auto it = doc_->used.lower_bound({table_, std::string()}); it != doc_->used.end() && it->first == table_; ++it)
       known.push_back(it->second);
+namespace {
+// Rewrites every string under `n` in place; records each sub-table's original in `origin`.
+void rewrite_strings(toml::node& n, const toml::node& from, const std::string& key,
+                     const std::function<std::string(const std::string&, const std::string&)>& f,
+                     std::map<const void*, const void*>& origin) {
+  if (auto* s = n.as_string()) {
+    *s = f(key, s->get());
+  } else if (auto* a = n.as_array()) {
+    const auto* fa = from.as_array();
+    for (size_t i = 0; i < a->size(); ++i) rewrite_strings(*a->get(i), *fa->get(i), key, f, origin);
+  } else if (auto* t = n.as_table()) {
+    const auto* ft = from.as_table();
+    origin[t] = ft;
+    for (auto&& [k, v] : *t) rewrite_strings(v, *ft->get(k.str()), key.empty() ? std::string(k.str()) : key, f, origin);
+  }
+}
+}  // namespace
+
+ConfigNode ConfigNode::rewritten(
+    const std::function<std::string(const std::string& key, const std::string& value)>& rewrite) const {
+  auto copy = std::make_unique<toml::table>(tbl(table_));
+  std::map<const void*, const void*> origin;
+  rewrite_strings(*copy, tbl(table_), "", rewrite, origin);
+  // A copy of a copy takes its lines from the first original.
+  std::lock_guard lk(doc_->mu);
+  for (auto& [c, o] : origin)
+    if (auto it = doc_->origin.find(o); it != doc_->origin.end()) o = it->second;
+  doc_->origin.insert(origin.begin(), origin.end());
+  const void* t = copy.get();
+  doc_->copies.push_back(std::move(copy));
+  return ConfigNode(doc_, t, path_);
+}
+
   }
   std::string keys;
   for (const auto& k : unknown) keys += (keys.empty() ? "'" : ", '") + k + "'";

@@ -92,7 +92,9 @@ void sample_text(Session& s, const SampleOptions& o, std::ostream& out) {
                       " logits per position, fewer than the " + std::to_string(vocab.size()) +
                       " ids of the vocabulary it is sampled with");
   for (const auto& t : g.tensors()) {
-    if (t.role != TensorRole::parameter && t.role != TensorRole::ema) continue;
+    // Buffers too: a frozen layer's weights (trainable = false) are buffers, and a checkpoint holds them.
+    const bool buffer = t.role == TensorRole::buffer && t.alias_of == kNoTensor;
+    if (t.role != TensorRole::parameter && t.role != TensorRole::ema && !buffer) continue;
     auto it = c.tensors.find(t.name);
     if (it == c.tensors.end())
       throw DataError(ckpt + ": has no tensor '" + t.name + "'; was it written by another model than " +
