@@ -42,6 +42,10 @@ int cmd_plan(const Options& o) {
   PlanCheck c = check_plan(s);
   std::cout << c.report;
   print_frozen_saving(s);
+  // How each source reads its files (decoded once into memory, or streamed) and why: host memory the plan above does
+  // not count.
+  for (const char* which : {"train", "test"})
+    if (std::string r = s.source_reading(which); !r.empty()) std::cout << "data." << which << " source: " << r << "\n";
   if (!o.sweep) return c.fits ? 0 : 1;
 
   auto ctx = s.runner_context();

@@ -1,5 +1,7 @@
 #include "byte_reader.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -18,7 +20,8 @@ namespace {
 constexpr unsigned kGzBuffer = 256 * 1024;
 }
 
-ByteReader::ByteReader(std::string path, std::string who) : path_(std::move(path)), who_(std::move(who)) {
+ByteReader::ByteReader(std::string path, std::string who, std::atomic<uint64_t>* counted)
+    : path_(std::move(path)), who_(std::move(who)), counted_(counted) {
   std::error_code ec;
   // A FIFO or device would block or never end: only regular files are read.
   if (std::string why = regular_file_problem(path_); !why.empty()) fail(why + ", expected a data file");
@@ -33,10 +36,15 @@ ByteReader::ByteReader(std::string path, std::string who) : path_(std::move(path
   f_ = gzopen(path_.c_str(), "rb");
   if (!f_) fail(std::string("cannot open: ") + std::strerror(errno));
   gzbuffer(f_, kGzBuffer);
+  if (!gzip_) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(std::string("cannot open: ") + std::strerror(errno));
+  }
 }
 
 ByteReader::~ByteReader() {
   if (f_) gzclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void ByteReader::fail(const std::string& what) const { throw DataError(who_ + ": " + path_ + ": " + what); }
@@ -65,7 +73,27 @@ size_t ByteReader::read_some(void* dst, size_t n) {
     total += static_cast<size_t>(r);
   }
   offset_ += total;
+  if (counted_) counted_->fetch_add(total, std::memory_order_relaxed);
   return total;
+}
+
+void ByteReader::read_at(uint64_t offset, void* dst, size_t n, const std::string& what) const {
+  if (fd_ < 0) throw Error(who_ + ": " + path_ + ": read_at on a gzip file (it has no random access)");
+  auto* out = static_cast<unsigned char*>(dst);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd_, out + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      fail("cannot read " + what + " at byte offset " + std::to_string(offset + got) + ": " + std::strerror(errno));
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  if (counted_) counted_->fetch_add(got, std::memory_order_relaxed);
+  if (got != n)
+    fail("truncated: reading " + what + " needed " + std::to_string(n) + " bytes at byte offset " +
+         std::to_string(offset) + ", but the file ends at offset " + std::to_string(offset + got) +
+         " (was it modified while reading?)");
 }
 
 void ByteReader::read_exact(void* dst, size_t n, const std::string& what) {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "kiln/allocator.hpp"
+
 namespace kiln::data {
 
 std::string resolve_path(const std::string& base_dir, const std::string& path) {
@@ -174,6 +176,31 @@ uint64_t restore_position(const StageState& s, const std::string& stage, uint64_
   if (pos > count)
     r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(count) + " " + of_what);
   return pos;
+}
+
+ReadingPlan plan_reading(uint64_t decoded_bytes, uint64_t budget) {
+  ReadingPlan p;
+  const std::string set = format_bytes(static_cast<size_t>(decoded_bytes));
+  if (budget == 0) {
+    p.phrase = "streaming: decoding once is off ([data] decoded_budget = \"off\"; decoded set " + set + ")";
+  } else if (decoded_bytes > budget) {
+    p.phrase = "streaming: decoded set " + set + " exceeds the budget " + format_bytes(static_cast<size_t>(budget)) +
+               " ([data] decoded_budget)";
+  } else {
+    p.decoded = true;
+    p.phrase = "decoded once: " + set + " in memory (budget " + format_bytes(static_cast<size_t>(budget)) + ")";
+  }
+  return p;
+}
+
+Element byte_example(const uint8_t* pixels, const Shape& shape, float label) {
+  Element e;
+  e.x = HostTensor(shape);
+  float* x = e.x.data.data();
+  const size_t n = e.x.data.size();
+  for (size_t i = 0; i < n; ++i) x[i] = pixels[i];
+  e.y = HostTensor(Shape{}, label);
+  return e;
 }
 
 }  // namespace kiln::data

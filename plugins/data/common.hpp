@@ -1,6 +1,7 @@
 // Helpers shared by the data stages: saved-state encoding, counter-based randomness, timing, element
 // stacking, path resolution.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -109,5 +110,32 @@ inline int64_t example_count(const Element& e) { return e.batch > 0 ? e.batch : 
 Element stack_examples(std::vector<Element>& examples, const std::string& stage);
 // The examples of a batch element (a single example is returned as is).
 std::vector<Element> split_examples(Element e);
+
+// How a source reads its files. A source whose decoded examples (in a compact form: pixel bytes, token ids, CSV
+// values as floats) take at most `budget` bytes ([data] decoded_budget, StageContext::decoded_budget) keeps them in
+// memory, decoded once per run at its first read, and serves every epoch from there; otherwise it streams.
+struct ReadingPlan {
+  bool decoded = false;
+  std::string phrase;  // what Stage::reading() says
+};
+ReadingPlan plan_reading(uint64_t decoded_bytes, uint64_t budget);
+
+// A single example of pixel bytes: x `shape` holding them as floats 0..255, y () the label.
+Element byte_example(const uint8_t* pixels, const Shape& shape, float label);
+
+// The counters of a source that next() and at() (from any thread) update; collect_stats reports them.
+struct SourceCounters {
+  std::atomic<uint64_t> elements{0};
+  std::atomic<uint64_t> bytes{0};  // every byte read from the files (uncompressed, for gzip)
+  double busy_seconds = 0;         // next()'s own work (at() runs on its callers' threads)
+  void report(const std::string& name, std::vector<StageStats>& out) const {
+    StageStats s;
+    s.name = name;
+    s.elements = elements.load(std::memory_order_relaxed);
+    s.bytes_read = bytes.load(std::memory_order_relaxed);
+    s.busy_seconds = busy_seconds;
+    out.push_back(s);
+  }
+};
 
 }  // namespace kiln::data

@@ -1,8 +1,12 @@
 // CSV source: one example per line, every field a number; one column is the label, the others the features.
-// Streams line by line (plain or gzip). x: (features), y: () the label value.
+// x: (features), y: () the label value. When its values (as floats) fit the decoded budget the file is parsed once,
+// at the source's first read, and every epoch is served from memory; otherwise it streams line by line (plain or
+// gzip).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
+#include <mutex>
 #include <optional>
 
 #include "byte_reader.hpp"
@@ -33,7 +37,7 @@ std::vector<std::string_view> split(std::string_view line, char delim) {
 // Reads lines through a fixed-size buffer, remembering the byte offset and number of each line.
 class LineReader {
  public:
-  explicit LineReader(const std::string& path) : r_(path, "csv"), buf_(64 * 1024) {}
+  LineReader(const std::string& path, std::atomic<uint64_t>* counted) : r_(path, "csv", counted), buf_(64 * 1024) {}
   ByteReader& reader() { return r_; }
   uint64_t offset() const { return offset_; }  // byte offset of the next line
   uint64_t line_no() const { return line_; }   // 1-based number of the last line returned
@@ -83,8 +87,8 @@ class CsvSource final : public Stage {
  public:
   // labels: one column (name or index; "" = the last), or with `named` several, each a label of its own.
   CsvSource(const std::string& path, bool header, const std::vector<std::string>& labels, bool named, char delim,
-            int64_t limit)
-      : in_(path), delim_(delim), named_(named) {
+            int64_t limit, uint64_t budget)
+      : in_(path, &counters_.bytes), delim_(delim), named_(named) {
     std::string line;
     std::vector<std::string> names;
     while (in_.next(line) && blank(line)) {
@@ -133,6 +137,7 @@ class CsvSource final : public Stage {
       in_.reader().fail("limit = " + std::to_string(limit) + " but the file holds only " + std::to_string(rows) +
                         " rows");
     size_ = limit > 0 ? static_cast<uint64_t>(limit) : rows;
+    plan_ = plan_reading(size_ * columns_ * sizeof(float), budget);
     reset(0);
   }
 
@@ -141,52 +146,42 @@ class CsvSource final : public Stage {
   Shape label_shape() const override { return named_ ? Shape{static_cast<int64_t>(label_cols_.size())} : Shape{}; }
   std::vector<std::string> label_names() const override { return named_ ? label_names_ : std::vector<std::string>{}; }
   int64_t size_hint() const override { return static_cast<int64_t>(size_); }
+  std::string reading() const override { return plan_.phrase; }
+  // Streaming, row k's place in the file is unknown until the rows before it are read.
+  bool random_access() const override { return plan_.decoded; }
 
   void reset(uint64_t) override {
-    in_.seek(data_offset_, data_line_);
+    if (!plan_.decoded) in_.seek(data_offset_, data_line_);
     pos_ = 0;
   }
 
   std::optional<Element> next() override {
     if (pos_ >= size_) return std::nullopt;
-    ScopedTimer t(stats_.busy_seconds);
-    while (in_.next(line_) && blank(line_)) {
-    }
-    if (blank(line_))
-      in_.reader().fail("ended after " + std::to_string(pos_) + " rows, expected " + std::to_string(size_) +
-                        " (was it modified while reading?)");
-    auto fields = split(line_, delim_);
-    if (fields.size() != columns_)
-      in_.reader().fail("line " + std::to_string(in_.line_no()) + ": expected " + std::to_string(columns_) +
-                        " columns, found " + std::to_string(fields.size()));
-    Element e;
-    e.x = HostTensor(example_shape());
-    e.y = HostTensor(label_shape());
-    size_t j = 0;
-    for (size_t c = 0; c < fields.size(); ++c) {
-      double v = 0;
-      auto f = fields[c];
-      auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
-      if (f.empty() || ec != std::errc() || p != f.data() + f.size() || !std::isfinite(v))
-        in_.reader().fail("line " + std::to_string(in_.line_no()) + ", column " + std::to_string(c + 1) +
-                          ": expected a finite number, found \"" + std::string(f) + "\"");
-      auto l = std::find(label_cols_.begin(), label_cols_.end(), c);
-      if (l != label_cols_.end())
-        e.y.data[static_cast<size_t>(l - label_cols_.begin())] = static_cast<float>(v);
-      else
-        e.x.data[j++] = static_cast<float>(v);
-    }
+    ScopedTimer t(counters_.busy_seconds);
+    Element e = plan_.decoded ? (decode(), decoded(pos_)) : parse_next(in_);
     ++pos_;
-    ++stats_.elements;
+    counters_.elements.fetch_add(1, std::memory_order_relaxed);
     return e;
   }
 
+  Element at(uint64_t k) override {
+    if (!plan_.decoded) return Stage::at(k);
+    if (k >= size_)
+      throw Error("csv: element " + std::to_string(k) + " asked, but the source gives " + std::to_string(size_) +
+                  " rows per epoch");
+    decode();
+    counters_.elements.fetch_add(1, std::memory_order_relaxed);
+    return decoded(k);
+  }
+
+  // (pos, byte offset and number of the next line). Decoded, the offset is unknown: kNoOffset, and a streaming
+  // restore finds the row by reading the rows before it.
   StageState save() const override {
     StateWriter w;
     w.tag(name(), 1);
     w.u64(pos_);
-    w.u64(in_.offset());
-    w.u64(in_.line_no());
+    w.u64(plan_.decoded ? kNoOffset : in_.offset());
+    w.u64(plan_.decoded ? 0 : in_.line_no());
     return w.take();
   }
 
@@ -196,16 +191,87 @@ class CsvSource final : public Stage {
     r.done();
     if (pos > size_)
       r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(size_) + " rows");
-    in_.seek(offset, line);
     pos_ = pos;
+    if (plan_.decoded) return;
+    if (offset != kNoOffset) {
+      in_.seek(offset, line);
+      return;
+    }
+    in_.seek(data_offset_, data_line_);
+    for (uint64_t i = 0; i < pos; ++i) {
+      while (in_.next(line_) && blank(line_)) {
+      }
+      if (blank(line_))
+        r.fail("the file ended after " + std::to_string(i) + " of the " + std::to_string(pos) + " rows");
+    }
   }
 
-  void collect_stats(std::vector<StageStats>& out) const override {
-    out.push_back(stats_);
-    out.back().name = name();
-  }
+  void collect_stats(std::vector<StageStats>& out) const override { counters_.report(name(), out); }
 
  private:
+  static constexpr uint64_t kNoOffset = std::numeric_limits<uint64_t>::max();
+
+  // The next non-blank row of `in` as an example; `row` (0-based) only names it in messages.
+  Element parse_next(LineReader& in, uint64_t row, std::string& line) {
+    while (in.next(line) && blank(line)) {
+    }
+    if (blank(line))
+      in.reader().fail("ended after " + std::to_string(row) + " rows, expected " + std::to_string(size_) +
+                       " (was it modified while reading?)");
+    auto fields = split(line, delim_);
+    if (fields.size() != columns_)
+      in.reader().fail("line " + std::to_string(in.line_no()) + ": expected " + std::to_string(columns_) +
+                       " columns, found " + std::to_string(fields.size()));
+    Element e;
+    e.x = HostTensor(example_shape());
+    e.y = HostTensor(label_shape());
+    size_t j = 0;
+    for (size_t c = 0; c < fields.size(); ++c) {
+      double v = 0;
+      auto f = fields[c];
+      auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+      if (f.empty() || ec != std::errc() || p != f.data() + f.size() || !std::isfinite(v))
+        in.reader().fail("line " + std::to_string(in.line_no()) + ", column " + std::to_string(c + 1) +
+                         ": expected a finite number, found \"" + std::string(f) + "\"");
+      auto l = std::find(label_cols_.begin(), label_cols_.end(), c);
+      if (l != label_cols_.end())
+        e.y.data[static_cast<size_t>(l - label_cols_.begin())] = static_cast<float>(v);
+      else
+        e.x.data[j++] = static_cast<float>(v);
+    }
+    return e;
+  }
+  Element parse_next(LineReader& in) { return parse_next(in, pos_, line_); }
+
+  // Parses the rows into memory the first time anyone asks (next() or at(), from any thread); the file is read
+  // through a reader of its own so next()'s streaming position is not disturbed.
+  void decode() {
+    std::call_once(decoded_once_, [this] {
+      LineReader in(in_.reader().path(), &counters_.bytes);
+      in.seek(data_offset_, data_line_);
+      const size_t nx = static_cast<size_t>(example_shape().numel()), ny = static_cast<size_t>(label_shape().numel());
+      std::vector<float> xs(size_ * nx), ys(size_ * ny);
+      std::string line;
+      for (uint64_t i = 0; i < size_; ++i) {
+        Element e = parse_next(in, i, line);
+        std::copy(e.x.data.begin(), e.x.data.end(), xs.begin() + static_cast<std::ptrdiff_t>(i * nx));
+        std::copy(e.y.data.begin(), e.y.data.end(), ys.begin() + static_cast<std::ptrdiff_t>(i * ny));
+      }
+      xs_ = std::move(xs);
+      ys_ = std::move(ys);
+    });
+  }
+  Element decoded(uint64_t k) const {
+    Element e;
+    e.x = HostTensor(example_shape());
+    e.y = HostTensor(label_shape());
+    const size_t nx = e.x.data.size(), ny = e.y.data.size();
+    std::copy_n(xs_.begin() + static_cast<std::ptrdiff_t>(k * nx), nx, e.x.data.begin());
+    std::copy_n(ys_.begin() + static_cast<std::ptrdiff_t>(k * ny), ny, e.y.data.begin());
+    return e;
+  }
+
+  SourceCounters counters_;  // before the reader, which counts into it
   LineReader in_;
   char delim_;
   bool named_ = false;
@@ -214,7 +280,9 @@ class CsvSource final : public Stage {
   std::vector<std::string> label_names_;
   uint64_t data_offset_ = 0, data_line_ = 0, size_ = 0, pos_ = 0;
   std::string line_;
-  StageStats stats_;
+  ReadingPlan plan_;
+  std::once_flag decoded_once_;
+  std::vector<float> xs_, ys_;  // decoded mode, after decode(): every row's features, then labels
 };
 
 }  // namespace
@@ -236,7 +304,7 @@ std::unique_ptr<Stage> make_csv(const ConfigNode& cfg, StageContext ctx) {
   int64_t limit = cfg.get_int("limit", 0);
   if (limit < 0) cfg.fail("limit", "must be >= 0 (0 = every row), got " + std::to_string(limit));
   cfg.finish();
-  return std::make_unique<CsvSource>(path, header, labels, named, d, limit);
+  return std::make_unique<CsvSource>(path, header, labels, named, d, limit, ctx.decoded_budget);
 }
 
 }  // namespace kiln::data

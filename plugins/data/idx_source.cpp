@@ -1,8 +1,11 @@
 // IDX source (the MNIST / Fashion-MNIST format): an images file (magic 0x00000803: unsigned bytes, 3 dims
-// N x rows x cols) and a labels file (magic 0x00000801: unsigned bytes, N), plain or gzip. Streams one
-// example at a time. x: (1, rows, cols) floats 0..255, y: () the label byte.
+// N x rows x cols) and a labels file (magic 0x00000801: unsigned bytes, N), plain or gzip. x: (1, rows, cols) floats
+// 0..255, y: () the label byte. When its bytes fit the decoded budget the source reads both files once, at its first
+// read (a pipeline only built, as `kiln plan` does, pays nothing), and serves every epoch from memory; otherwise it
+// streams one example at a time, inflating a gzip file again every epoch.
 #include <array>
 #include <cstdio>
+#include <mutex>
 #include <optional>
 
 #include "byte_reader.hpp"
@@ -38,8 +41,8 @@ void check_length(ByteReader& r, uint64_t expected, const std::string& layout) {
 
 class IdxSource final : public Stage {
  public:
-  IdxSource(const std::string& images, const std::string& labels, int64_t limit)
-      : images_(images, "idx"), labels_(labels, "idx") {
+  IdxSource(const std::string& images, const std::string& labels, int64_t limit, uint64_t budget)
+      : images_(images, "idx", &counters_.bytes), labels_(labels, "idx", &counters_.bytes) {
     uint32_t m = read_be32(images_, "the magic number");
     if (m != kImagesMagic)
       images_.fail("byte offset 0: expected IDX images magic " + hex32(kImagesMagic) +
@@ -69,6 +72,7 @@ class IdxSource final : public Stage {
                    " examples");
     size_ = limit > 0 ? static_cast<uint64_t>(limit) : count_;
     pixels_.resize(rows_ * cols_);
+    plan_ = plan_reading(size_ * (rows_ * cols_ + 1), budget);
     reset(0);
   }
 
@@ -76,21 +80,47 @@ class IdxSource final : public Stage {
   Shape example_shape() const override { return {1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}; }
   Shape label_shape() const override { return {}; }
   int64_t size_hint() const override { return static_cast<int64_t>(size_); }
+  std::string reading() const override { return plan_.phrase; }
+  bool random_access() const override { return plan_.decoded || (!images_.gzip() && !labels_.gzip()); }
 
   void reset(uint64_t) override { seek_to(0); }
 
   std::optional<Element> next() override {
     if (pos_ >= size_) return std::nullopt;
-    ScopedTimer t(stats_.busy_seconds);
-    images_.read_exact(pixels_.data(), pixels_.size(), "image " + std::to_string(pos_));
-    unsigned char label = 0;
-    labels_.read_exact(&label, 1, "label " + std::to_string(pos_));
+    ScopedTimer t(counters_.busy_seconds);
     Element e;
-    e.x = HostTensor(example_shape());
-    for (size_t i = 0; i < pixels_.size(); ++i) e.x.data[i] = pixels_[i];
-    e.y = HostTensor(Shape{}, static_cast<float>(label));
+    if (plan_.decoded) {
+      decode();
+      e = decoded(pos_);
+    } else {
+      images_.read_exact(pixels_.data(), pixels_.size(), "image " + std::to_string(pos_));
+      unsigned char label = 0;
+      labels_.read_exact(&label, 1, "label " + std::to_string(pos_));
+      e = byte_example(pixels_.data(), example_shape(), static_cast<float>(label));
+    }
     ++pos_;
-    ++stats_.elements;
+    counters_.elements.fetch_add(1, std::memory_order_relaxed);
+    return e;
+  }
+
+  Element at(uint64_t k) override {
+    if (k >= size_)
+      throw Error("idx: element " + std::to_string(k) + " asked of " + images_.path() + ", which gives " +
+                  std::to_string(size_) + " examples per epoch");
+    if (!random_access()) return Stage::at(k);
+    Element e;
+    if (plan_.decoded) {
+      decode();
+      e = decoded(k);
+    } else {
+      const uint64_t n = rows_ * cols_;
+      std::vector<unsigned char> px(n);
+      unsigned char label = 0;
+      images_.read_at(16 + k * n, px.data(), n, "image " + std::to_string(k));
+      labels_.read_at(8 + k, &label, 1, "label " + std::to_string(k));
+      e = byte_example(px.data(), example_shape(), static_cast<float>(label));
+    }
+    counters_.elements.fetch_add(1, std::memory_order_relaxed);
     return e;
   }
 
@@ -99,22 +129,40 @@ class IdxSource final : public Stage {
     seek_to(restore_position(s, name(), size_, "examples of " + images_.path()));
   }
 
-  void collect_stats(std::vector<StageStats>& out) const override {
-    out.push_back(stats_);
-    out.back().name = name();
-  }
+  void collect_stats(std::vector<StageStats>& out) const override { counters_.report(name(), out); }
 
  private:
   void seek_to(uint64_t pos) {
-    images_.seek(16 + pos * rows_ * cols_);
-    labels_.seek(8 + pos);
+    if (!plan_.decoded) {  // decoded: nothing to seek (a gzip file would be inflated up to the position)
+      images_.seek(16 + pos * rows_ * cols_);
+      labels_.seek(8 + pos);
+    }
     pos_ = pos;
   }
 
+  // Reads the examples into memory the first time anyone asks (next() or at(), from any thread).
+  void decode() {
+    std::call_once(decoded_once_, [this] {
+      images_.seek(16);
+      labels_.seek(8);
+      std::vector<unsigned char> px(size_ * rows_ * cols_), lb(size_);
+      images_.read_exact(px.data(), px.size(), "images 0.." + std::to_string(size_ - 1));
+      labels_.read_exact(lb.data(), lb.size(), "labels 0.." + std::to_string(size_ - 1));
+      images_all_ = std::move(px);
+      labels_all_ = std::move(lb);
+    });
+  }
+  Element decoded(uint64_t k) const {
+    return byte_example(images_all_.data() + k * rows_ * cols_, example_shape(), static_cast<float>(labels_all_[k]));
+  }
+
+  SourceCounters counters_;  // before the readers, which count into it
   ByteReader images_, labels_;
   uint64_t count_ = 0, rows_ = 0, cols_ = 0, size_ = 0, pos_ = 0;
   std::vector<unsigned char> pixels_;
-  StageStats stats_;
+  ReadingPlan plan_;
+  std::once_flag decoded_once_;
+  std::vector<unsigned char> images_all_, labels_all_;  // the decoded examples (decoded mode, after decode())
 };
 
 }  // namespace
@@ -126,7 +174,7 @@ std::unique_ptr<Stage> make_idx(const ConfigNode& cfg, StageContext ctx) {
   int64_t limit = cfg.get_int("limit", 0);
   if (limit < 0) cfg.fail("limit", "must be >= 0 (0 = every example), got " + std::to_string(limit));
   cfg.finish();
-  return std::make_unique<IdxSource>(images, labels, limit);
+  return std::make_unique<IdxSource>(images, labels, limit, ctx.decoded_budget);
 }
 
 }  // namespace kiln::data

@@ -2,18 +2,22 @@
 //  - `text`: a UTF-8 file (plain or gzip) read into memory; vocabulary = the sorted distinct characters
 //    (data/shakespeare_char/prepare.py) or the 256 byte values; the first (1 - val_fraction) of the tokens are the
 //    train split, the rest the val split (int(n * 0.9), as prepare.py cuts);
-//  - `tokens`: a flat little-endian uint16 file of token ids (prepare.py's train.bin / val.bin), read a window at a
-//    time (memory stays bounded whatever its size).
+//  - `tokens`: a flat little-endian uint16 file of token ids (prepare.py's train.bin / val.bin): read into memory
+//    once, at the source's first read, when the file fits the decoded budget; else read a window at a time by pread
+//    (memory stays bounded whatever its size).
 // Both yield windows of block_size tokens x = data[i : i+T] and their next tokens y = data[i+1 : i+T+1] (ids as
 // floats, shapes (T) and (T)), at seeded random offsets (train.py's get_batch: a fresh uniform offset in
 // [0, n - T) per example) or sequentially (offsets 0, T, 2T, ...).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <optional>
 
 #include "byte_reader.hpp"
 #include "common.hpp"
+#include "kiln/allocator.hpp"
 #include "stages.hpp"
 
 namespace kiln::data {
@@ -103,6 +107,7 @@ std::vector<uint32_t> decode_utf8(const std::string& bytes, const ByteReader& r)
 enum class Sampling : uint8_t { random, sequential };
 
 // Windows over n tokens: example k of epoch e starts at hash(seed, e, k) % (n - T) (random) or k * T (sequential).
+// Any window can be read directly (at(k)), so both sources have random access.
 class WindowSource : public Stage {
  public:
   WindowSource(std::string name, int64_t tokens, int64_t block, Sampling sampling, int64_t examples, uint64_t seed)
@@ -112,6 +117,7 @@ class WindowSource : public Stage {
   Shape example_shape() const override { return {t_}; }
   Shape label_shape() const override { return {t_}; }
   int64_t size_hint() const override { return examples_; }
+  bool random_access() const override { return true; }
   void reset(uint64_t epoch) override {
     epoch_ = epoch;
     pos_ = 0;
@@ -119,40 +125,49 @@ class WindowSource : public Stage {
 
   std::optional<Element> next() override {
     if (pos_ >= examples_) return std::nullopt;
-    ScopedTimer timer(stats_.busy_seconds);
-    const auto k = static_cast<uint64_t>(pos_);
-    const int64_t at =
-        sampling_ == Sampling::random
-            ? static_cast<int64_t>(hash_key(seed_, 0x746578 /* "tex" */, epoch_, k) % static_cast<uint64_t>(n_ - t_))
-            : pos_ * t_;
-    window_.resize(static_cast<size_t>(t_ + 1));
-    read(at, window_);
-    Element e;
-    e.x = HostTensor(Shape{t_});
-    e.y = HostTensor(Shape{t_});
-    for (int64_t j = 0; j < t_; ++j) {
-      e.x.data[static_cast<size_t>(j)] = static_cast<float>(window_[static_cast<size_t>(j)]);
-      e.y.data[static_cast<size_t>(j)] = static_cast<float>(window_[static_cast<size_t>(j + 1)]);
-    }
+    ScopedTimer timer(counters_.busy_seconds);
+    Element e = window(static_cast<uint64_t>(pos_));
     ++pos_;
-    ++stats_.elements;
     return e;
+  }
+
+  Element at(uint64_t k) override {
+    if (k >= static_cast<uint64_t>(examples_))
+      throw Error(name_ + ": element " + std::to_string(k) + " asked, but the source gives " +
+                  std::to_string(examples_) + " windows per epoch");
+    return window(k);
   }
 
   StageState save() const override { return save_position(name(), static_cast<uint64_t>(pos_)); }
   void restore(const StageState& s) override {
     pos_ = static_cast<int64_t>(restore_position(s, name(), static_cast<uint64_t>(examples_), "windows"));
   }
-  void collect_stats(std::vector<StageStats>& out) const override {
-    out.push_back(stats_);
-    out.back().name = name();
-  }
+  void collect_stats(std::vector<StageStats>& out) const override { counters_.report(name(), out); }
 
  protected:
-  // Tokens [at, at + out.size()) of the split.
-  virtual void read(int64_t at, std::vector<uint32_t>& out) = 0;
+  // Tokens [at, at + n) of the split; called from several threads at once by at().
+  virtual void read(int64_t at, uint32_t* out, size_t n) = 0;
+  SourceCounters counters_;
 
  private:
+  Element window(uint64_t k) {
+    const int64_t at =
+        sampling_ == Sampling::random
+            ? static_cast<int64_t>(hash_key(seed_, 0x746578 /* "tex" */, epoch_, k) % static_cast<uint64_t>(n_ - t_))
+            : static_cast<int64_t>(k) * t_;
+    std::vector<uint32_t> w(static_cast<size_t>(t_ + 1));
+    read(at, w.data(), w.size());
+    Element e;
+    e.x = HostTensor(Shape{t_});
+    e.y = HostTensor(Shape{t_});
+    for (int64_t j = 0; j < t_; ++j) {
+      e.x.data[static_cast<size_t>(j)] = static_cast<float>(w[static_cast<size_t>(j)]);
+      e.y.data[static_cast<size_t>(j)] = static_cast<float>(w[static_cast<size_t>(j + 1)]);
+    }
+    counters_.elements.fetch_add(1, std::memory_order_relaxed);
+    return e;
+  }
+
   std::string name_;
   int64_t n_, t_;
   Sampling sampling_;
@@ -160,50 +175,124 @@ class WindowSource : public Stage {
   uint64_t seed_;
   uint64_t epoch_ = 0;
   int64_t pos_ = 0;
-  std::vector<uint32_t> window_;
-  StageStats stats_;
+};
+
+// Token ids in as few bytes each as the largest needs (1, 2 or 4).
+class CompactIds {
+ public:
+  explicit CompactIds(const std::vector<uint32_t>& ids) {
+    const uint32_t top = ids.empty() ? 0 : *std::max_element(ids.begin(), ids.end());
+    width_ = top < 256 ? 1 : top < 65536 ? 2 : 4;
+    bytes_.resize(ids.size() * width_);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (width_ == 1)
+        bytes_[i] = static_cast<uint8_t>(ids[i]);
+      else if (width_ == 2) {
+        const auto v = static_cast<uint16_t>(ids[i]);
+        std::memcpy(&bytes_[2 * i], &v, 2);
+      } else
+        std::memcpy(&bytes_[4 * i], &ids[i], 4);
+    }
+  }
+  uint64_t bytes() const { return bytes_.size(); }
+  void copy(int64_t at, uint32_t* out, size_t n) const {
+    const auto a = static_cast<size_t>(at);
+    for (size_t j = 0; j < n; ++j) {
+      if (width_ == 1) {
+        out[j] = bytes_[a + j];
+      } else if (width_ == 2) {
+        uint16_t v;
+        std::memcpy(&v, &bytes_[2 * (a + j)], 2);
+        out[j] = v;
+      } else {
+        std::memcpy(&out[j], &bytes_[4 * (a + j)], 4);
+      }
+    }
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  size_t width_ = 1;
 };
 
 class TextSource final : public WindowSource {
  public:
-  TextSource(std::vector<uint32_t> ids, std::string vocab_json, int64_t block, Sampling sampling, int64_t examples,
-             uint64_t seed)
+  TextSource(const std::vector<uint32_t>& ids, std::string vocab_json, uint64_t file_bytes, int64_t block,
+             Sampling sampling, int64_t examples, uint64_t seed, uint64_t budget)
       : WindowSource("text", static_cast<int64_t>(ids.size()), block, sampling, examples, seed),
-        ids_(std::move(ids)),
-        vocab_(std::move(vocab_json)) {}
+        ids_(ids),
+        vocab_(std::move(vocab_json)) {
+    counters_.bytes = file_bytes;  // read when the stage was built
+    const ReadingPlan p = plan_reading(ids_.bytes(), budget);
+    // The vocabulary is built from the whole file, so the text is decoded when the stage is built, whatever the
+    // budget; there is no streaming mode to fall back to.
+    reading_ = "decoded at build: " + format_bytes(static_cast<size_t>(ids_.bytes())) + " of token ids in memory" +
+               (p.decoded ? "" : " (text has no streaming mode: " + p.phrase.substr(p.phrase.find(": ") + 2) + ")");
+  }
   std::string vocabulary() const override { return vocab_; }
+  std::string reading() const override { return reading_; }
 
  private:
-  void read(int64_t at, std::vector<uint32_t>& out) override {
-    std::copy_n(ids_.begin() + at, out.size(), out.begin());
-  }
-  std::vector<uint32_t> ids_;  // the split's token ids
+  void read(int64_t at, uint32_t* out, size_t n) override { ids_.copy(at, out, n); }
+  CompactIds ids_;  // the split's token ids
   std::string vocab_;
+  std::string reading_;
 };
 
 class TokensSource final : public WindowSource {
  public:
   TokensSource(std::unique_ptr<ByteReader> r, int64_t tokens, int64_t vocab, int64_t block, Sampling sampling,
-               int64_t examples, uint64_t seed)
-      : WindowSource("tokens", tokens, block, sampling, examples, seed), r_(std::move(r)), vocab_(vocab) {}
+               int64_t examples, uint64_t seed, uint64_t budget)
+      : WindowSource("tokens", tokens, block, sampling, examples, seed),
+        r_(std::move(r)),
+        tokens_(tokens),
+        vocab_(vocab),
+        plan_(plan_reading(r_->file_bytes(), budget)) {
+    r_->count_into(&counters_.bytes);
+  }
+  std::string reading() const override { return plan_.phrase; }
 
  private:
-  void read(int64_t at, std::vector<uint32_t>& out) override {
-    bytes_.resize(out.size() * 2);
-    r_->seek(static_cast<uint64_t>(at) * 2);
-    r_->read_exact(bytes_.data(), bytes_.size(), "a window of " + std::to_string(out.size()) + " tokens");
-    for (size_t j = 0; j < out.size(); ++j) {
-      out[j] = static_cast<uint32_t>(bytes_[2 * j]) | (static_cast<uint32_t>(bytes_[2 * j + 1]) << 8);  // little-endian
-      if (out[j] >= static_cast<uint32_t>(vocab_))
-        r_->fail("token " + std::to_string(at + static_cast<int64_t>(j)) + " (byte offset " +
-                 std::to_string((at + static_cast<int64_t>(j)) * 2) + ") is id " + std::to_string(out[j]) +
-                 ", not below vocab_size = " + std::to_string(vocab_) +
-                 "; was the file written with another tokenizer?");
+  void read(int64_t at, uint32_t* out, size_t n) override {
+    if (plan_.decoded) {
+      decode();
+      for (size_t j = 0; j < n; ++j) out[j] = ids_[static_cast<size_t>(at) + j];
+      return;
+    }
+    std::vector<unsigned char> bytes(n * 2);
+    r_->read_at(static_cast<uint64_t>(at) * 2, bytes.data(), bytes.size(),
+                "a window of " + std::to_string(n) + " tokens");
+    for (size_t j = 0; j < n; ++j) {
+      out[j] = static_cast<uint32_t>(bytes[2 * j]) | (static_cast<uint32_t>(bytes[2 * j + 1]) << 8);  // little-endian
+      check(at + static_cast<int64_t>(j), out[j]);
     }
   }
+
+  void check(int64_t index, uint32_t id) const {
+    if (id >= static_cast<uint32_t>(vocab_))
+      r_->fail("token " + std::to_string(index) + " (byte offset " + std::to_string(index * 2) + ") is id " +
+               std::to_string(id) + ", not below vocab_size = " + std::to_string(vocab_) +
+               "; was the file written with another tokenizer?");
+  }
+
+  // Reads and checks the whole file the first time a window is asked for (next() or at(), from any thread).
+  void decode() {
+    std::call_once(decoded_once_, [this] {
+      std::vector<uint16_t> ids(static_cast<size_t>(tokens_));
+      r_->read_at(0, ids.data(), ids.size() * 2, "the token ids");
+      if constexpr (std::endian::native == std::endian::big)
+        for (auto& v : ids) v = static_cast<uint16_t>((v >> 8) | (v << 8));
+      for (size_t i = 0; i < ids.size(); ++i) check(static_cast<int64_t>(i), ids[i]);
+      ids_ = std::move(ids);
+    });
+  }
+
   std::unique_ptr<ByteReader> r_;
+  int64_t tokens_;
   int64_t vocab_;
-  std::vector<unsigned char> bytes_;
+  ReadingPlan plan_;
+  std::once_flag decoded_once_;
+  std::vector<uint16_t> ids_;  // decoded mode, after decode()
 };
 
 struct WindowKeys {
@@ -288,7 +377,8 @@ std::unique_ptr<Stage> make_text(const ConfigNode& cfg, StageContext ctx) {
       windows(cfg, k, static_cast<int64_t>(part.size()), r,
               "the " + split + " split (" + (split == "train" ? "the first " : "the last ") +
                   std::to_string(split == "train" ? cut : n - cut) + " of " + std::to_string(n) + " tokens)");
-  return std::make_unique<TextSource>(std::move(part), std::move(vocab), k.block, k.sampling, examples, k.seed);
+  return std::make_unique<TextSource>(part, std::move(vocab), raw.size(), k.block, k.sampling, examples, k.seed,
+                                      ctx.decoded_budget);
 }
 
 std::unique_ptr<Stage> make_tokens(const ConfigNode& cfg, StageContext ctx) {
@@ -308,7 +398,8 @@ std::unique_ptr<Stage> make_tokens(const ConfigNode& cfg, StageContext ctx) {
             " bytes, an odd count: expected little-endian uint16 token ids (2 bytes each)");
   const auto n = static_cast<int64_t>(bytes / 2);
   const int64_t examples = windows(cfg, k, n, *r, "the file");
-  return std::make_unique<TokensSource>(std::move(r), n, vocab, k.block, k.sampling, examples, k.seed);
+  return std::make_unique<TokensSource>(std::move(r), n, vocab, k.block, k.sampling, examples, k.seed,
+                                        ctx.decoded_budget);
 }
 
 }  // namespace kiln::data

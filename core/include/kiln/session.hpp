@@ -110,6 +110,13 @@ class Session {
   std::vector<std::string> warnings() const { return warnings_; }
   // The [data.train] source's vocabulary (Stage::vocabulary, JSON); "" when it has none.
   const std::string& vocabulary() const { return vocab_; }
+  // How the source of [data.<which>] reads (Stage::reading), recorded when the pipeline is built; "" when it says
+  // nothing or the pipeline is absent.
+  std::string source_reading(const std::string& which) const {
+    return which == "train" ? reading_train_ : which == "test" ? reading_test_ : std::string();
+  }
+  // Bytes a source may keep decoded in memory ([data] decoded_budget, fixed when the session starts); 0 = stream.
+  uint64_t decoded_budget() const { return decoded_budget_; }
 
  private:
   struct StageShapes {
@@ -143,6 +150,9 @@ class Session {
   std::vector<std::string> warnings_;
   mutable std::string vocab_;                     // recorded when the train pipeline is first built
   mutable std::vector<std::string> label_names_;  // the train source's named labels (likewise)
+  // The sources' Stage::reading (likewise).
+  mutable std::string reading_train_, reading_test_;
+  uint64_t decoded_budget_ = 0;
 };
 
 // Where a pipeline's data comes from, for messages:

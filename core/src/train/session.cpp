@@ -1,8 +1,11 @@
 // Validates a run's configuration and opens its devices.
 #include "kiln/session.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iostream>
 #include <set>
 
@@ -212,6 +215,35 @@ std::unique_ptr<Strategy> make_strategy(const ConfigNode& root, const Registry& 
 
 // [data.train] and [data.test]: a pipeline has stages, each of a registered type (the stages check their own keys
 // when the pipeline is built).
+// [data] decoded_budget: "auto" (the default) = a quarter of the host's available memory (MemAvailable) when the
+// session starts, "off" (or 0) = every source streams, else a size ("512MiB", "2GB", bytes, or "10%" of MemAvailable).
+// Each source (train and test) may keep up to this much decoded in memory.
+uint64_t host_available_memory() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    std::fclose(f);
+    if (found) return static_cast<uint64_t>(kb) * 1024;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+uint64_t parse_decoded_budget(const ConfigNode& d) {
+  const std::string text = d.get_size_text("decoded_budget", "auto");
+  if (text == "auto") return host_available_memory() / 4;
+  if (text == "off") return 0;
+  try {
+    return parse_memory_size(text, static_cast<size_t>(host_available_memory()));
+  } catch (const ConfigError& e) {
+    d.fail("decoded_budget", std::string(e.what()) +
+                                 "; expected \"auto\" (a quarter of the host's available memory), \"off\" (always "
+                                 "stream) or a size such as \"512MiB\"");
+  }
+}
+
 void check_data_stages(const ConfigNode& d, const Registry& reg) {
   for (const char* which : {"train", "test"}) {
     auto p = d.table(which);
@@ -268,7 +300,12 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
                "float16 with dynamic loss scaling runs with the single strategy only for now (strategy \"" + stype +
                    "\" would have to agree on skipped steps across replicas); use compute = \"bfloat16\", which "
                    "needs no loss scaling, or loss_scale = \"none\"");
-  if (auto d = root.table("data")) check_data_stages(*d, reg_);
+  if (auto d = root.table("data")) {
+    decoded_budget_ = parse_decoded_budget(*d);
+    check_data_stages(*d, reg_);
+  } else {
+    decoded_budget_ = host_available_memory() / 4;
+  }
   root.finish();
   // Build each pipeline once so every stage validates its keys and files before anything else happens, then check
   // the shapes it delivers against the model: a mismatch is a config error here, not a failure at step 1.
@@ -412,8 +449,10 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
     ctx.pipeline = which;
+    ctx.decoded_budget = decoded_budget_;
     const bool source = !ctx.upstream;
     cur = reg_.stage(type)(s, std::move(ctx));
+    if (source) (which == "train" ? reading_train_ : reading_test_) = cur->reading();
     if (source && which == "train") {
       vocab_ = cur->vocabulary();  // saved with the run (vocab.json)
       label_names_ = cur->label_names();

@@ -275,6 +275,11 @@ void TrainingRun::start_runner() {
       if (Support sp = d.device->supports_dtype(t); sp.yes && !sp.reason.empty())
         out_ << "note: " << info.label() << ": " << sp.reason << "\n";
   }
+  // And how the data is read: each source decoded once into memory, or streamed every epoch.
+  if (lead_)
+    for (const char* which : {"train", "test"})
+      if (std::string r = s_.source_reading(which); !r.empty() && (std::string(which) == "train" || test_data_))
+        out_ << "data." << which << " source: " << r << "\n";
   rctx_ = s_.runner_context();
   // Refuse up front, with the full plan report, when the plan cannot fit (memory_policy "fit" turns on savers first).
   if (ts_.memory_policy != "none") {
