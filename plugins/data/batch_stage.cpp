@@ -1,18 +1,29 @@
 // Batch stage: stacks `size` consecutive examples into one element, x (N, ...), y (N) or (N, k). The last
 // batch of an epoch may be smaller unless drop_remainder. It makes global batches only: splitting a batch
 // over replicas is the data-parallel strategy's job.
+//
+// A process that uses only rows [rows_begin, rows_end) of every global batch (an MPI rank's share under
+// data_parallel, StageContext) reads only those rows when the upstream has random access and a known size: row r of
+// the batch starting at epoch position p is upstream.at(p + r). The other rows stay zero. That is safe because this
+// process never reads them: its replicas train on its rows alone, and the trainer's label checks and the checkpoint's
+// pending batch (gathered from every rank) look at no other row. The epoch's last, smaller batch is split over the
+// replicas by its own size, so it is read whole. Without random access (or without a share) every row is read
+// through next() as before.
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "common.hpp"
 #include "stages.hpp"
+#include "state_version.hpp"
 
 namespace kiln::data {
 namespace {
 
 class BatchStage final : public Stage {
  public:
-  BatchStage(std::unique_ptr<Stage> up, int64_t size, bool drop) : up_(std::move(up)), size_(size), drop_(drop) {}
+  BatchStage(std::unique_ptr<Stage> up, int64_t size, bool drop, int64_t rows_begin, int64_t rows_end)
+      : up_(std::move(up)), size_(size), drop_(drop), rows_begin_(rows_begin), rows_end_(std::min(rows_end, size)) {}
 
   std::string name() const override { return "batch"; }
   Shape example_shape() const override { return up_->example_shape(); }
@@ -23,9 +34,16 @@ class BatchStage final : public Stage {
     return n >= 0 && drop_ ? n / size_ * size_ : n;
   }
 
-  void reset(uint64_t epoch) override { up_->reset(epoch); }
+  void reset(uint64_t epoch) override {
+    up_->reset(epoch);
+    epoch_ = epoch;
+    pos_ = 0;
+    pos_known_ = true;
+    choose_mode();
+  }
 
   std::optional<Element> next() override {
+    if (rows_only_) return next_rows();
     std::vector<Element> ex;
     ex.reserve(static_cast<size_t>(std::min<int64_t>(size_, 4096)));
     {
@@ -38,22 +56,60 @@ class BatchStage final : public Stage {
     }
     if (ex.empty() || (drop_ && static_cast<int64_t>(ex.size()) < size_)) return std::nullopt;
     ScopedTimer t(stats_.busy_seconds);
+    pos_ += static_cast<uint64_t>(ex.size());
     Element b = stack_examples(ex, name());
     ++stats_.elements;
     return b;
   }
 
+  // Version 2: the epoch position in examples, whether the upstream's own state is still at the epoch start (the
+  // rows were read through at()), and that state. Version 1 held only the upstream's state.
   StageState save() const override {
     StateWriter w;
-    w.tag(name(), 1);
+    if (!pos_known_) {  // restored from a version-1 state in this epoch: the position in examples is not known
+      w.tag(name(), 1);
+      w.blob(up_->save());
+      return w.take();
+    }
+    w.tag(name(), 2);
+    w.u64(pos_);
+    w.u64(rows_only_ ? 1 : 0);
     w.blob(up_->save());
     return w.take();
   }
 
   void restore(const StageState& s) override {
-    StateReader r(s, name(), 1);
+    if (state_version(s) == 1) {
+      StateReader r(s, name(), 1);
+      up_->restore(r.blob());
+      r.done();
+      // The position in examples is not known: this epoch reads every row through next().
+      rows_only_ = false;
+      pos_known_ = false;
+      return;
+    }
+    StateReader r(s, name(), 2);
+    const uint64_t pos = r.u64();
+    const bool at_start = r.u64() != 0;
     up_->restore(r.blob());
     r.done();
+    pos_known_ = true;
+    if (rows_only_) {
+      if (pos > static_cast<uint64_t>(epoch_size_))
+        r.fail("the saved position is example " + std::to_string(pos) + ", but the epoch has " +
+               std::to_string(epoch_size_) + " (has the upstream data changed?)");
+      up_->reset(epoch_);  // at() does not use the upstream's position; keep it at the epoch start for save()
+      choose_mode();
+      pos_ = pos;
+      return;
+    }
+    pos_ = pos;
+    if (!at_start) return;
+    // Saved by a process that read its rows through at(): the upstream is at the epoch start; replay to the position.
+    for (uint64_t i = 0; i < pos; ++i)
+      if (!up_->next())
+        r.fail("replaying " + std::to_string(pos) + " examples ran out of data after " + std::to_string(i) +
+               " (has the upstream data changed?)");
   }
 
   void collect_stats(std::vector<StageStats>& out) const override {
@@ -63,9 +119,51 @@ class BatchStage final : public Stage {
   }
 
  private:
+  void choose_mode() {
+    const int64_t n = up_->size_hint();
+    const bool share = rows_end_ > 0 && (rows_begin_ > 0 || rows_end_ < size_);
+    rows_only_ = share && up_->random_access() && n >= 0;
+    epoch_size_ = rows_only_ ? n : 0;
+  }
+
+  std::optional<Element> next_rows() {
+    const auto at = static_cast<int64_t>(pos_);
+    const int64_t count = std::min(size_, epoch_size_ - at);
+    if (count <= 0 || (drop_ && count < size_)) return std::nullopt;
+    const int64_t first = count == size_ ? rows_begin_ : 0, last = count == size_ ? rows_end_ : count;
+    const Shape xs = up_->example_shape(), ys = up_->label_shape();
+    Element b;
+    b.batch = count;
+    b.x = HostTensor(xs.with_batch(count));
+    b.y = HostTensor(ys.with_batch(count));
+    const auto xn = static_cast<size_t>(xs.numel()), yn = static_cast<size_t>(ys.numel());
+    for (int64_t r = first; r < last; ++r) {
+      Element e;
+      {
+        ScopedTimer t(stats_.wait_seconds);
+        e = up_->at(static_cast<uint64_t>(at + r));
+      }
+      ScopedTimer t(stats_.busy_seconds);
+      if (e.batch != 0 || !(e.x.shape == xs) || !(e.y.shape == ys))
+        throw DataError("data stage 'batch': example " + std::to_string(at + r) + " of the epoch has shapes x " +
+                        e.x.shape.str() + ", y " + e.y.shape.str() + (e.batch ? " (a batch)" : "") +
+                        ", but upstream declared x " + xs.str() + ", y " + ys.str());
+      std::memcpy(b.x.data.data() + static_cast<size_t>(r) * xn, e.x.data.data(), xn * sizeof(float));
+      std::memcpy(b.y.data.data() + static_cast<size_t>(r) * yn, e.y.data.data(), yn * sizeof(float));
+    }
+    pos_ += static_cast<uint64_t>(count);
+    ++stats_.elements;
+    return b;
+  }
+
   std::unique_ptr<Stage> up_;
   int64_t size_;
   bool drop_;
+  int64_t rows_begin_, rows_end_;  // this process's rows of every full batch; rows_end_ = 0: all
+  uint64_t epoch_ = 0, pos_ = 0;   // examples of the epoch delivered
+  bool pos_known_ = true;          // false after restoring a version-1 state, until the next reset
+  bool rows_only_ = false;         // reading only rows_begin_..rows_end_ through at() (decided at every reset)
+  int64_t epoch_size_ = 0;         // examples of the epoch in that mode
   StageStats stats_;
 };
 
@@ -92,7 +190,10 @@ std::unique_ptr<Stage> make_batch(const ConfigNode& cfg, StageContext ctx) {
   }
   bool drop = cfg.get_bool("drop_remainder", false);
   cfg.finish();
-  return std::make_unique<BatchStage>(std::move(ctx.upstream), size, drop);
+  if (ctx.rows_end > 0 && (ctx.rows_begin < 0 || ctx.rows_begin >= ctx.rows_end))
+    throw Error("data stage 'batch': rows " + std::to_string(ctx.rows_begin) + ".." + std::to_string(ctx.rows_end) +
+                " of every batch asked for; expected 0 <= rows_begin < rows_end");
+  return std::make_unique<BatchStage>(std::move(ctx.upstream), size, drop, ctx.rows_begin, ctx.rows_end);
 }
 
 }  // namespace kiln::data

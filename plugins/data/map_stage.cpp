@@ -4,6 +4,13 @@
 // hash(seed, epoch, example index, op index), so the output depends only on the seed, never on the worker count
 // or thread timing. save() stops the threads, so the upstream position plus the transformed-but-undelivered
 // elements form an exact state.
+//
+// Over an upstream with random access and a known size (decided at every reset), the stage has random access
+// itself: at(k) transforms upstream.at(k) as example k of the epoch (the index the streaming mode gives it too), and
+// the workers call at() for their chunks in parallel, so the upstream's reading and decoding run on every worker
+// rather than one at a time. Its state is then just the epoch position (format version 3); a version-2 state of the
+// streaming mode is read by either mode, and a version-3 state by the streaming mode too (it replays the upstream
+// to that position).
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -13,6 +20,7 @@
 
 #include "map_ops.hpp"
 #include "stages.hpp"
+#include "state_version.hpp"
 
 namespace kiln::data {
 namespace {
@@ -38,15 +46,32 @@ class MapStage final : public Stage {
   Shape example_shape() const override { return ops_.empty() ? in_x_ : ops_.back()->x_out; }
   Shape label_shape() const override { return ops_.empty() ? in_y_ : ops_.back()->y_out; }
   int64_t size_hint() const override { return up_->size_hint(); }
+  bool random_access() const override { return indexed_; }
 
   void reset(uint64_t epoch) override {
     stop();
     up_->reset(epoch);
     epoch_ = epoch;
     clear(0);
+    choose_mode();
+  }
+
+  // Example k of the epoch, transformed; from any thread, without moving next()'s position.
+  Element at(uint64_t k) override {
+    if (!indexed_) return Stage::at(k);
+    if (k >= size_)
+      throw Error("data stage '" + name_ + "': element " + std::to_string(k) + " asked for, but the epoch has " +
+                  std::to_string(size_));
+    Element e = up_->at(k);
+    if (e.batch != 0)
+      throw Error("data stage '" + name_ + "': random access to element " + std::to_string(k) +
+                  " returned a batch; at() is for single examples");
+    transform(e, k);
+    return e;
   }
 
   std::optional<Element> next() override {
+    if (workers_ == 1 && indexed_) return next_indexed_inline();
     if (workers_ == 1) return next_inline();
     if (threads_.empty() && !up_done_) start();
     std::unique_lock<std::mutex> lock(mu_);
@@ -74,6 +99,12 @@ class MapStage final : public Stage {
     const_cast<MapStage*>(this)->stop();  // restarted by the next next()
     if (error_) std::rethrow_exception(error_);
     StateWriter w;
+    if (indexed_) {  // the upstream stays at the epoch start: only at() reads it
+      w.tag(name(), 3);
+      w.blob(up_->save());
+      w.u64(next_out_);
+      return w.take();
+    }
     w.tag(name(), 2);
     w.blob(up_->save());
     w.u64(examples_seen_);
@@ -85,7 +116,19 @@ class MapStage final : public Stage {
 
   void restore(const StageState& s) override {
     stop();
+    if (state_version(s) == 3) return restore_position(s);
     StateReader r(s, name(), 2);
+    if (indexed_) {  // a streaming state: the position is what was seen minus what was transformed ahead
+      up_->restore(r.blob());
+      uint64_t seen = r.u64();
+      r.u64();
+      uint64_t n = r.u64();
+      for (uint64_t i = 0; i < n; ++i) r.element();
+      r.done();
+      if (n > seen) r.fail(std::to_string(n) + " elements ahead of " + std::to_string(seen) + " seen");
+      start_at(seen - n, r);
+      return;
+    }
     up_->restore(r.blob());
     uint64_t seen = r.u64();
     bool done = r.u64() != 0;
@@ -108,6 +151,58 @@ class MapStage final : public Stage {
   }
 
  private:
+  void choose_mode() {
+    const int64_t n = up_->size_hint();
+    indexed_ = up_->random_access() && n >= 0;
+    size_ = indexed_ ? static_cast<uint64_t>(n) : 0;
+  }
+
+  // A version-3 state (the epoch position of the random-access mode).
+  void restore_position(const StageState& s) {
+    StateReader r(s, name(), 3);
+    StageState up = r.blob();
+    const uint64_t pos = r.u64();
+    r.done();
+    up_->restore(up);
+    if (indexed_) return start_at(pos, r);
+    // Read by the streaming mode: the upstream was saved at the epoch start, so replay it to the position.
+    clear(0);
+    for (uint64_t i = 0; i < pos; ++i) {
+      std::optional<Element> e = up_->next();
+      if (!e)
+        r.fail("replaying " + std::to_string(pos) + " elements ran out of data after " + std::to_string(i) +
+               " (has the upstream data changed?)");
+      examples_seen_ += static_cast<uint64_t>(example_count(*e));
+    }
+  }
+
+  // Random-access mode from epoch position `pos`. The upstream goes back to the epoch start (a restored streaming
+  // state may have moved it), so what save() writes for it is always the epoch start.
+  void start_at(uint64_t pos, const StateReader& r) {
+    if (pos > size_)
+      r.fail("the saved position is element " + std::to_string(pos) + ", but the epoch has " + std::to_string(size_) +
+             " (has the upstream data changed?)");
+    up_->reset(epoch_);
+    choose_mode();
+    clear(0);
+    next_out_ = pulled_ = claimed_ = pos;
+    up_done_ = pos >= size_;
+  }
+
+  std::optional<Element> next_indexed_inline() {
+    if (next_out_ >= size_) return std::nullopt;
+    double busy = 0;
+    Element e;
+    {
+      ScopedTimer t(busy);
+      e = at(next_out_);
+    }
+    ++next_out_;
+    stats_.busy_seconds += busy;
+    ++stats_.elements;
+    return e;
+  }
+
   std::optional<Element> next_inline() {
     std::optional<Element> e;
     {
@@ -156,7 +251,7 @@ class MapStage final : public Stage {
   void start() {
     stop_ = false;
     claimed_ = pulled_;
-    for (size_t i = 0; i < workers_; ++i) threads_.emplace_back([this] { work(); });
+    for (size_t i = 0; i < workers_; ++i) threads_.emplace_back([this] { indexed_ ? work_indexed() : work(); });
   }
 
   // Joins the threads; every element they pulled is transformed and in ready_ afterwards (or error_ is set).
@@ -174,6 +269,54 @@ class MapStage final : public Stage {
   void fail(std::exception_ptr err, uint64_t seq) {  // called with mu_ held
     if (!error_ || seq < error_seq_) error_ = err, error_seq_ = seq;
     up_done_ = true;
+  }
+
+  // A worker of the random-access mode: claims the next chunk of positions, reads and transforms it through at()
+  // with no lock held, and hands it to the reorder buffer. Sequence numbers are epoch positions.
+  void work_indexed() {
+    for (;;) {
+      uint64_t seq0 = 0, count = 0;
+      bool ended = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        ++waiting_;
+        space_cv_.wait(lock, [&] { return stop_ || up_done_ || claimed_ + kChunk <= next_out_ + capacity_; });
+        --waiting_;
+        if (stop_ || up_done_) return;
+        seq0 = pulled_;
+        count = std::min<uint64_t>(kChunk, size_ - pulled_);
+        pulled_ += count;
+        claimed_ = pulled_;
+        if (pulled_ >= size_) up_done_ = true;
+        ended = up_done_;
+      }
+      if (ended) {
+        ready_cv_.notify_all();
+        space_cv_.notify_all();
+      }
+      std::vector<Element> chunk;
+      chunk.reserve(count);
+      double busy = 0;
+      for (uint64_t i = 0; i < count; ++i) {
+        try {
+          ScopedTimer t(busy);
+          chunk.push_back(at(seq0 + i));
+        } catch (...) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            fail(std::current_exception(), seq0 + i);
+          }
+          space_cv_.notify_all();
+          break;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i = 0; i < chunk.size(); ++i) ready_.emplace(seq0 + i, std::move(chunk[i]));
+        stats_.busy_seconds += busy;
+      }
+      ready_cv_.notify_all();
+    }
   }
 
   void work() {
@@ -256,6 +399,8 @@ class MapStage final : public Stage {
   uint64_t seed_, capacity_;
   Shape in_x_, in_y_;
   uint64_t epoch_ = 0;
+  bool indexed_ = false;  // random-access mode (decided at every reset): reads go through up_->at()
+  uint64_t size_ = 0;     // elements of the epoch in that mode
 
   // Parallel mode. mu_ guards everything below and stats_; pull_mu_ serialises use of up_ by the workers.
   mutable std::mutex mu_, pull_mu_;

@@ -2,6 +2,14 @@
 // refills from upstream. Draw k of epoch e is hash(seed, e, k), so every epoch has its own deterministic order.
 // save() records only (epoch, elements emitted): restore() rewinds the upstream to the epoch start and replays
 // that many draws, which rebuilds the buffer exactly without storing it (a 60000-image buffer would be 188 MB).
+//
+// Over an upstream with random access and a known size, the same buffer algorithm runs on indices at reset(): which
+// buffer slot draw k takes depends only on (seed, epoch, k) and how full the buffer is, never on the data, so the
+// epoch's order is known before any element is read. next() and at(k) then read upstream.at(order[k]) directly: the
+// output is bit-identical to the buffered shuffle's, nothing is buffered, and the stage itself has random access
+// (an MPI rank's batch stage reads only its rows of every batch through it). The saved state is the same
+// (epoch, emitted) in both modes, so either mode restores the other's state.
+#include <limits>
 #include <optional>
 
 #include "common.hpp"
@@ -13,14 +21,13 @@ namespace {
 class ShuffleStage final : public Stage {
  public:
   ShuffleStage(std::unique_ptr<Stage> up, size_t buffer, uint64_t seed)
-      : up_(std::move(up)), cap_(buffer), seed_(seed) {
-    buf_.reserve(std::min<size_t>(cap_, 1 << 16));
-  }
+      : up_(std::move(up)), cap_(buffer), seed_(seed) {}
 
   std::string name() const override { return "shuffle"; }
   Shape example_shape() const override { return up_->example_shape(); }
   Shape label_shape() const override { return up_->label_shape(); }
   int64_t size_hint() const override { return up_->size_hint(); }
+  bool random_access() const override { return indexed_; }
 
   void reset(uint64_t epoch) override {
     up_->reset(epoch);
@@ -29,9 +36,17 @@ class ShuffleStage final : public Stage {
   }
 
   std::optional<Element> next() override {
-    std::optional<Element> e = draw();
+    std::optional<Element> e = indexed_ ? next_indexed() : draw();
     if (e) ++stats_.elements;
     return e;
+  }
+
+  Element at(uint64_t k) override {
+    if (!indexed_) return Stage::at(k);
+    if (k >= order_.size())
+      throw Error("shuffle: element " + std::to_string(k) + " asked for, but the epoch has " +
+                  std::to_string(order_.size()));
+    return up_->at(order_[k]);
   }
 
   StageState save() const override {
@@ -49,6 +64,14 @@ class ShuffleStage final : public Stage {
     up_->reset(epoch);
     epoch_ = epoch;
     start_epoch();
+    if (indexed_) {
+      if (emitted > order_.size())
+        r.fail("the saved position is draw " + std::to_string(emitted) + " of epoch " + std::to_string(epoch) +
+               ", but the upstream has " + std::to_string(order_.size()) +
+               " elements (has the upstream data changed?)");
+      emitted_ = emitted;
+      return;
+    }
     for (uint64_t i = 0; i < emitted; ++i)
       if (!draw())
         r.fail("replaying " + std::to_string(emitted) + " draws of epoch " + std::to_string(epoch) +
@@ -64,8 +87,43 @@ class ShuffleStage final : public Stage {
  private:
   void start_epoch() {
     buf_.clear();
+    buf_.shrink_to_fit();
+    order_.clear();
     emitted_ = 0;
     up_done_ = false;
+    const int64_t n = up_->size_hint();
+    indexed_ = up_->random_access() && n >= 0 && static_cast<uint64_t>(n) <= std::numeric_limits<uint32_t>::max();
+    if (!indexed_) {
+      buf_.reserve(std::min<size_t>(cap_, 1 << 16));
+      return;
+    }
+    ScopedTimer t(stats_.busy_seconds);
+    order_ = draw_order(static_cast<uint32_t>(n));
+  }
+
+  // The buffered shuffle of draw() on the indices 0..n-1: the same fill, draw and swap-with-last.
+  std::vector<uint32_t> draw_order(uint32_t n) const {
+    std::vector<uint32_t> order, buf;
+    order.reserve(n);
+    buf.reserve(std::min<size_t>(cap_, n));
+    uint32_t filled = 0;
+    for (uint64_t k = 0;; ++k) {
+      while (filled < n && buf.size() < cap_) buf.push_back(filled++);
+      if (buf.empty()) break;
+      const size_t j = static_cast<size_t>(hash_key(seed_, epoch_, k) % buf.size());
+      order.push_back(buf[j]);
+      buf[j] = buf.back();
+      buf.pop_back();
+    }
+    return order;
+  }
+
+  std::optional<Element> next_indexed() {
+    if (emitted_ >= order_.size()) return std::nullopt;
+    ScopedTimer t(stats_.wait_seconds);
+    Element e = up_->at(order_[emitted_]);
+    ++emitted_;
+    return e;
   }
 
   std::optional<Element> draw() {
@@ -95,6 +153,9 @@ class ShuffleStage final : public Stage {
   uint64_t seed_;
   uint64_t epoch_ = 0, emitted_ = 0;
   bool up_done_ = false;
+  // Random-access mode (decided at every reset): the epoch's order as upstream indices; buf_ stays empty.
+  bool indexed_ = false;
+  std::vector<uint32_t> order_;
   std::vector<Element> buf_;
   StageStats stats_;
 };

@@ -1,7 +1,9 @@
 // Synthetic source: a learnable classification set generated from a seed. Example i has label
 // hash(seed, i) % classes and features class_mean[label] + noise * N(0, 1), every value a pure function of
-// (seed, i), so any position can be produced directly. `latency_ms` sleeps per example to model a slow disk.
+// (seed, i), so any position can be produced directly: the source has random access (at(k) is example k, from any
+// thread). `latency_ms` sleeps per example to model a slow disk.
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -33,22 +35,35 @@ class SyntheticSource final : public Stage {
   Shape label_shape() const override { return {}; }
   int64_t size_hint() const override { return examples_; }
   void reset(uint64_t) override { pos_ = 0; }
+  bool random_access() const override { return true; }
 
   std::optional<Element> next() override {
     if (pos_ >= examples_) return std::nullopt;
-    ScopedTimer t(stats_.busy_seconds);
-    if (latency_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(latency_ms_));
-    const auto i = static_cast<uint64_t>(pos_);
-    const auto label =
-        static_cast<int64_t>(hash_key(seed_, 0x6c6162656c /* "label" */, i) % static_cast<uint64_t>(classes_));
+    double busy = 0;
     Element e;
-    e.x = HostTensor(shape_);
-    const size_t n = e.x.data.size();
-    const float* mean = means_.data() + static_cast<size_t>(label) * n;
-    CounterRng rng(hash_key(seed_, 0x78 /* "x" */, i));
-    for (size_t j = 0; j < n; ++j) e.x.data[j] = mean[j] + noise_ * rng.normal();
-    e.y = HostTensor(Shape{}, static_cast<float>(label));
+    {
+      ScopedTimer t(busy);
+      e = make(static_cast<uint64_t>(pos_));
+    }
     ++pos_;
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.busy_seconds += busy;
+    ++stats_.elements;
+    return e;
+  }
+
+  Element at(uint64_t k) override {
+    if (k >= static_cast<uint64_t>(examples_))
+      throw Error("synthetic: example " + std::to_string(k) + " asked for, but the source has " +
+                  std::to_string(examples_));
+    double busy = 0;
+    Element e;
+    {
+      ScopedTimer t(busy);
+      e = make(k);
+    }
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.busy_seconds += busy;
     ++stats_.elements;
     return e;
   }
@@ -59,11 +74,26 @@ class SyntheticSource final : public Stage {
   }
 
   void collect_stats(std::vector<StageStats>& out) const override {
+    std::lock_guard<std::mutex> lock(stats_mu_);
     out.push_back(stats_);
     out.back().name = name();
   }
 
  private:
+  Element make(uint64_t i) const {
+    if (latency_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(latency_ms_));
+    const auto label =
+        static_cast<int64_t>(hash_key(seed_, 0x6c6162656c /* "label" */, i) % static_cast<uint64_t>(classes_));
+    Element e;
+    e.x = HostTensor(shape_);
+    const size_t n = e.x.data.size();
+    const float* mean = means_.data() + static_cast<size_t>(label) * n;
+    CounterRng rng(hash_key(seed_, 0x78 /* "x" */, i));
+    for (size_t j = 0; j < n; ++j) e.x.data[j] = mean[j] + noise_ * rng.normal();
+    e.y = HostTensor(Shape{}, static_cast<float>(label));
+    return e;
+  }
+
   Shape shape_;
   int64_t classes_, examples_;
   uint64_t seed_;
@@ -71,6 +101,7 @@ class SyntheticSource final : public Stage {
   float noise_;
   std::vector<float> means_;  // (classes, numel)
   int64_t pos_ = 0;
+  mutable std::mutex stats_mu_;  // at() may run on several threads at once
   StageStats stats_;
 };
 

@@ -1,0 +1,178 @@
+// Random access through the pipeline: shuffle and map over a source with random access give exactly what they give
+// over a streaming one, map's at(k) is its k-th next() at any worker count, a batch stage with a row share reads
+// only those rows, and saved positions restore exactly in either mode.
+#include <catch2/catch.hpp>
+
+#include "test_data_support.hpp"
+
+using namespace kiln;
+using namespace kiln::test::data;
+
+namespace {
+
+// Hides its upstream's random access, so the stages after it run their streaming code.
+class Streaming final : public Stage {
+ public:
+  explicit Streaming(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
+  std::string name() const override { return "streaming"; }
+  std::optional<Element> next() override { return up_->next(); }
+  void reset(uint64_t epoch) override { up_->reset(epoch); }
+  Shape example_shape() const override { return up_->example_shape(); }
+  Shape label_shape() const override { return up_->label_shape(); }
+  int64_t size_hint() const override { return up_->size_hint(); }
+  StageState save() const override { return up_->save(); }
+  void restore(const StageState& s) override { up_->restore(s); }
+  void collect_stats(std::vector<StageStats>& out) const override { up_->collect_stats(out); }
+
+ private:
+  std::unique_ptr<Stage> up_;
+};
+
+const std::string kSource =
+    "stages = [{type = \"synthetic\", shape = [2, 4, 4], classes = 5, examples = 203, seed = 7}]";
+
+struct Build {
+  bool streaming = false;  // hide the source's random access
+  int64_t rows_begin = 0;  // the batch stage's share
+  int64_t rows_end = 0;
+};
+
+// The synthetic source, then `stages` (a TOML list body), built as the host does.
+std::unique_ptr<Stage> pipeline(const std::string& stages, const Build& b = {}) {
+  std::unique_ptr<Stage> cur = build(kSource);
+  if (b.streaming) cur = std::make_unique<Streaming>(std::move(cur));
+  Config cfg = Config::load_string("stages = [" + stages + "]", "pipeline.toml");
+  for (auto& s : cfg.root().table_array("stages")) {
+    StageContext ctx;
+    ctx.upstream = std::move(cur);
+    ctx.seed = 42;
+    ctx.global_batch = 8;
+    ctx.pipeline = "train";
+    ctx.rows_begin = b.rows_begin;
+    ctx.rows_end = b.rows_end;
+    std::string type = s.get_string("type");
+    cur = test::registry().stage(type)(s, std::move(ctx));
+  }
+  return cur;
+}
+
+const std::string kAugment =
+    "{type = \"map\", workers = WORKERS, ops = [{op = \"random_crop\", size = [4, 4], padding = 1}, "
+    "{op = \"flip_horizontal\"}, {op = \"scale\", factor = 0.5}]}";
+
+std::string augment(int workers) {
+  std::string s = kAugment;
+  s.replace(s.find("WORKERS"), 7, std::to_string(workers));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("shuffle over a random-access source delivers the streaming shuffle's sequence", "[data][random_access]") {
+  for (int buffer : {1, 2, 7, 64, 203, 5000}) {
+    CAPTURE(buffer);
+    const std::string st = "{type = \"shuffle\", buffer = " + std::to_string(buffer) + "}";
+    auto ra = pipeline(st), ref = pipeline(st, {.streaming = true});
+    for (uint64_t e : {0u, 1u}) {
+      CAPTURE(e);
+      auto want = epoch(*ref, e);
+      ra->reset(e);
+      REQUIRE(ra->random_access());
+      REQUIRE_FALSE(ref->random_access());
+      std::vector<Element> by_at;
+      for (uint64_t k = 0; k < want.size(); ++k) by_at.push_back(ra->at(k));
+      auto got = drain(*ra);
+      REQUIRE(want.size() == 203);
+      CHECK(same(got, want));
+      CHECK(same(by_at, want));
+    }
+    // Two epochs differ (the order is reseeded), and the shuffle reads nothing more than the epoch.
+    if (buffer > 1) CHECK_FALSE(labels(epoch(*ra, 0)) == labels(epoch(*ra, 1)));
+  }
+}
+
+TEST_CASE("map at(k) is its k-th next() with 1 and 3 workers and equals the streaming map", "[data][random_access]") {
+  auto ref = pipeline(augment(1), {.streaming = true});
+  for (int workers : {1, 3}) {
+    CAPTURE(workers);
+    auto ra = pipeline(augment(workers) + ", {type = \"shuffle\", buffer = 50}, " + augment(workers));
+    auto ref2 = pipeline(augment(1) + ", {type = \"shuffle\", buffer = 50}, " + augment(1), {.streaming = true});
+    for (uint64_t e : {0u, 1u}) {
+      CAPTURE(e);
+      auto want = epoch(*ref2, e);
+      ra->reset(e);
+      REQUIRE(ra->random_access());
+      std::vector<Element> by_at;
+      for (uint64_t k = 0; k < want.size(); ++k) by_at.push_back(ra->at(k));
+      CHECK(same(drain(*ra), want));
+      CHECK(same(by_at, want));
+    }
+    auto single = pipeline(augment(workers));
+    CHECK(same(epoch(*single, 1), epoch(*ref, 1)));
+  }
+}
+
+TEST_CASE("a batch stage with a row share reads only those rows of full batches through at()",
+          "[data][random_access]") {
+  const std::string st = augment(2) + ", {type = \"shuffle\", buffer = 64}, {type = \"batch\"}";
+  auto all = pipeline(st);
+  auto part = pipeline(st, {.rows_begin = 2, .rows_end = 6});
+  auto want = epoch(*all, 1);
+  auto got = epoch(*part, 1);
+  REQUIRE(got.size() == want.size());
+  REQUIRE(want.size() == 26);  // 25 batches of 8 and one of 3
+  const size_t xn = 32;
+  for (size_t b = 0; b < want.size(); ++b) {
+    CAPTURE(b);
+    REQUIRE(got[b].batch == want[b].batch);
+    if (want[b].batch < 8) {  // the last, smaller batch: every row
+      CHECK(same(got[b], want[b]));
+      continue;
+    }
+    for (size_t r = 0; r < 8; ++r) {
+      const bool mine = r >= 2 && r < 6;
+      std::vector<float> gx(got[b].x.data.begin() + r * xn, got[b].x.data.begin() + (r + 1) * xn),
+          wx(want[b].x.data.begin() + r * xn, want[b].x.data.begin() + (r + 1) * xn);
+      CHECK((mine ? gx == wx : gx == std::vector<float>(xn, 0.f)));
+      CHECK(got[b].y.data[r] == (mine ? want[b].y.data[r] : 0.f));
+    }
+  }
+  // The source made the examples of the rows alone: 4 of each full batch, the last batch whole.
+  CHECK(stats_of(*part, "synthetic").elements == 25 * 4 + 3);
+  CHECK(stats_of(*all, "synthetic").elements == 203);
+}
+
+TEST_CASE("mid-epoch save and restore over random access are exact, and each mode restores the other's state",
+          "[data][random_access]") {
+  const std::string st = augment(3) + ", {type = \"shuffle\", buffer = 40}, " + augment(3) + ", {type = \"batch\"}";
+  const Build modes[] = {{}, {.streaming = true}, {.rows_begin = 0, .rows_end = 4}};
+  auto full = pipeline(st);
+  for (uint64_t e : {0u, 1u}) {
+    auto want = epoch(*full, e);
+    for (size_t cut : {1u, 7u, 25u}) {
+      for (size_t from = 0; from < 3; ++from)
+        for (size_t to = 0; to < 3; ++to) {
+          CAPTURE(e, cut, from, to);
+          auto a = pipeline(st, modes[from]);
+          a->reset(e);
+          drain(*a, cut);
+          StageState s = a->save();
+          auto b = pipeline(st, modes[to]);
+          b->reset(e);
+          b->restore(s);
+          auto rest = drain(*b);
+          REQUIRE(rest.size() == want.size() - cut);
+          for (size_t i = 0; i < rest.size(); ++i) {
+            CAPTURE(i);
+            const Element& w = want[cut + i];
+            if (modes[to].rows_end == 0 || w.batch < 8) {
+              CHECK(same(rest[i], w));
+            } else {  // rows 0..3 only
+              CHECK(std::equal(rest[i].x.data.begin(), rest[i].x.data.begin() + 4 * 32, w.x.data.begin()));
+              CHECK(std::equal(rest[i].y.data.begin(), rest[i].y.data.begin() + 4, w.y.data.begin()));
+            }
+          }
+        }
+    }
+  }
+}
