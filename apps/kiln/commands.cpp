@@ -38,6 +38,7 @@ void load_plugins(const Options& o, PluginLoader& loader, Registry& reg, const s
   }
   for (const auto& d : dirs) loader.load_dir(d, reg);
   for (const auto& f : files) loader.load(f, reg);  // named explicitly: failures are errors
+  if (o.extra_stages) o.extra_stages(reg);
   for (const auto& r : required) {
     bool ok = false;
     std::string why;

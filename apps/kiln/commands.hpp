@@ -1,6 +1,7 @@
 // The host app's subcommands.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ struct Options {
   // kiln plugins --check: load each plugin file alone in a child process, killed after check_timeout seconds
   bool check_plugins = false;
   double check_timeout = 10;
+  // Registers a host's own stages after the plugins load (the Python module's NumPy-array source); unset in the app.
+  std::function<void(Registry&)> extra_stages;
 };
 
 // kiln launch: how to start the ranks.

@@ -1,6 +1,7 @@
 // The training loop: epochs, evaluation, progress, metrics (JSON lines), atomic checkpoints, NaN detection.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -53,6 +54,9 @@ class Interrupted : public Error {
 struct RunInfo {
   std::string command;
   std::vector<std::string> plugins;
+  // Called on the training thread with each record appended to metrics.jsonl (one JSON object, without the newline),
+  // once it is written; the lead rank only. It must not throw: a host that wants to stop the run raises SIGINT.
+  std::function<void(const std::string&)> on_record;
 };
 
 class Trainer {

@@ -1,0 +1,398 @@
+"""Kiln from Python: the runs `kiln` drives from TOML files, as objects (docs/python.md).
+
+    import kiln
+    run = kiln.Run("samples/fashion_mnist_mlp.toml", overrides={"train.epochs": 1})
+    print(run.plan())
+    history = run.fit(on_epoch=print)
+    probs = run.predict(x)          # NumPy in, NumPy out
+
+Errors are kiln.Error subclasses (ConfigError, DataError, DeviceError, OutOfMemory, PluginError, NumericError)
+carrying Kiln's messages; Ctrl-C during fit finishes the step, writes the checkpoint and raises KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
+
+import numpy as np
+
+from . import _kiln, _toml, data
+from ._kiln import ConfigError, DataError, DeviceError, Error, NumericError, OutOfMemory, PluginError
+
+__version__ = _kiln.__version__
+__all__ = [
+    "Run", "Plan", "History", "Weights", "devices", "plugins", "conformance", "data",
+    "Error", "ConfigError", "DataError", "DeviceError", "OutOfMemory", "PluginError", "NumericError",
+]
+
+Record = dict  # one metrics.jsonl record
+
+
+def _plugin_dirs(extra: Sequence[str | os.PathLike] = ()) -> list[str]:
+    """Where the plugins are: $KILN_PLUGIN_PATH when set (the core reads it), else beside this package (an
+    installed wheel: kiln/lib/kiln) or in the build tree it was built in (<build>/python/kiln -> <build>/lib/kiln)."""
+    dirs: list[str] = []
+    if not os.environ.get("KILN_PLUGIN_PATH"):
+        here = Path(__file__).resolve().parent
+        for d in (here / "lib" / "kiln", here.parent.parent / "lib" / "kiln"):
+            if d.is_dir():
+                dirs.append(str(d))
+                break
+    return dirs + [os.fspath(d) for d in extra]
+
+
+def _override_lines(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """{"train.epochs": 1} -> ["train.epochs=1"] (values written as TOML); "key=value" strings pass as they are."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{k}={_toml.value(v)}" for k, v in overrides.items()]
+    return [str(o) for o in overrides]
+
+
+def _format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+class Plan:
+    """`kiln plan`'s result: the per-layer table and each device's step memory against its limit.
+
+    ``str(plan)`` / ``repr(plan)`` is the report `kiln plan` prints; ``devices`` holds each device's breakdown
+    (bytes: parameters, gradients, optimizer_state, activations, workspace, input_data, total, limit, notes).
+    """
+
+    def __init__(self, d: dict):
+        self.report: str = d["report"]
+        self.fits: bool = d["fits"]
+        self.blocked: bool = d["blocked"]
+        self.batch_size: int = d["batch_size"]
+        self.devices: list[dict] = d["devices"]
+        self._largest = d["largest_batch"]
+
+    def largest_batch(self) -> int:
+        """The largest batch size whose training step fits every device's memory limit."""
+        return self._largest
+
+    def __repr__(self) -> str:
+        return self.report.rstrip("\n")
+
+    def _repr_html_(self) -> str:
+        cols = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "input_data", "total")
+        head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in ("device",) + cols + ("limit",))
+        rows = ""
+        for d in self.devices:
+            cells = "".join(f"<td>{_format_bytes(d[c])}</td>" for c in cols)
+            over = d["limit"] and d["total"] > d["limit"]
+            style = ' style="color:#b00"' if over else ""
+            rows += f"<tr{style}><td>{html.escape(d['device'])}</td>{cells}<td>{_format_bytes(d['limit'])}</td></tr>"
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        return (
+            f"<p><b>kiln plan</b>: batch {self.batch_size} {verdict}; largest batch that fits: {self._largest}</p>"
+            f"<table><tr>{head}</tr>{rows}</table>"
+            f"<details><summary>full report</summary><pre>{html.escape(self.report)}</pre></details>"
+        )
+
+
+class History:
+    """What fit returns: the epochs' figures (as Trainer reports them) and, like Keras's History, ``history``:
+    lists per metric (train_loss, test_loss, test_accuracy, ...) over the epochs."""
+
+    def __init__(self, d: dict, records: list[Record]):
+        self.steps: int = d["steps"]
+        self.seconds: float = d["seconds"]
+        self.epochs: list[dict] = d["epochs"]
+        self.final: dict | None = d["final"]
+        self.records: list[Record] = records  # every metrics.jsonl record of this fit, in order
+        self.history: dict[str, list] = {}
+        for e in self.epochs:
+            for k, v in e.items():
+                if k != "epoch":
+                    self.history.setdefault(k, []).append(v)
+
+    def __repr__(self) -> str:
+        return f"History(steps={self.steps}, seconds={self.seconds:.1f}, epochs={len(self.epochs)}, final={self.final})"
+
+
+class Weights(MutableMapping):
+    """The model's weights by name (``dense_1/kernel``, ...), in model order, as NumPy float32 arrays.
+
+    Reading gives copies of what the run's checkpoint holds (EMA values when [optimizer] ema is set, as `kiln
+    evaluate` uses). Assigning replaces a weight of the run's loaded model, which evaluate and predict then use; the
+    shape must match and the dtype must be a floating one. Kiln's runner hands weights to the host as copies on
+    every backend, so these are never views of device memory; NumPy arrays support __dlpack__, so
+    ``torch.from_dlpack(run.weights["dense/kernel"])`` shares the copy without another.
+    """
+
+    def __init__(self, core: Any):
+        self._core = core
+        self._w = dict(core.weights())
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._w[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name not in self._w:
+            raise KeyError(f"run.weights[{name!r}]: the model has no such weight (it has {', '.join(self._w)})")
+        a = np.asarray(value)
+        if not (np.issubdtype(a.dtype, np.floating)):
+            raise TypeError(f"run.weights[{name!r}]: expected a floating-point array, got dtype {a.dtype}")
+        if a.shape != self._w[name].shape:
+            raise ValueError(
+                f"run.weights[{name!r}]: the model's weight has shape {self._w[name].shape}, the array given has "
+                f"shape {a.shape}"
+            )
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        self._core.set_weight(name, a)
+        self._w[name] = a.copy()
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("a model's weights cannot be deleted")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._w)
+
+    def __len__(self) -> int:
+        return len(self._w)
+
+    def __repr__(self) -> str:
+        return "Weights(" + ", ".join(f"{k}: {v.shape}" for k, v in self._w.items()) + ")"
+
+
+def _every_steps_set(config: str, overrides: list[str]) -> bool:
+    if any(o.split("=", 1)[0].strip() in ("log.every_steps",) for o in overrides):
+        return True
+    try:
+        import tomllib
+
+        with open(config, "rb") as f:
+            return "every_steps" in tomllib.load(f).get("log", {})
+    except Exception:
+        return False
+
+
+class Run:
+    """A Kiln run: a TOML file (or a dict, from_dict) with overrides, as `kiln train / plan / evaluate / predict /
+    export` use it. The config is validated here (ConfigError naming the file, line and key).
+
+    Use it as a context manager, or call close(), to free the devices a loaded model holds (evaluate, predict and
+    weights load the run's checkpoint once and keep it); the training run's lock is held only while fit runs.
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike,
+        overrides: Mapping[str, Any] | Sequence[str] | None = None,
+        *,
+        arrays: Mapping[str, data.Arrays] | None = None,
+        plugin_dirs: Sequence[str | os.PathLike] = (),
+    ):
+        self.config = os.fspath(config)
+        self.overrides = _override_lines(overrides)
+        self._arrays = {}
+        for k, a in (arrays or {}).items():
+            if not isinstance(a, data.Arrays):
+                raise TypeError(f"arrays[{k!r}]: expected kiln.data.arrays(x, y), got {type(a).__name__}")
+            self._arrays[k] = a
+        self._dirs = _plugin_dirs(plugin_dirs)
+        self._core = _kiln.RunCore(self.config, self.overrides, self._dirs, {k: (a.x, a.y) for k, a in self._arrays.items()})
+        self._weights: Weights | None = None
+        self._output_dir: str | None = None
+
+    @classmethod
+    def from_dict(
+        cls,
+        config: Mapping[str, Any],
+        overrides: Mapping[str, Any] | Sequence[str] | None = None,
+        *,
+        path: str | os.PathLike | None = None,
+        plugin_dirs: Sequence[str | os.PathLike] = (),
+    ) -> "Run":
+        """A run from a dict laid out as the TOML file ({"run": {...}, "model": {"layers": [...]}, ...}).
+
+        It is written as TOML to ``path`` (default: ``.kiln-<run name>.toml`` in the current directory, so relative
+        paths resolve from there and errors name its lines). kiln.data.arrays(x, y) objects may stand for stages.
+        """
+        found: dict[str, data.Arrays] = {}
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, data.Arrays):
+                found[v.id] = v
+                return v.stage()
+            return v
+
+        text = _toml.dumps(dict(config), convert)
+        name = str(config.get("run", {}).get("name", "run"))
+        p = Path(path) if path is not None else Path.cwd() / f".kiln-{name}.toml"
+        p.write_text(text)
+        return cls(p, overrides, arrays=found, plugin_dirs=plugin_dirs)
+
+    # -- what the app's subcommands do -------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """`kiln plan`: the memory plan of a training step before anything is allocated."""
+        return Plan(self._core.plan())
+
+    def fit(
+        self,
+        on_step: Callable[[Record], Any] | None = None,
+        on_epoch: Callable[[Record], Any] | None = None,
+        *,
+        on_record: Callable[[Record], Any] | None = None,
+        overwrite: bool = False,
+        overrides: Mapping[str, Any] | Sequence[str] | None = None,
+        _resume: bool = False,
+    ) -> History:
+        """`kiln train`: trains, printing progress as the app does; returns a History.
+
+        on_step / on_epoch receive the "step" / "epoch" records of metrics.jsonl as dicts (on_record: every
+        record). Passing on_step logs every step (sets [log] every_steps = 1 unless the config or overrides set
+        it). An exception raised by a callback stops the run after that step, with a checkpoint, and propagates.
+        Ctrl-C does the same and raises KeyboardInterrupt. ``overwrite``: start over in an output directory that
+        holds an earlier run (else refused, as `kiln train` refuses).
+        """
+        extra = _override_lines(overrides)
+        if on_step is not None and not _every_steps_set(self.config, self.overrides + extra):
+            extra.append("log.every_steps=1")
+        records: list[Record] = []
+
+        def dispatch(line: str) -> None:
+            rec = json.loads(line)
+            records.append(rec)
+            if on_record is not None:
+                on_record(rec)
+            ev = rec.get("event")
+            if ev == "step" and on_step is not None:
+                on_step(rec)
+            elif ev == "epoch" and on_epoch is not None:
+                on_epoch(rec)
+
+        self._weights = None
+        rep = self._core.fit(dispatch, _resume, overwrite, extra)
+        h = History(rep, records)
+        last = h.final
+        line = f"done: {h.steps} steps in {h.seconds:.1f} s"
+        if last is not None and last.get("test_accuracy") is not None:
+            line += f", final test accuracy {last['test_accuracy']:.4f}"
+            if rep["restored"]:
+                line += f" (epoch {last['epoch']}, restored)"
+        print(line + f"; metrics in {self.output_dir}/metrics.jsonl", flush=True)
+        return h
+
+    def resume(
+        self,
+        on_step: Callable[[Record], Any] | None = None,
+        on_epoch: Callable[[Record], Any] | None = None,
+        **kw: Any,
+    ) -> History:
+        """`kiln train --resume`: continues from the run's last checkpoint (fit's arguments)."""
+        return self.fit(on_step, on_epoch, _resume=True, **kw)
+
+    def evaluate(self, data: str = "test") -> dict:
+        """`kiln evaluate --data NAME`: loss and accuracy of the run's checkpoint (or of weights assigned through
+        run.weights) on [data.NAME]. Returns {loss, accuracy, examples, losses, accuracies, data}."""
+        r = self._core.evaluate(data)
+        i = self._core.model_info()
+        line = (
+            f"evaluated {i['checkpoint']} (epoch {i['epoch']}, step {i['step']}, {i['weights']} weights) on "
+            f"{r['data']}: {r['examples']} examples, loss {r['loss']:.6g}"
+        )
+        if r["accuracy"] is not None:
+            line += f", accuracy {r['accuracy']:.4g}"
+        print(line, flush=True)
+        return r
+
+    def predict(self, x: Any) -> np.ndarray:
+        """`kiln predict --input`: x of shape (N, input_shape...) or one example (input_shape...) -> (N, columns):
+        softmax probabilities for softmax_cross_entropy heads, sigmoid ones for binary cross-entropy from logits,
+        raw outputs otherwise; several heads side by side. Uses the checkpoint (loaded once) or assigned weights."""
+        return self._core.predict(np.asarray(x))
+
+    def predict_columns(self) -> list[str]:
+        """The names `kiln predict` gives the last predict's columns (class_0, ..., or <head>.class_0 ...)."""
+        return self._core.predict_columns()
+
+    def export(
+        self,
+        path: str | os.PathLike,
+        format: str | None = None,
+        *,
+        dtype: str = "float32",
+        overwrite: bool = False,
+        checkpoint: str | os.PathLike | None = None,
+    ) -> None:
+        """`kiln export`: the checkpoint's weights as safetensors, or the inference graph as ONNX. ``format``
+        defaults from the suffix (.safetensors, .onnx); dtype float32, bfloat16 or float16 (safetensors)."""
+        path = os.fspath(path)
+        if format is None:
+            suffix = Path(path).suffix.lower()
+            format = {".safetensors": "safetensors", ".onnx": "onnx"}.get(suffix)
+            if format is None:
+                raise ConfigError(f"export: cannot tell the format from '{path}'; pass format='safetensors' or 'onnx'")
+        self._core.export(path, format, dtype, overwrite, os.fspath(checkpoint) if checkpoint else "")
+
+    @property
+    def weights(self) -> Weights:
+        """The model's weights by name as NumPy arrays (copies; see Weights)."""
+        if self._weights is None:
+            self._weights = Weights(self._core)
+        return self._weights
+
+    @property
+    def output_dir(self) -> str:
+        """[train] output_dir (runs/<name> by default): metrics.jsonl and the checkpoints."""
+        if self._output_dir is None:
+            self._output_dir = self._core.output_dir()
+        return self._output_dir
+
+    def close(self) -> None:
+        """Frees the loaded model and its devices (and their memory reservations). The run stays usable."""
+        self._weights = None
+        self._core.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"kiln.Run({self.config!r}, overrides={self.overrides!r})"
+
+
+def devices(backend: str | None = None, *, plugin_dirs: Sequence[str | os.PathLike] = ()) -> list[dict]:
+    """`kiln devices`: every backend's devices (label, name, type, memory, ...); a backend without a usable device
+    appears as {"backend": name, "unavailable": why}."""
+    return _kiln.devices(_plugin_dirs(plugin_dirs), backend or "")
+
+
+def plugins(*, plugin_dirs: Sequence[str | os.PathLike] = ()) -> list[dict]:
+    """`kiln plugins`: the core and each plugin file with its name, version and what it provides (or its error)."""
+    return _kiln.plugins(_plugin_dirs(plugin_dirs))
+
+
+def conformance(
+    backend: str,
+    *,
+    op: str | None = None,
+    case: str | None = None,
+    device: int = 0,
+    report: str | os.PathLike | None = None,
+    matrix: str | os.PathLike | None = None,
+    tolerances: str | os.PathLike | None = None,
+    plugin_dirs: Sequence[str | os.PathLike] = (),
+) -> bool:
+    """`kiln conformance --backend B`: checks the backend's ops against the reference, printing a line per case;
+    True when every case passed."""
+    rc = _kiln.conformance(
+        _plugin_dirs(plugin_dirs), backend, device, op or "", case or "",
+        os.fspath(report) if report else "", os.fspath(matrix) if matrix else "",
+        os.fspath(tolerances) if tolerances else "",
+    )
+    return rc == 0

@@ -1,0 +1,276 @@
+// kiln.Run's work, done as the app's subcommands do it (apps/kiln): the same plugins, config, checks and messages.
+#include "run_core.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.hpp"
+#include "kiln/config.hpp"
+#include "kiln/data_fit.hpp"
+#include "kiln/error.hpp"
+#include "kiln/memory_fit.hpp"
+#include "kiln/session.hpp"
+#include "model_io.hpp"
+
+namespace kiln::python {
+
+RunCore::RunCore(std::string config, std::vector<std::string> overrides, std::vector<std::string> plugin_dirs,
+                 std::map<std::string, ArrayData> arrays)
+    : config_(std::move(config)),
+      overrides_(std::move(overrides)),
+      plugin_dirs_(std::move(plugin_dirs)),
+      arrays_(std::make_shared<const std::map<std::string, ArrayData>>(std::move(arrays))) {
+  // As `kiln train` starts: a bad key, value or data file is refused here, before anything runs.
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  const app::Options o = options();
+  app::load_plugins(o, loader, reg, config_);
+  Config cfg = Config::load_file(config_, overrides_);
+  Session s(cfg, reg);
+}
+
+RunCore::~RunCore() { close(); }
+
+app::Options RunCore::options() const {
+  app::Options o;
+  o.config = config_;
+  o.overrides = overrides_;
+  o.plugin_dirs = plugin_dirs_;
+  o.command_line = "python: kiln.Run(\"" + config_ + "\")";
+  auto arrays = arrays_;
+  o.extra_stages = [arrays](Registry& reg) { reg.add_stage("arrays", arrays_stage_factory(arrays)); };
+  return o;
+}
+
+std::string RunCore::output_dir() const {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  app::load_plugins(options(), loader, reg, config_);
+  Config cfg = Config::load_file(config_, overrides_);
+  return Session(cfg, reg).train().output_dir;
+}
+
+void RunCore::close() {
+  runner_.reset();
+  model_.reset();
+  columns_.clear();
+}
+
+PlanResult RunCore::plan() {
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  const app::Options o = options();
+  app::load_plugins(o, loader, reg, config_);
+  Config cfg = Config::load_file(config_, overrides_);
+  Session s(cfg, reg);
+  if (auto train = s.make_pipeline("train")) s.model().label_shape = train->label_shape();
+  s.open_devices(/*reserve=*/false);
+  PlanResult r;
+  r.check = check_plan(s);
+  r.batch_size = s.train().batch_size;
+  auto ctx = s.runner_context();
+  std::vector<size_t> limits;
+  for (auto& d : ctx.devices) limits.push_back(d.allocator->limit());
+  r.largest_batch = largest_fitting_batch(s.strategy(), ctx, limits, s.train().batch_size);
+  return r;
+}
+
+TrainReport RunCore::fit(std::ostream& out, const std::function<void(const std::string&)>& on_record, bool resume,
+                         bool overwrite, const std::vector<std::string>& extra_overrides) {
+  close();  // the trained weights replace the loaded ones; the devices are the run's now
+  PluginLoader loader;
+  Registry reg = Registry::with_builtins();
+  app::Options o = options();
+  app::load_plugins(o, loader, reg, config_);
+  auto overrides = overrides_;
+  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  if (resume) overrides.push_back("train.resume=true");
+  if (overwrite) overrides.push_back("train.overwrite=true");
+  Config cfg = Config::load_file(config_, overrides);
+  Session s(cfg, reg);
+  RunInfo info;
+  info.command = o.command_line + (resume ? ".resume()" : ".fit()");
+  for (const auto& p : loader.plugins())
+    if (p.error.empty() && p.descriptor.name)
+      info.plugins.push_back(std::string(p.descriptor.name) + " " +
+                             (p.descriptor.version ? p.descriptor.version : "?") + " " + p.path);
+  info.on_record = on_record;
+  Trainer t(s, out, std::move(info));
+  return t.run();
+}
+
+void RunCore::load_model() {
+  if (runner_) return;
+  app::Options o = options();
+  model_ = app::load_trained_model(o);
+  Session& s = *model_->session;
+  // The label shape the trainer built its graphs with (the train pipeline's), else the test pipeline's.
+  std::unique_ptr<Stage> train = s.make_pipeline("train");
+  std::unique_ptr<Stage> test = train ? nullptr : s.make_pipeline("test");
+  label_ = train ? train->label_shape() : test ? test->label_shape() : Shape{};
+  runner_ = app::make_inference_runner(*model_, label_);
+}
+
+ModelInfo RunCore::model_info() {
+  load_model();
+  return {model_->checkpoint_path, model_->checkpoint.epoch, model_->checkpoint.step, model_->ema};
+}
+
+Evaluation RunCore::evaluate(const std::string& data, std::string& where) {
+  load_model();
+  Session& s = *model_->session;
+  std::unique_ptr<Stage> d = s.make_pipeline(data);
+  if (!d) throw ConfigError(config_ + ": has no [data." + data + "] pipeline to evaluate on (data=)");
+  where = describe_source(s.config(), data);
+  return kiln::evaluate(*runner_, *d, s.model(), /*use_ema=*/false);  // the EMA values are loaded as the weights
+}
+
+namespace {
+
+std::string dims_text(const std::vector<int64_t>& d) {
+  std::string t;
+  for (auto v : d) t += (t.empty() ? "" : ", ") + std::to_string(v);
+  return t;
+}
+
+// The inputs `kiln predict --input` takes: (N, input_shape...) or one example; finite values, and token ids in
+// range where the input feeds an embedding (the app's messages, with "x" for the array).
+HostTensor model_inputs(HostTensor x, const ModelSpec& model) {
+  const Shape& in = model.input_shape;
+  const std::vector<int64_t>& d = x.shape.dims();
+  const bool many = d.size() == in.rank() + 1 && std::equal(in.dims().begin(), in.dims().end(), d.begin() + 1);
+  if (d == in.dims())
+    x.shape = in.with_batch(1);
+  else if (!many || d[0] < 1)
+    throw DataError("predict: x has shape " + x.shape.str() + ", but the model ([model] input_shape = [" +
+                    dims_text(in.dims()) + "]) takes (N, " + dims_text(in.dims()) +
+                    "), N >= 1 examples, or one example of shape " + in.str() +
+                    (many ? ": the array holds no examples" : ""));
+  const std::vector<InputEmbedding> emb = input_embeddings(model);
+  const InputEmbedding* ids = nullptr;
+  for (const auto& e : emb)
+    if (!ids || e.vocab < ids->vocab) ids = &e;
+  for (size_t i = 0; i < x.data.size(); ++i) {
+    const float v = x.data[i];
+    if (!std::isfinite(v))
+      throw DataError("predict: x holds a non-finite value (" + std::to_string(v) + ") at flat index " +
+                      std::to_string(i) + "; the model's inputs must be finite numbers");
+    if (ids && (v < 0 || v >= static_cast<float>(ids->vocab) || v != std::floor(v))) {
+      char num[32];
+      std::snprintf(num, sizeof num, "%.9g", static_cast<double>(v));
+      throw DataError("predict: x holds " + std::string(num) + " at flat index " + std::to_string(i) +
+                      ", but the model's input feeds layer " + std::to_string(ids->index) + " '" + ids->layer +
+                      "' (type = \"embedding\", vocab = " + std::to_string(ids->vocab) +
+                      ") and must hold token ids, integers in [0, " + std::to_string(ids->vocab) + ")");
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+HostTensor RunCore::predict(HostTensor xin) {
+  load_model();
+  const ModelSpec& model = model_->session->model();
+  HostTensor x = model_inputs(std::move(xin), model);
+  const int64_t n = x.shape[0], per = model.input_shape.numel();
+  const int64_t batch = std::max<int64_t>(1, model_->session->train().batch_size);
+  std::vector<float> rows;
+  std::vector<std::string> names;
+  for (int64_t pos = 0; pos < n; pos += batch) {
+    const int64_t b = std::min(batch, n - pos);
+    Element e;
+    e.batch = b;
+    e.x = HostTensor(model.input_shape.with_batch(b));
+    std::copy(x.data.begin() + pos * per, x.data.begin() + (pos + b) * per, e.x.data.begin());
+    e.y = HostTensor(label_.with_batch(b));  // placeholder labels the graph needs and nothing reads
+    EvalResult r = runner_->eval_batch(e, false);
+    std::vector<std::vector<float>> cols(static_cast<size_t>(b));
+    // Each head's outputs as `kiln predict` writes them: softmax or sigmoid probabilities, raw outputs otherwise.
+    for (size_t h = 0; h < model.outputs.size(); ++h) {
+      const OutputSpec& head = model.outputs[h];
+      const HostTensor& out = r.outputs[h];
+      const int64_t k = out.shape.numel() / b;
+      const bool softmax = head.loss == LossKind::softmax_cross_entropy;
+      const int64_t cls = softmax && out.shape.rank() > 2 ? out.shape[out.shape.rank() - 1] : k;
+      if (pos == 0)
+        for (int64_t j = 0; j < k; ++j)
+          names.push_back((model.outputs.size() > 1 ? head.layer + "." : std::string()) +
+                          (cls < k ? "p" + std::to_string(j / cls) + "." : std::string()) +
+                          (softmax ? "class_" : "out_") + std::to_string(j % cls));
+      for (int64_t i = 0; i < b; ++i) {
+        const float* zi = out.data.data() + i * k;
+        auto& row = cols[static_cast<size_t>(i)];
+        if (softmax) {
+          for (int64_t at = 0; at < k; at += cls) {
+            const float* z = zi + at;
+            float mx = z[0];
+            for (int64_t j = 1; j < cls; ++j) mx = std::max(mx, z[j]);
+            double sum = 0;
+            std::vector<double> ex(static_cast<size_t>(cls));
+            for (int64_t j = 0; j < cls; ++j)
+              sum += ex[static_cast<size_t>(j)] = std::exp(static_cast<double>(z[j] - mx));
+            for (int64_t j = 0; j < cls; ++j) row.push_back(static_cast<float>(ex[static_cast<size_t>(j)] / sum));
+          }
+        } else if (head.loss == LossKind::binary_cross_entropy && head.from_logits) {
+          for (int64_t j = 0; j < k; ++j)
+            row.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi[j])))));
+        } else {
+          row.insert(row.end(), zi, zi + k);
+        }
+      }
+    }
+    for (auto& row : cols) rows.insert(rows.end(), row.begin(), row.end());
+  }
+  columns_ = names;
+  HostTensor y;
+  y.shape = Shape{n, static_cast<int64_t>(names.size())};
+  y.data = std::move(rows);
+  return y;
+}
+
+std::vector<std::string> RunCore::predict_columns() { return columns_; }
+
+std::vector<std::pair<std::string, HostTensor>> RunCore::weights() {
+  load_model();
+  std::vector<std::pair<std::string, HostTensor>> w;
+  for (const auto& [name, shape] : model_->params) w.emplace_back(name, model_->weights.at(name));
+  return w;
+}
+
+void RunCore::set_weight(const std::string& name, HostTensor value) {
+  load_model();
+  auto it = model_->weights.find(name);
+  if (it == model_->weights.end()) {
+    std::string known;
+    for (const auto& [n, s] : model_->params) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError("run.weights['" + name + "']: the model has no such weight (it has " + known + ")");
+  }
+  if (value.shape != it->second.shape)
+    throw ConfigError("run.weights['" + name + "']: the model's weight has shape " + it->second.shape.str() +
+                      ", the array given has shape " + value.shape.str());
+  it->second = std::move(value);
+  runner_->load_state(model_->weights);
+}
+
+void RunCore::export_to(const std::string& path, const std::string& format, const std::string& dtype, bool overwrite,
+                        const std::string& checkpoint, std::ostream& out) {
+  app::Options o = options();
+  o.output = path;
+  o.format = format;
+  o.dtype = dtype;
+  o.overwrite = overwrite;
+  o.checkpoint = checkpoint;
+  auto* old = std::cout.rdbuf(out.rdbuf());  // the app's line goes where the run's progress goes
+  try {
+    app::cmd_export(o);
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+}
+
+}  // namespace kiln::python
