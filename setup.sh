@@ -51,13 +51,14 @@ conan_tools() {
 # installs it: TEST_PACKAGES), with safetensors, onnx and onnxruntime from pip in .venv-export (gitignored), which sees
 # the system's packages. NumPy 1.26 in the venv: Debian's torch is built against NumPy 1.x (Debian's own python3-numpy
 # 1.24 is too old for onnx, NumPy 2 breaks torch), and onnx needs at least 1.25. Without them (no network) that test
-# reports Skipped.
+# reports Skipped. transformers (pinned to 4.40.2, checked to run on Debian's torch 1.13 and NumPy 1.26) for the
+# Hugging Face GPT-2 check of [init] preset = "gpt2" (tests/integration/test_init_from.cpp), skipped without it.
 export_tools() {
   /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "== no PyTorch in /usr/bin/python3 (python3-torch): the export check will be skipped"; return 0; }
-  [ -x .venv-export/bin/python ] && .venv-export/bin/python -c 'import torch, safetensors, onnx, onnxruntime' 2>/dev/null && return 0
-  echo "== installing safetensors, onnx and onnxruntime into .venv-export (for the export check)"
+  [ -x .venv-export/bin/python ] && .venv-export/bin/python -c 'import torch, safetensors, onnx, onnxruntime, transformers' 2>/dev/null && return 0
+  echo "== installing safetensors, onnx, onnxruntime and transformers into .venv-export (for the export and GPT-2 checks)"
   { { [ -x .venv-export/bin/pip ] || /usr/bin/python3 -m venv --system-site-packages .venv-export; } &&
-    .venv-export/bin/pip install -q --retries 2 --timeout 60 safetensors onnx onnxruntime "numpy==1.26.4"; } ||
+    .venv-export/bin/pip install -q --retries 2 --timeout 60 safetensors onnx onnxruntime "transformers==4.40.2" "numpy==1.26.4"; } ||
     echo "== could not install the export check's packages: it will be skipped"
 }
 

@@ -24,6 +24,10 @@ class ConfigNode {
   std::string path() const { return path_; }   // dotted path of this table, "model.layers[2]"
   std::string where(const std::string& key = {}) const;  // "run.toml:12: key 'model.layers[2].units'"
 
+  // The key is present and holds a table; this table's keys, for tables keyed by names. Neither marks a key read.
+  bool is_table(const std::string& key) const;
+  std::vector<std::string> keys() const;
+
   // Typed getters; a missing required key or a wrong type throws ConfigError.
   int64_t get_int(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t dflt) const;

@@ -9,6 +9,7 @@
 #include "kiln/allocator.hpp"
 #include "kiln/config.hpp"
 #include "kiln/data.hpp"
+#include "kiln/init_from.hpp"
 #include "kiln/model.hpp"
 #include "kiln/plugin.hpp"
 #include "kiln/reservation.hpp"
@@ -103,6 +104,8 @@ class Session {
   const TrainSettings& train() const { return train_; }
   const DeviceSettings& device_settings() const { return device_; }
   const MemorySettings& memory_settings() const { return memory_; }
+  // [init]: the weights a new run starts from (not applied when it resumes); nullopt without the table.
+  const std::optional<InitSpec>& init() const { return init_; }
   const std::string& run_name() const { return name_; }
   uint32_t seed() const { return seed_; }
   const Config& config() const { return cfg_; }
@@ -147,6 +150,7 @@ class Session {
   std::vector<std::vector<ReservationHolder>> others_;
   std::vector<std::unique_ptr<Reservation>> reservations_;  // released after the allocators
   MemorySettings memory_;
+  std::optional<InitSpec> init_;
   std::vector<std::string> warnings_;
   mutable std::string vocab_;                     // recorded when the train pipeline is first built
   mutable std::vector<std::string> label_names_;  // the train source's named labels (likewise)

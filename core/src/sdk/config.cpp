@@ -190,6 +190,17 @@ ConfigNode::ConfigNode(std::shared_ptr<ConfigDocument> doc, const void* table, s
 
 bool ConfigNode::has(const std::string& key) const { return tbl(table_).contains(key); }
 
+bool ConfigNode::is_table(const std::string& key) const {
+  const toml::node* n = tbl(table_).get(key);
+  return n && n->is_table();
+}
+
+std::vector<std::string> ConfigNode::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : tbl(table_)) out.emplace_back(k.str());
+  return out;
+}
+
 std::string ConfigNode::where(const std::string& key) const {
   std::ostringstream os;
   std::string full = key.empty() ? path_ : (path_.empty() ? key : path_ + "." + key);
@@ -413,17 +424,6 @@ std::vector<ConfigNode> ConfigNode::table_array(const std::string& key) const {
   return out;
 }
 
-void ConfigNode::finish() const {
-  std::vector<std::string> unknown, known;
-  {
-    std::lock_guard lk(doc_->mu);
-    for (const auto& [k, v] : tbl(table_))
-      if (!doc_->used.count({table_, std::string(k.str())})) unknown.emplace_back(k.str());
-    if (unknown.empty()) return;
-    // Every key this table's reader asked for: `used` is ordered by table first, so only this table's range
-    // (a scan of the whole set made checking N tables O(N^2)).
-    for (auto it = doc_->used.lower_bound({table_, std::string()}); it != doc_->used.end() && it->first == table_; ++it)
-      known.push_back(it->second);
 namespace {
 // Rewrites every string under `n` in place; records each sub-table's original in `origin`.
 void rewrite_strings(toml::node& n, const toml::node& from, const std::string& key,
@@ -457,6 +457,17 @@ ConfigNode ConfigNode::rewritten(
   return ConfigNode(doc_, t, path_);
 }
 
+void ConfigNode::finish() const {
+  std::vector<std::string> unknown, known;
+  {
+    std::lock_guard lk(doc_->mu);
+    for (const auto& [k, v] : tbl(table_))
+      if (!doc_->used.count({table_, std::string(k.str())})) unknown.emplace_back(k.str());
+    if (unknown.empty()) return;
+    // Every key this table's reader asked for: `used` is ordered by table first, so only this table's range
+    // (a scan of the whole set made checking N tables O(N^2)).
+    for (auto it = doc_->used.lower_bound({table_, std::string()}); it != doc_->used.end() && it->first == table_; ++it)
+      known.push_back(it->second);
   }
   std::string keys;
   for (const auto& k : unknown) keys += (keys.empty() ? "'" : ", '") + k + "'";

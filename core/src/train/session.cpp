@@ -288,6 +288,7 @@ Session::Session(const Config& cfg, Registry& reg) : cfg_(cfg), reg_(reg) {
   if (auto mem = root.table("memory")) parse_memory(*mem, model_, memory_);
   if (auto pr = root.table("precision")) model_.precision = parse_precision(*pr);
   if (auto o = root.table("optimizer")) optimizer_ = parse_optimizer(*o);
+  if (auto i = root.table("init")) init_ = parse_init(*i, cfg_.base_dir());
   if (optimizer_.schedule.kind == ScheduleKind::cosine && optimizer_.schedule.total_steps == 0)
     optimizer_.schedule.total_steps = 0;  // filled by the trainer once the epoch length is known
 

@@ -95,6 +95,7 @@ class TrainingRun {
   // Before the first step.
   void open_data();
   void claim_run_dir();
+  void read_initial_weights();
   void start_runner();
   void resume_or_start_over();
   void resume_from_checkpoint();
@@ -156,6 +157,8 @@ class TrainingRun {
   std::optional<EpochMetrics> best_metrics_;  // the best epoch's, for the report when early stopping restores it
   DivergenceGuard diverge_;
   LossScaler scaler_;
+  // [init] from, read and checked before the devices open.
+  std::optional<InitialWeights> init_;
 };
 
 TrainingRun::TrainingRun(Session& s, std::ostream& out, const RunInfo& info)
@@ -178,6 +181,7 @@ TrainReport TrainingRun::run() {
   dir_key_ = check_output_dir(s_);
   open_data();
   claim_run_dir();
+  read_initial_weights();
   start_runner();
   resume_or_start_over();
   if (lead_) write_run_json();
@@ -290,16 +294,31 @@ void TrainingRun::start_runner() {
   if (!runner_->report().empty()) out_ << runner_->report();
 }
 
+// [init] from: read whole and checked against the model before any device memory is taken. A run that resumes
+// continues from its own checkpoint instead, whose weights are the ones it trained.
+void TrainingRun::read_initial_weights() {
+  if (s_.init() && !(ts_.resume && prior_.checkpoint))
+    init_ = load_initial_weights(*s_.init(), s_.model(), s_.optimizer());
+}
+
 void TrainingRun::resume_or_start_over() {
   if (ts_.resume && prior_.checkpoint) {
     check_resume_config(s_, ts_.output_dir);
     resume_from_checkpoint();
+    if (s_.init())
+      out_ << "[init] from = \"" << s_.init()->from_as_set
+           << "\" is not applied: the run resumed from its own checkpoint, whose weights win\n";
   } else if (ts_.resume) {
     out_ << "nothing to resume: " << ts_.output_dir << " holds no checkpoint.kiln"
          << (prior_.metric_lines > 0 ? " (its metrics.jsonl is started over)" : "") << "; starting a new run\n";
   } else if (lead_ && prior_.exists()) {
     remove_checkpoints(ckpt_path_);  // --overwrite: nothing of the old run may be resumed into the new one
     out_ << "overwriting the earlier run in " << ts_.output_dir << "\n";
+  }
+  if (init_) {
+    runner_->load_state(init_->tensors);
+    out_ << init_->summary << "\n";
+    init_.reset();
   }
   // A run started over leaves no TensorBoard events of the earlier one: TensorBoard would show both as one run.
   if (lead_ && !resumed_) remove_tensorboard_events(ts_.output_dir);
