@@ -17,7 +17,8 @@ JOBS="${KILN_JOBS:-$(nproc)}"
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config zlib1g-dev libxxhash-dev
   libtomlplusplus-dev libboost-dev libboost-filesystem-dev catch2 libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libvulkan-dev glslc mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
-  dataset-fashion-mnist python3-venv clang clang-format libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev)
+  dataset-fashion-mnist python3-venv clang clang-format libclang-rt-14-dev openmpi-bin libopenmpi-dev libdnnl-dev
+  pybind11-dev python3-dev python3-numpy python3-pytest)
 # Only for `./setup.sh test`: PyTorch for the export check (export_tools), about 170 packages with its dependencies,
 # so the sample and the build do not install it.
 TEST_PACKAGES=(python3-torch)

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -62,6 +63,39 @@ std::string per_head_json(const std::vector<OutputSpec>& heads, const std::vecto
   }
   return j + "}";
 }
+
+// Passes metrics.jsonl's text on to the file and each complete record (a line) to RunInfo::on_record, so a host that
+// embeds the trainer (the Python module) gets the records as they are written, without reading the file back.
+class RecordTee : public std::streambuf {
+ public:
+  RecordTee(std::streambuf* file, const std::function<void(const std::string&)>& f) : file_(file), f_(f) {}
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+    if (traits_type::eq_int_type(file_->sputc(traits_type::to_char_type(c)), traits_type::eof()))
+      return traits_type::eof();
+    if (traits_type::to_char_type(c) != '\n') {
+      line_ += traits_type::to_char_type(c);
+    } else {
+      file_->pubsync();  // on disk before the host sees it
+      f_(line_);
+      line_.clear();
+    }
+    return c;
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    for (std::streamsize i = 0; i < n; ++i)
+      if (traits_type::eq_int_type(overflow(traits_type::to_int_type(s[i])), traits_type::eof())) return i;
+    return n;
+  }
+  int sync() override { return file_->pubsync(); }
+
+ private:
+  std::streambuf* file_;
+  const std::function<void(const std::string&)>& f_;
+  std::string line_;
+};
 
 // What every rank decides after a step or an epoch: stop (a signal, or max_steps reached) and checkpoint (due by
 // steps or minutes).
@@ -148,7 +182,9 @@ class TrainingRun {
   int64_t start_epoch_ = 0, step_ = 0;
   bool resumed_ = false;
   std::optional<Position> resume_at_;  // a mid-epoch checkpoint's position inside epoch start_epoch_
-  std::ofstream metrics_;              // rank 0's alone; the other ranks' writes go nowhere
+  // metrics_ writes through it when the host asked for the records (RunInfo::on_record).
+  std::unique_ptr<RecordTee> record_tee_;
+  std::ofstream metrics_;  // rank 0's alone; the other ranks' writes go nowhere
   std::unique_ptr<TensorBoardWriter> tb_;
   TrainReport report_;
   Clock::time_point t_run_, last_checkpoint_;
@@ -382,6 +418,10 @@ void TrainingRun::open_logs() {
                   " (the output directory comes from " + dir_key_ + ")");
     ::close(fd);
     metrics_.open(metrics_path_, std::ios::app);
+    if (metrics_ && info_.on_record) {
+      record_tee_ = std::make_unique<RecordTee>(metrics_.rdbuf(), info_.on_record);
+      static_cast<std::ostream&>(metrics_).rdbuf(record_tee_.get());
+    }
   }
   if (lead_ && !metrics_)
     throw Error(metrics_path_ + ": cannot open the metrics file for writing (the output directory comes from " +
