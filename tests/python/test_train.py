@@ -118,3 +118,59 @@ def test_an_exception_in_a_callback_stops_the_run_with_a_checkpoint_and_propagat
         run.fit(on_step=boom)
     assert len(step_losses(tmp_path / "runs" / "mlp" / "metrics.jsonl")) == 3
     assert (tmp_path / "runs" / "mlp" / "checkpoint.kiln").exists()
+
+
+def test_other_python_threads_run_while_fit_trains(tmp_path):
+    import threading
+    import time
+
+    cfg = write_mlp(tmp_path, train_limit=2048)
+    run = kiln.Run(cfg, overrides={"train.max_steps": 60, "train.evaluate": False})
+    ticks, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    time.sleep(0.05)
+    before = ticks[0]
+    t0 = time.perf_counter()
+    run.fit()  # no callback: the GIL stays released from the first step to the last
+    spent = time.perf_counter() - t0
+    during = ticks[0] - before
+    stop.set()
+    t.join()
+    # With the GIL held the counter could not move at all while C++ trained.
+    assert during > 1000, f"{during} ticks in {spent:.2f} s of fit"
+
+
+def test_a_toml_file_names_arrays_given_to_the_run(tmp_path):
+    x, y = blobs(256, 5)
+    cfg = tmp_path / "arrays.toml"
+    cfg.write_text(f"""[run]
+name = "arrays"
+
+[model]
+input_shape = [8]
+loss = "softmax_cross_entropy"
+
+[[model.layers]]
+type = "dense"
+units = 4
+
+[train]
+epochs = 1
+batch_size = 16
+evaluate = false
+output_dir = "{tmp_path / 'runs'}"
+
+[data.train]
+stages = [{{ type = "arrays", id = "train" }}, {{ type = "batch" }}]
+""")
+    with pytest.raises(kiln.ConfigError, match=r'no kiln.data.arrays with id "train" was given to this run'):
+        kiln.Run(cfg)
+    with kiln.Run(cfg, arrays={"train": kiln.data.arrays(x, y)}) as run:
+        assert run.fit().steps == 16
+        assert run.predict(x[:3]).shape == (3, 4)
