@@ -244,7 +244,9 @@ bool may_change_on_resume(const std::string& key) {
       // How data_parallel spreads the same global batch (the checkpoint does not depend on it): processes, devices,
       // buckets and where the optimizer state lives.
       "strategy.communicator", "strategy.process_group", "strategy.devices", "strategy.timeout_s", "strategy.reduction",
-      "strategy.bucket_size", "strategy.overlap", "strategy.concurrent", "strategy.optimizer_state"};
+      "strategy.bucket_size", "strategy.overlap", "strategy.concurrent", "strategy.optimizer_state",
+      // Decoded or streaming, a source gives the same elements, and its saved position restores in either mode.
+      "data.decoded_budget"};
   for (const char* p : prefixes)
     if (key.rfind(p, 0) == 0) return true;
   return false;

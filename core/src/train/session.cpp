@@ -237,10 +237,11 @@ uint64_t parse_decoded_budget(const ConfigNode& d) {
   if (text == "off") return 0;
   try {
     return parse_memory_size(text, static_cast<size_t>(host_available_memory()));
-  } catch (const ConfigError& e) {
-    d.fail("decoded_budget", std::string(e.what()) +
-                                 "; expected \"auto\" (a quarter of the host's available memory), \"off\" (always "
-                                 "stream) or a size such as \"512MiB\"");
+  } catch (const ConfigError&) {
+    d.fail("decoded_budget", "is \"" + text +
+                                 "\": expected \"auto\" (a quarter of the host's available memory), \"off\" (every "
+                                 "source streams), a size such as \"512MiB\" or \"2GB\", or a share of the available "
+                                 "memory such as \"10%\"");
   }
 }
 
