@@ -99,8 +99,14 @@ namespace {
 // DataError naming the source, the example (its position in the epoch as delivered) and the value.
 class CheckedStage final : public Stage {
  public:
-  CheckedStage(std::unique_ptr<Stage> up, LabelRules rules, std::string source)
-      : up_(std::move(up)), rules_(std::move(rules)), source_(std::move(source)) {}
+  CheckedStage(std::unique_ptr<Stage> up, LabelRules rules, std::string source, int64_t rows_begin, int64_t rows_end,
+               int64_t batch)
+      : up_(std::move(up)),
+        rules_(std::move(rules)),
+        source_(std::move(source)),
+        rows_begin_(rows_begin),
+        rows_end_(rows_end),
+        batch_(batch) {}
 
   std::string name() const override { return up_->name(); }
   Shape example_shape() const override { return up_->example_shape(); }
@@ -129,7 +135,8 @@ class CheckedStage final : public Stage {
   void check(const Element& b) {
     const int64_t n = std::max<int64_t>(b.batch, 1);
     const int64_t xn = b.x.shape.numel() / n, yn = b.y.shape.numel() / n;
-    for (int64_t k = 0; k < n; ++k) {
+    const bool share = rows_end_ > 0 && b.batch == batch_;  // a smaller last batch is read whole
+    for (int64_t k = share ? rows_begin_ : 0; k < (share ? rows_end_ : n); ++k) {
       for (int64_t j = 0; j < xn; ++j) {
         const float v = b.x.data[static_cast<size_t>(k * xn + j)];
         if (!std::isfinite(v))
@@ -219,12 +226,15 @@ class CheckedStage final : public Stage {
   uint64_t epoch_ = 0;
   int64_t seen_ = 0;
   bool seen_known_ = true;
+  int64_t rows_begin_, rows_end_, batch_;  // the rows this process's pipeline fills (rows_end_ = 0: all)
 };
 
 }  // namespace
 
-std::unique_ptr<Stage> checked_stage(std::unique_ptr<Stage> up, LabelRules rules, std::string source) {
-  return std::make_unique<CheckedStage>(std::move(up), std::move(rules), std::move(source));
+std::unique_ptr<Stage> checked_stage(std::unique_ptr<Stage> up, LabelRules rules, std::string source,
+                                     int64_t rows_begin, int64_t rows_end, int64_t batch) {
+  return std::make_unique<CheckedStage>(std::move(up), std::move(rules), std::move(source), rows_begin, rows_end,
+                                        batch);
 }
 
 Evaluation evaluate(Runner& r, Stage& pipeline, const ModelSpec& m, bool use_ema) {

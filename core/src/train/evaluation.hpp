@@ -33,6 +33,9 @@ struct LabelRules {
 LabelRules label_rules(const ModelSpec& m);
 
 // `up` with every batch checked against `rules`; a bad input or label is a DataError naming `source` (describe_source).
-std::unique_ptr<Stage> checked_stage(std::unique_ptr<Stage> up, LabelRules rules, std::string source);
+// With `rows_end` > 0, only rows [rows_begin, rows_end) of each batch of `batch` examples are checked: the rows an
+// MPI rank's pipeline fills (the others are zero and never read).
+std::unique_ptr<Stage> checked_stage(std::unique_ptr<Stage> up, LabelRules rules, std::string source,
+                                     int64_t rows_begin = 0, int64_t rows_end = 0, int64_t batch = 0);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // Cross-rank checks of the trainer: the same config everywhere, one decision to stop or checkpoint.
 #include "run_ranks.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -216,6 +217,67 @@ void agree_checkpoint_written(ProcessGroup& pg, const std::string& error) {
   if (pg.rank() == 0 || all[0].empty()) return;
   throw Error("rank 0 could not write the checkpoint, so every rank stops: " +
               std::string(all[0].begin(), all[0].end()));
+}
+
+RowShare train_rows(const Config& cfg, const Strategy& strategy, int64_t batch) {
+  ProcessGroup* pg = strategy.process_group();
+  if (!pg || pg->size() < 2 || strategy.name() != "data_parallel" || batch < 1) return {};
+  const int64_t procs = pg->size();
+  if (batch % procs != 0) return {};
+  if (auto st = cfg.root().table("strategy"); st && st->has("uneven") && st->get_bool("uneven", false)) return {};
+  const int64_t share = batch / procs;
+  return {pg->rank() * share, (pg->rank() + 1) * share};
+}
+
+Element gather_rows(ProcessGroup& pg, const Element& b, RowShare mine, int64_t batch) {
+  if (mine.all() || b.batch != batch) return b;
+  const auto xn = static_cast<size_t>(b.x.shape.numel() / b.batch),
+             yn = static_cast<size_t>(b.y.shape.numel() / b.batch);
+  std::vector<uint8_t> out(2 * sizeof(int64_t));
+  std::memcpy(out.data(), &mine.begin, sizeof(int64_t));
+  std::memcpy(out.data() + sizeof(int64_t), &mine.end, sizeof(int64_t));
+  auto put = [&](const float* p, size_t n) {
+    const auto* c = reinterpret_cast<const uint8_t*>(p);
+    out.insert(out.end(), c, c + n * sizeof(float));
+  };
+  const auto rows = static_cast<size_t>(mine.end - mine.begin), first = static_cast<size_t>(mine.begin);
+  put(b.x.data.data() + first * xn, rows * xn);
+  put(b.y.data.data() + first * yn, rows * yn);
+  Element whole = b;
+  int64_t covered = 0;
+  for (const auto& bytes : pg.all_gather(out)) {
+    int64_t begin = 0, end = 0;
+    if (bytes.size() >= 2 * sizeof(int64_t)) {
+      std::memcpy(&begin, bytes.data(), sizeof(int64_t));
+      std::memcpy(&end, bytes.data() + sizeof(int64_t), sizeof(int64_t));
+    }
+    const auto n = static_cast<size_t>(std::max<int64_t>(end - begin, 0));
+    if (begin < 0 || end > batch || bytes.size() != 2 * sizeof(int64_t) + n * (xn + yn) * sizeof(float))
+      throw Error("data_parallel: a process sent a damaged share of the pending batch (rows " + std::to_string(begin) +
+                  ".." + std::to_string(end) + " of " + std::to_string(batch) + ", " + std::to_string(bytes.size()) +
+                  " bytes)");
+    const uint8_t* p = bytes.data() + 2 * sizeof(int64_t);
+    std::memcpy(whole.x.data.data() + static_cast<size_t>(begin) * xn, p, n * xn * sizeof(float));
+    std::memcpy(whole.y.data.data() + static_cast<size_t>(begin) * yn, p + n * xn * sizeof(float),
+                n * yn * sizeof(float));
+    covered += end - begin;
+  }
+  if (covered != batch)
+    throw Error("data_parallel: the processes' shares of the pending batch cover " + std::to_string(covered) +
+                " of its " + std::to_string(batch) + " rows");
+  return whole;
+}
+
+std::vector<uint64_t> gather_counts(ProcessGroup& pg, uint64_t mine) {
+  std::vector<uint8_t> bytes(sizeof mine);
+  std::memcpy(bytes.data(), &mine, sizeof mine);
+  std::vector<uint64_t> out;
+  for (const auto& b : pg.all_gather(bytes)) {
+    uint64_t v = 0;
+    if (b.size() == sizeof v) std::memcpy(&v, b.data(), sizeof v);
+    out.push_back(v);
+  }
+  return out;
 }
 
 }  // namespace kiln

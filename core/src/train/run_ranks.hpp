@@ -34,4 +34,23 @@ StepAgreement agree_after_step(ProcessGroup& pg, int stop_signal, bool checkpoin
 // Error on the other ranks when rank 0's write failed. Collective.
 void agree_checkpoint_written(ProcessGroup& pg, const std::string& error);
 
+// Rows [begin, end) of every full global batch of `batch` examples that this process's replicas train on, so its
+// train pipeline reads only those (StageContext::rows_begin/rows_end). Under data_parallel across P processes rank r
+// takes rows r * batch / P .. (r + 1) * batch / P: the replicas split a full batch evenly, which training requires
+// unless [strategy] uneven = true. {0, 0} (every row) for one process, another strategy, uneven = true, or a batch
+// that P does not divide.
+struct RowShare {
+  int64_t begin = 0, end = 0;
+  bool all() const { return end == 0; }
+};
+RowShare train_rows(const Config& cfg, const Strategy& strategy, int64_t batch);
+
+// The whole batch `b` from every process's share of it (each filled only its rows): what a checkpoint saves as the
+// batch already pulled, so any number of processes can resume from it. A smaller batch (an epoch's last, read whole
+// by every process) is returned as it is. Collective.
+Element gather_rows(ProcessGroup& pg, const Element& b, RowShare mine, int64_t batch);
+
+// Every process's `mine`, in rank order. Collective.
+std::vector<uint64_t> gather_counts(ProcessGroup& pg, uint64_t mine);
+
 }  // namespace kiln

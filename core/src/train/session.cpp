@@ -12,6 +12,7 @@
 #include "kiln/data_fit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/memory_fit.hpp"
+#include "run_ranks.hpp"
 
 namespace kiln {
 
@@ -443,6 +444,9 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
   auto p = d->table(which);
   std::unique_ptr<Stage> cur;
   bool batched = false;
+  // An MPI rank's train pipeline reads only the rows of each batch its replicas train on (when the stages can);
+  // evaluation keeps every row: the accuracy compares the gathered outputs with every row's labels.
+  const RowShare rows = which == "train" ? train_rows(cfg_, *strategy_, train_.batch_size) : RowShare{};
   for (auto& s : p->table_array("stages")) {
     auto type = s.get_string("type");
     StageContext ctx;
@@ -452,6 +456,8 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.seed = seed_;
     ctx.pipeline = which;
     ctx.decoded_budget = decoded_budget_;
+    ctx.rows_begin = rows.begin;
+    ctx.rows_end = rows.end;
     const bool source = !ctx.upstream;
     cur = reg_.stage(type)(s, std::move(ctx));
     if (source) (which == "train" ? reading_train_ : reading_test_) = cur->reading();
@@ -487,6 +493,8 @@ std::unique_ptr<Stage> Session::make_pipeline(const std::string& which, std::vec
     ctx.global_batch = train_.batch_size;
     ctx.seed = seed_;
     ctx.pipeline = which;
+    ctx.rows_begin = rows.begin;
+    ctx.rows_end = rows.end;
     cur = reg_.stage("batch")(empty.root(), std::move(ctx));
   }
   return cur;

@@ -143,6 +143,7 @@ class TrainingRun {
   std::optional<Element> pull(EpochRun& e);
   bool more_batches(int64_t k) const { return ts_.steps_per_epoch == 0 || k < ts_.steps_per_epoch; }
   void train_step(EpochRun& e, const Element& b);
+  void report_data_read();
   [[noreturn]] void stop_on_nonfinite(EpochRun& e, const Element& b, float loss);
   [[noreturn]] void stop_on_divergence(EpochRun& e);
   void write_step_record(const EpochRun& e, const StepResult& r, const StepScalars& sc, double el);
@@ -174,6 +175,7 @@ class TrainingRun {
   std::string dir_key_;
   const std::string ckpt_path_, metrics_path_, best_path_;
   std::unique_ptr<Stage> train_data_, test_data_;
+  RowShare rows_;  // the rows of each batch this process's train pipeline fills (an MPI rank's share)
   int64_t per_epoch_ = -1;
   std::optional<RunLock> lock_;
   PriorRun prior_;
@@ -237,9 +239,29 @@ TrainReport TrainingRun::run() {
   }
   for (int64_t epoch = start_epoch_; epoch < ts_.epochs; ++epoch)
     if (train_epoch(epoch)) break;
+  report_data_read();
   report_.seconds = secs(t_run_, Clock::now());
   report_.steps = step_;
   return std::move(report_);
+}
+
+// What the train pipeline's sources read from files, one line (per rank across processes: each reads its share).
+void TrainingRun::report_data_read() {
+  std::vector<StageStats> stats;
+  train_data_->collect_stats(stats);
+  uint64_t mine = 0;
+  for (const auto& st : stats) mine += st.bytes_read;
+  const std::vector<uint64_t> all = pg_ && pg_->size() > 1 ? gather_counts(*pg_, mine) : std::vector<uint64_t>{mine};
+  uint64_t total = 0;
+  for (uint64_t b : all) total += b;
+  if (!lead_ || total == 0) return;
+  out_ << "data.train read " << total << " bytes from files";
+  if (all.size() > 1) {
+    out_ << " (";
+    for (size_t r = 0; r < all.size(); ++r) out_ << (r ? ", " : "") << "rank " << r << ": " << all[r];
+    out_ << ")";
+  }
+  out_ << "\n";
 }
 
 void TrainingRun::open_data() {
@@ -257,7 +279,9 @@ void TrainingRun::open_data() {
   s_.model().label_shape = train_data_->label_shape();
   // Every batch, train and test, is checked against what the losses accept before it reaches a device.
   const LabelRules rules = label_rules(s_.model());
-  train_data_ = checked_stage(std::move(train_data_), rules, describe_source(s_.config(), "train"));
+  rows_ = train_rows(s_.config(), s_.strategy(), ts_.batch_size);
+  train_data_ = checked_stage(std::move(train_data_), rules, describe_source(s_.config(), "train"), rows_.begin,
+                              rows_.end, ts_.batch_size);
   if (test_data_) test_data_ = checked_stage(std::move(test_data_), rules, describe_source(s_.config(), "test"));
   const int64_t hint = train_data_->size_hint();
   check_last_batch(s_, hint);  // an epoch's last partial batch the model cannot train on, refused before step 1
@@ -603,7 +627,9 @@ bool TrainingRun::stop_mid_epoch(EpochRun& e, const std::optional<Element>& next
     here.norms = e.norms;
     here.head_sum = e.head_sum;
     here.pipeline = train_data_->save();
-    here.pending = next;
+    // Each rank filled only its rows of the pulled batch: the checkpoint holds all of them, so any number of
+    // processes resumes from it.
+    here.pending = pg_ && !rows_.all() ? gather_rows(*pg_, *next, rows_, ts_.batch_size) : next;
     Checkpoint c;
     c.epoch = e.epoch;
     c.step = step_;
