@@ -27,6 +27,7 @@ struct InitRule {
 struct InitSpec {
   std::string from;         // the file, resolved against the config's directory
   std::string from_as_set;  // as the config wrote it, for messages
+  std::string where;        // "run.toml:3: key 'init.from'"
   std::string preset;       // "" or "gpt2"
   std::vector<InitRule> map;
   std::vector<std::string> transpose;  // model names (patterns) whose file tensors are transposed

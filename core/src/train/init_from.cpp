@@ -220,6 +220,7 @@ std::vector<InitRule> init_preset_rules(const std::string& preset) {
 InitSpec parse_init(const ConfigNode& c, const std::string& base_dir) {
   InitSpec s;
   s.from_as_set = c.get_string("from");
+  s.where = c.where("from");
   if (s.from_as_set.empty()) c.fail("from", "expected the path of a safetensors file or a Kiln checkpoint");
   std::filesystem::path f(s.from_as_set);
   s.from = f.is_relative() && !base_dir.empty() ? (std::filesystem::path(base_dir) / f).string() : s.from_as_set;
@@ -379,7 +380,8 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
     if (!skip) unexpected.push_back("'" + name + "' " + shape.str());
   }
 
-  const std::string head = "[init] from = \"" + spec.from_as_set + "\" (" + path + ")";
+  const std::string head =
+      (spec.where.empty() ? std::string("[init] from") : spec.where) + " = \"" + spec.from_as_set + "\" (" + path + ")";
   if (!misshaped.empty() || (spec.strict && (!missing.empty() || !unexpected.empty()))) {
     std::ostringstream os;
     os << head << " does not match the model (strict = " << (spec.strict ? "true" : "false")
