@@ -242,6 +242,17 @@ TEST_CASE("clip_norm sums only the gradients that exist, and data_parallel train
   CHECK(max_abs_diff(got, ref) < 1e-6);
   CHECK(same_bits(before.at("d2.kernel"), got.at("d2.kernel")));
   CHECK(got.count("d2.kernel/momentum") == 0);
+
+  // Sharded optimizer state (each replica updates its slices itself) applies a layer's learning_rate_scale too.
+  const ModelSpec still = model_from(mlp("learning_rate_scale = 0\n"));
+  const OptimizerSpec adam = optimizer_from("[optimizer]\ntype = \"adam\"\nlearning_rate = 0.01\n");
+  CpuDevices sh(2);
+  auto sharded = strategy("[strategy]\ntype = \"data_parallel\"\noptimizer_state = \"sharded\"\n")
+                     ->create(context(still, adam, sh.ctx(), 8));
+  const auto s0 = sharded->save_state();
+  const auto s1 = train(*sharded, still, 8, 2, 3);
+  CHECK(same_bits(s0.at("d2.kernel"), s1.at("d2.kernel")));
+  CHECK_FALSE(same_bits(s0.at("d3.kernel"), s1.at("d3.kernel")));
 }
 
 TEST_CASE(
