@@ -17,6 +17,7 @@
 #include "kiln/init_from.hpp"
 #include "kiln/model.hpp"
 #include "kiln/safetensors.hpp"
+#include "kiln/session.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -157,6 +158,7 @@ TEST_CASE("safetensors reader refuses a 1 GB header before reading or mapping it
   }
   CHECK_THAT(msg, Catch::Contains(p) && Catch::Contains("1000000000 bytes, more than the 100000000") &&
                       Catch::Contains("nothing was read"));
+  fs::remove(p);
 }
 
 TEST_CASE("safetensors reader refuses a truncated file, naming the tensor past the end", "[init_from]") {
@@ -379,4 +381,39 @@ TEST_CASE("init preset gpt2 names the layers it expects", "[init_from]") {
   CHECK(m.size() == 17);
   const auto d = kiln::test::temp_dir("st_preset");
   CHECK_THAT(error_of([&] { spec_of("from = \"x\"\npreset = \"llama\"", d); }), Catch::Contains("key 'init.preset'"));
+}
+
+TEST_CASE("samples/gpt2_small.toml has GPT-2 small's 124M parameters, each named by the gpt2 preset", "[init_from]") {
+  const auto d = kiln::test::temp_dir("gpt2_sample");
+  std::vector<uint16_t> ids(600);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i * 83 % 50257);
+  std::ofstream(d / "tok.bin", std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), 1200);
+  raw_file(d / "empty.safetensors", "{}      ", "", 8);
+  const std::string stages =
+      "[{type = \"tokens\", path = \"" + (d / "tok.bin").string() + "\", vocab_size = 50257, block_size = 256}]";
+  auto cfg = kiln::Config::load_file(
+      std::string(KILN_SOURCE_DIR) + "/samples/gpt2_small.toml",
+      {"data.train.stages=" + stages, "data.test.stages=" + stages, "init.from=" + (d / "empty.safetensors").string()});
+  kiln::Session s(cfg, kiln::test::registry());
+  REQUIRE(s.init());
+  CHECK(s.init()->preset == "gpt2");
+  kiln::GraphOptions go;
+  go.batch = 1;
+  go.training = false;
+  int64_t params = 0, tensors = 0;
+  const kiln::Graph g = kiln::build_graph(s.model(), go);
+  for (const auto& t : g.tensors())
+    if (t.role == kiln::TensorRole::parameter) params += t.shape.numel(), ++tensors;
+  // GPT2LMHeadModel's 124,439,808 less the 768 positions (x 768) beyond the context of 256.
+  CHECK(params == 124439808 - 768 * 768);
+  CHECK(tensors == 148);
+  // Against a file with no tensors, every one of the 148 is missing, each with the preset's file name.
+  s.model().label_shape = Shape{256};
+  const std::string msg = error_of([&] { kiln::load_initial_weights(*s.init(), s.model(), s.optimizer()); });
+  CHECK_THAT(msg, Catch::Contains("148 missing, 0 unexpected, 0 misshaped") &&
+                      Catch::Contains("'h11_attn.qkv_kernel' (768, 2304) <- 'h.11.attn.c_attn.weight' (preset gpt2)") &&
+                      Catch::Contains("'wpe.table' (256, 768) <- 'wpe.weight' (preset gpt2)"));
+  size_t named = 0;
+  for (size_t at = msg.find("(preset gpt2)"); at != std::string::npos; at = msg.find("(preset gpt2)", at + 1)) ++named;
+  CHECK(named == 148);
 }
