@@ -8,7 +8,8 @@
 // process never reads them: its replicas train on its rows alone, and the trainer's label checks and the checkpoint's
 // pending batch (gathered from every rank) look at no other row. The epoch's last, smaller batch is split over the
 // replicas by its own size, so it is read whole. Without random access (or without a share) every row is read
-// through next() as before.
+// through next() as before, except for the rest of an epoch restored mid-way over a random-access upstream, which is
+// read through at() too (the saved state does not depend on how the rows were read; see save()).
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -37,13 +38,13 @@ class BatchStage final : public Stage {
   void reset(uint64_t epoch) override {
     up_->reset(epoch);
     epoch_ = epoch;
-    pos_ = 0;
-    pos_known_ = true;
-    choose_mode();
+    start_epoch(0);
+    const bool share = rows_end_ > 0 && (rows_begin_ > 0 || rows_end_ < size_);
+    by_at_ = indexed_ && share;
   }
 
   std::optional<Element> next() override {
-    if (rows_only_) return next_rows();
+    if (by_at_) return next_by_at();
     std::vector<Element> ex;
     ex.reserve(static_cast<size_t>(std::min<int64_t>(size_, 4096)));
     {
@@ -62,8 +63,10 @@ class BatchStage final : public Stage {
     return b;
   }
 
-  // Version 2: the epoch position in examples, whether the upstream's own state is still at the epoch start (the
-  // rows were read through at()), and that state. Version 1 held only the upstream's state.
+  // Version 2: the epoch position in examples, whether the upstream state that follows is the one at the epoch
+  // start, and that state. Over a random-access upstream it is always the epoch-start state (taken at reset), so the
+  // state is the same whichever rows this process reads and however it reads them: a rank's checkpoint resumes in
+  // one process and the reverse. Version 1 held only the upstream's state.
   StageState save() const override {
     StateWriter w;
     if (!pos_known_) {  // restored from a version-1 state in this epoch: the position in examples is not known
@@ -73,8 +76,8 @@ class BatchStage final : public Stage {
     }
     w.tag(name(), 2);
     w.u64(pos_);
-    w.u64(rows_only_ ? 1 : 0);
-    w.blob(up_->save());
+    w.u64(indexed_ ? 1 : 0);
+    w.blob(indexed_ ? start_state_ : up_->save());
     return w.take();
   }
 
@@ -84,7 +87,7 @@ class BatchStage final : public Stage {
       up_->restore(r.blob());
       r.done();
       // The position in examples is not known: this epoch reads every row through next().
-      rows_only_ = false;
+      by_at_ = indexed_ = false;
       pos_known_ = false;
       return;
     }
@@ -93,19 +96,21 @@ class BatchStage final : public Stage {
     const bool at_start = r.u64() != 0;
     up_->restore(r.blob());
     r.done();
-    pos_known_ = true;
-    if (rows_only_) {
+    if (indexed_) {
+      // Read from the position on through at() (every row, or this process's): the upstream goes back to the epoch
+      // start, whose state save() writes.
+      up_->reset(epoch_);
+      start_epoch(pos);
       if (pos > static_cast<uint64_t>(epoch_size_))
         r.fail("the saved position is example " + std::to_string(pos) + ", but the epoch has " +
                std::to_string(epoch_size_) + " (has the upstream data changed?)");
-      up_->reset(epoch_);  // at() does not use the upstream's position; keep it at the epoch start for save()
-      choose_mode();
-      pos_ = pos;
+      by_at_ = indexed_;
       return;
     }
     pos_ = pos;
+    pos_known_ = true;
     if (!at_start) return;
-    // Saved by a process that read its rows through at(): the upstream is at the epoch start; replay to the position.
+    // Saved over a random-access upstream, which is at the epoch start now: replay it to the position.
     for (uint64_t i = 0; i < pos; ++i)
       if (!up_->next())
         r.fail("replaying " + std::to_string(pos) + " examples ran out of data after " + std::to_string(i) +
@@ -119,18 +124,24 @@ class BatchStage final : public Stage {
   }
 
  private:
-  void choose_mode() {
+  // The upstream is at the epoch start: decide whether it has random access, and keep its state there.
+  void start_epoch(uint64_t pos) {
     const int64_t n = up_->size_hint();
-    const bool share = rows_end_ > 0 && (rows_begin_ > 0 || rows_end_ < size_);
-    rows_only_ = share && up_->random_access() && n >= 0;
-    epoch_size_ = rows_only_ ? n : 0;
+    indexed_ = up_->random_access() && n >= 0;
+    epoch_size_ = indexed_ ? n : 0;
+    start_state_ = indexed_ ? up_->save() : StageState{};
+    pos_ = pos;
+    pos_known_ = true;
   }
 
-  std::optional<Element> next_rows() {
+  // Rows through at(): this process's share of a full batch, or every row (the last, smaller batch; the rest of an
+  // epoch resumed mid-way).
+  std::optional<Element> next_by_at() {
     const auto at = static_cast<int64_t>(pos_);
     const int64_t count = std::min(size_, epoch_size_ - at);
     if (count <= 0 || (drop_ && count < size_)) return std::nullopt;
-    const int64_t first = count == size_ ? rows_begin_ : 0, last = count == size_ ? rows_end_ : count;
+    const bool share = rows_end_ > 0 && count == size_;
+    const int64_t first = share ? rows_begin_ : 0, last = share ? rows_end_ : count;
     const Shape xs = up_->example_shape(), ys = up_->label_shape();
     Element b;
     b.batch = count;
@@ -162,8 +173,11 @@ class BatchStage final : public Stage {
   int64_t rows_begin_, rows_end_;  // this process's rows of every full batch; rows_end_ = 0: all
   uint64_t epoch_ = 0, pos_ = 0;   // examples of the epoch delivered
   bool pos_known_ = true;          // false after restoring a version-1 state, until the next reset
-  bool rows_only_ = false;         // reading only rows_begin_..rows_end_ through at() (decided at every reset)
-  int64_t epoch_size_ = 0;         // examples of the epoch in that mode
+  // Decided at every reset: the upstream has random access and a known size (epoch_size_); its state then.
+  bool indexed_ = false;
+  int64_t epoch_size_ = 0;
+  StageState start_state_;
+  bool by_at_ = false;  // reading through at(): a share of the rows, or the rest of a restored epoch
   StageStats stats_;
 };
 
