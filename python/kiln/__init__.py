@@ -179,7 +179,9 @@ def _every_steps_set(config: str, overrides: list[str]) -> bool:
 
 class Run:
     """A Kiln run: a TOML file (or a dict, from_dict) with overrides, as `kiln train / plan / evaluate / predict /
-    export` use it. The config is validated here (ConfigError naming the file, line and key).
+    export` use it. The config is validated here (ConfigError naming the file, line and key). ``sources`` gives
+    the Python data a file's `{ type = "arrays", id = "ID" }` or `{ type = "generator", id = "ID" }` stages name:
+    {"ID": kiln.data.arrays(x, y)} or {"ID": kiln.data.generator(fn)}.
 
     Use it as a context manager, or call close(), to free the devices a loaded model holds (evaluate, predict and
     weights load the run's checkpoint once and keep it); the training run's lock is held only while fit runs.
@@ -190,18 +192,24 @@ class Run:
         config: str | os.PathLike,
         overrides: Mapping[str, Any] | Sequence[str] | None = None,
         *,
-        arrays: Mapping[str, data.Arrays] | None = None,
+        sources: Mapping[str, data.Source] | None = None,
         plugin_dirs: Sequence[str | os.PathLike] = (),
     ):
         self.config = os.fspath(config)
         self.overrides = _override_lines(overrides)
-        self._arrays = {}
-        for k, a in (arrays or {}).items():
-            if not isinstance(a, data.Arrays):
-                raise TypeError(f"arrays[{k!r}]: expected kiln.data.arrays(x, y), got {type(a).__name__}")
-            self._arrays[k] = a
+        self._sources = dict(sources or {})  # kept alive: the stages read the arrays in place and call the functions
+        arrays, gens = {}, {}
+        for k, a in self._sources.items():
+            if isinstance(a, data.Arrays):
+                arrays[k] = (a.x, a.y)
+            elif isinstance(a, data.Generator):
+                gens[k] = (a.fn, a.batched, a.takes_epoch)
+            else:
+                raise TypeError(
+                    f"sources[{k!r}]: expected kiln.data.arrays(x, y) or kiln.data.generator(fn), got {type(a).__name__}"
+                )
         self._dirs = _plugin_dirs(plugin_dirs)
-        self._core = _kiln.RunCore(self.config, self.overrides, self._dirs, {k: (a.x, a.y) for k, a in self._arrays.items()})
+        self._core = _kiln.RunCore(self.config, self.overrides, self._dirs, arrays, gens)
         self._weights: Weights | None = None
         self._output_dir: str | None = None
 
@@ -217,12 +225,13 @@ class Run:
         """A run from a dict laid out as the TOML file ({"run": {...}, "model": {"layers": [...]}, ...}).
 
         It is written as TOML to ``path`` (default: ``.kiln-<run name>.toml`` in the current directory, so relative
-        paths resolve from there and errors name its lines). kiln.data.arrays(x, y) objects may stand for stages.
+        paths resolve from there and errors name its lines). kiln.data.arrays(x, y) and kiln.data.generator(fn)
+        objects may stand for source stages.
         """
-        found: dict[str, data.Arrays] = {}
+        found: dict[str, data.Source] = {}
 
         def convert(v: Any) -> Any:
-            if isinstance(v, data.Arrays):
+            if isinstance(v, (data.Arrays, data.Generator)):
                 found[v.id] = v
                 return v.stage()
             return v
@@ -231,7 +240,7 @@ class Run:
         name = str(config.get("run", {}).get("name", "run"))
         p = Path(path) if path is not None else Path.cwd() / f".kiln-{name}.toml"
         p.write_text(text)
-        return cls(p, overrides, arrays=found, plugin_dirs=plugin_dirs)
+        return cls(p, overrides, sources=found, plugin_dirs=plugin_dirs)
 
     # -- what the app's subcommands do -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ class RunCore:
         overrides: Sequence[str],
         plugin_dirs: Sequence[str],
         arrays: dict[str, tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]],
+        generators: dict[str, tuple[Callable[..., Any], bool, bool]],  # id: (fn, batched, takes_epoch)
     ) -> None: ...
     @property
     def config(self) -> str: ...

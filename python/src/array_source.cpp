@@ -84,7 +84,7 @@ StageFactory arrays_stage_factory(std::shared_ptr<const std::map<std::string, Ar
       std::string known;
       for (const auto& [k, v] : *arrays) known += (known.empty() ? "" : ", ") + ("\"" + k + "\"");
       cfg.fail("id", "no kiln.data.arrays with id \"" + id + "\" was given to this run (it has " +
-                         (known.empty() ? std::string("none") : known) + "); pass them as kiln.Run(..., arrays={\"" +
+                         (known.empty() ? std::string("none") : known) + "); pass them as kiln.Run(..., sources={\"" +
                          id + "\": kiln.data.arrays(x, y)})");
     }
     return std::make_unique<ArraySource>(id, it->second);

@@ -13,6 +13,7 @@
 #include <streambuf>
 
 #include "commands.hpp"
+#include "generator_source.hpp"
 #include "kiln/allocator.hpp"
 #include "kiln/conformance.hpp"
 #include "kiln/error.hpp"
@@ -357,7 +358,7 @@ PYBIND11_MODULE(_kiln, m) {
 
   py::class_<RunCore>(m, "RunCore")
       .def(py::init([](std::string config, std::vector<std::string> overrides, std::vector<std::string> dirs,
-                       py::dict arrays) {
+                       py::dict arrays, py::dict generators) {
              std::map<std::string, python::ArrayData> a;
              for (auto [k, v] : arrays) {
                auto t = v.cast<py::tuple>();
@@ -370,10 +371,22 @@ PYBIND11_MODULE(_kiln, m) {
                d.y_shape.assign(y.shape(), y.shape() + y.ndim());
                a.emplace(k.cast<std::string>(), std::move(d));
              }
+             std::function<void(Registry&)> more;
+             if (!generators.empty()) {
+               auto gens = std::make_shared<std::map<std::string, python::GeneratorSpec>>();
+               for (auto [k, v] : generators) {
+                 auto t = v.cast<py::tuple>();
+                 gens->emplace(k.cast<std::string>(),
+                               python::GeneratorSpec{t[0].cast<py::object>(), t[1].cast<bool>(), t[2].cast<bool>()});
+               }
+               StageFactory f = python::generator_stage_factory(std::move(gens));
+               more = [f](Registry& reg) { reg.add_stage("generator", f); };
+             }
              py::gil_scoped_release g;
-             return std::make_unique<RunCore>(std::move(config), std::move(overrides), std::move(dirs), std::move(a));
+             return std::make_unique<RunCore>(std::move(config), std::move(overrides), std::move(dirs), std::move(a),
+                                              std::move(more));
            }),
-           py::arg("config"), py::arg("overrides"), py::arg("plugin_dirs"), py::arg("arrays"))
+           py::arg("config"), py::arg("overrides"), py::arg("plugin_dirs"), py::arg("arrays"), py::arg("generators"))
       .def_property_readonly("config", &RunCore::config)
       .def("output_dir", &RunCore::output_dir)
       .def("plan", &plan)

@@ -17,11 +17,12 @@
 namespace kiln::python {
 
 RunCore::RunCore(std::string config, std::vector<std::string> overrides, std::vector<std::string> plugin_dirs,
-                 std::map<std::string, ArrayData> arrays)
+                 std::map<std::string, ArrayData> arrays, std::function<void(Registry&)> more_stages)
     : config_(std::move(config)),
       overrides_(std::move(overrides)),
       plugin_dirs_(std::move(plugin_dirs)),
-      arrays_(std::make_shared<const std::map<std::string, ArrayData>>(std::move(arrays))) {
+      arrays_(std::make_shared<const std::map<std::string, ArrayData>>(std::move(arrays))),
+      more_stages_(std::move(more_stages)) {
   // As `kiln train` starts: a bad key, value or data file is refused here, before anything runs.
   PluginLoader loader;
   Registry reg = Registry::with_builtins();
@@ -29,6 +30,7 @@ RunCore::RunCore(std::string config, std::vector<std::string> overrides, std::ve
   app::load_plugins(o, loader, reg, config_);
   Config cfg = Config::load_file(config_, overrides_);
   Session s(cfg, reg);
+  output_dir_ = s.train().output_dir;
 }
 
 RunCore::~RunCore() { close(); }
@@ -38,18 +40,14 @@ app::Options RunCore::options() const {
   o.config = config_;
   o.overrides = overrides_;
   o.plugin_dirs = plugin_dirs_;
-  o.command_line = "python: kiln.Run(\"" + config_ + "\")";
+  o.command_line = "python: kiln.Run(\"";
+  o.command_line.append(config_).append("\")");
   auto arrays = arrays_;
-  o.extra_stages = [arrays](Registry& reg) { reg.add_stage("arrays", arrays_stage_factory(arrays)); };
+  o.extra_stages = [arrays, more = more_stages_](Registry& reg) {
+    reg.add_stage("arrays", arrays_stage_factory(arrays));
+    if (more) more(reg);
+  };
   return o;
-}
-
-std::string RunCore::output_dir() const {
-  PluginLoader loader;
-  Registry reg = Registry::with_builtins();
-  app::load_plugins(options(), loader, reg, config_);
-  Config cfg = Config::load_file(config_, overrides_);
-  return Session(cfg, reg).train().output_dir;
 }
 
 void RunCore::close() {
@@ -196,10 +194,12 @@ HostTensor RunCore::predict(HostTensor xin) {
       const bool softmax = head.loss == LossKind::softmax_cross_entropy;
       const int64_t cls = softmax && out.shape.rank() > 2 ? out.shape[out.shape.rank() - 1] : k;
       if (pos == 0)
-        for (int64_t j = 0; j < k; ++j)
-          names.push_back((model.outputs.size() > 1 ? head.layer + "." : std::string()) +
-                          (cls < k ? "p" + std::to_string(j / cls) + "." : std::string()) +
-                          (softmax ? "class_" : "out_") + std::to_string(j % cls));
+        for (int64_t j = 0; j < k; ++j) {
+          // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "p" + std::to_string(...).
+          std::string name = model.outputs.size() > 1 ? head.layer + "." : std::string();
+          if (cls < k) name.append("p").append(std::to_string(j / cls)).append(".");
+          names.push_back(name.append(softmax ? "class_" : "out_").append(std::to_string(j % cls)));
+        }
       for (int64_t i = 0; i < b; ++i) {
         const float* zi = out.data.data() + i * k;
         auto& row = cols[static_cast<size_t>(i)];

@@ -38,13 +38,13 @@ class RunCore {
  public:
   // Loads the plugins and validates the config as `kiln train` would before opening devices (ConfigError etc.).
   RunCore(std::string config, std::vector<std::string> overrides, std::vector<std::string> plugin_dirs,
-          std::map<std::string, ArrayData> arrays);
+          std::map<std::string, ArrayData> arrays, std::function<void(Registry&)> more_stages = {});
   ~RunCore();
   RunCore(const RunCore&) = delete;
   RunCore& operator=(const RunCore&) = delete;
 
   const std::string& config() const { return config_; }
-  std::string output_dir() const;
+  const std::string& output_dir() const { return output_dir_; }  // [train] output_dir as the run was built
 
   PlanResult plan();
   // `kiln train` (with --resume / --overwrite); progress goes to `out`, each metrics.jsonl record to on_record.
@@ -73,10 +73,12 @@ class RunCore {
   std::string config_;
   std::vector<std::string> overrides_, plugin_dirs_;
   std::shared_ptr<const std::map<std::string, ArrayData>> arrays_;
-  std::unique_ptr<app::TrainedModel> model_;  // loaded on first use by evaluate / predict / weights
-  std::unique_ptr<Runner> runner_;            // holds model_'s weights on its devices; freed before model_
+  std::function<void(Registry&)> more_stages_;  // the module's Python-backed stages (kiln.data.generator)
+  std::unique_ptr<app::TrainedModel> model_;    // loaded on first use by evaluate / predict / weights
+  std::unique_ptr<Runner> runner_;              // holds model_'s weights on its devices; freed before model_
   Shape label_;
   std::vector<std::string> columns_;
+  std::string output_dir_;
 };
 
 }  // namespace kiln::python

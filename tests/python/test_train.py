@@ -171,6 +171,6 @@ stages = [{{ type = "arrays", id = "train" }}, {{ type = "batch" }}]
 """)
     with pytest.raises(kiln.ConfigError, match=r'no kiln.data.arrays with id "train" was given to this run'):
         kiln.Run(cfg)
-    with kiln.Run(cfg, arrays={"train": kiln.data.arrays(x, y)}) as run:
+    with kiln.Run(cfg, sources={"train": kiln.data.arrays(x, y)}) as run:
         assert run.fit().steps == 16
         assert run.predict(x[:3]).shape == (3, 4)
