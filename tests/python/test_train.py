@@ -16,15 +16,17 @@ def step_losses(path):
 
 
 def test_mlp_from_python_gives_the_losses_of_kiln_train(tmp_path, capfd):
-    cfg = write_mlp(tmp_path)
-    sets = ["train.max_steps=12", "log.every_steps=1"]
-    app = kiln_app("train", cfg, *[a for s in sets for a in ("--set", s)], "--set", f"train.output_dir={tmp_path}/cli")
+    sample = os.path.join(os.environ.get("KILN_SOURCE_DIR", "."), "samples", "fashion_mnist_mlp.toml")
+    write_mlp(tmp_path)  # skips without Fashion-MNIST, which the sample reads
+    sets = {"train.max_steps": 12, "log.every_steps": 1}
+    app = kiln_app("train", sample, *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+                   "--set", f"train.output_dir={tmp_path}/cli")
     assert app.returncode == 0, app.stderr
     cli = step_losses(tmp_path / "cli" / "metrics.jsonl")
     assert len(cli) == 12
 
     seen = []
-    run = kiln.Run(cfg, overrides={"train.max_steps": 12, "train.output_dir": str(tmp_path / "py")})
+    run = kiln.Run(sample, overrides={**sets, "train.output_dir": str(tmp_path / "py")})
     hist = run.fit(on_step=seen.append)
     out = capfd.readouterr().out
     assert [r["loss"] for r in seen] == cli  # the same records, value for value (same seed, same data order)
