@@ -9,6 +9,7 @@
 // floats, shapes (T) and (T)), at seeded random offsets (train.py's get_batch: a fresh uniform offset in
 // [0, n - T) per example) or sequentially (offsets 0, T, 2T, ...).
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -224,10 +225,14 @@ class TextSource final : public WindowSource {
         vocab_(std::move(vocab_json)) {
     counters_.bytes = file_bytes;  // read when the stage was built
     const ReadingPlan p = plan_reading(ids_.bytes(), budget);
-    // The vocabulary is built from the whole file, so the text is decoded when the stage is built, whatever the
-    // budget; there is no streaming mode to fall back to.
-    reading_ = "decoded at build: " + format_bytes(static_cast<size_t>(ids_.bytes())) + " of token ids in memory" +
-               (p.decoded ? "" : " (text has no streaming mode: " + p.phrase.substr(p.phrase.find(": ") + 2) + ")");
+    // The vocabulary is built from the whole file, so the text is decoded when the stage is built. Beyond the budget
+    // only a plain file whose tokens are its bytes streams (StreamedTextSource): multi-byte UTF-8 or gzip text has no
+    // window offsets to read at, so it stays in memory.
+    reading_ =
+        "decoded at build: " + format_bytes(static_cast<size_t>(ids_.bytes())) + " of token ids in memory" +
+        (p.decoded
+             ? ""
+             : " (only a plain file of bytes or ASCII text streams: " + p.phrase.substr(p.phrase.find(": ") + 2) + ")");
   }
   std::string vocabulary() const override { return vocab_; }
   std::string reading() const override { return reading_; }
@@ -235,6 +240,39 @@ class TextSource final : public WindowSource {
  private:
   void read(int64_t at, uint32_t* out, size_t n) override { ids_.copy(at, out, n); }
   CompactIds ids_;  // the split's token ids
+  std::string vocab_;
+  std::string reading_;
+};
+
+// A text source over a plain file whose tokens are its bytes (vocab = "bytes", or "chars" of a file that is all
+// ASCII), when its ids do not fit the decoded budget: a window is a pread of T + 1 bytes of the split, each byte
+// mapped to its id.
+class StreamedTextSource final : public WindowSource {
+ public:
+  StreamedTextSource(std::unique_ptr<ByteReader> r, uint64_t begin, int64_t tokens, std::array<uint8_t, 256> ids,
+                     std::string vocab_json, int64_t block, Sampling sampling, int64_t examples, uint64_t seed,
+                     uint64_t budget)
+      : WindowSource("text", tokens, block, sampling, examples, seed),
+        r_(std::move(r)),
+        begin_(begin),
+        ids_(ids),
+        vocab_(std::move(vocab_json)),
+        reading_(plan_reading(static_cast<uint64_t>(tokens), budget).phrase) {
+    counters_.bytes = r_->offset();  // the pass that found the vocabulary
+    r_->count_into(&counters_.bytes);
+  }
+  std::string vocabulary() const override { return vocab_; }
+  std::string reading() const override { return reading_; }
+
+ private:
+  void read(int64_t at, uint32_t* out, size_t n) override {
+    std::vector<uint8_t> b(n);
+    r_->read_at(begin_ + static_cast<uint64_t>(at), b.data(), n, "a window of " + std::to_string(n) + " tokens");
+    for (size_t j = 0; j < n; ++j) out[j] = ids_[b[j]];
+  }
+  std::unique_ptr<ByteReader> r_;
+  uint64_t begin_;
+  std::array<uint8_t, 256> ids_;  // byte -> token id
   std::string vocab_;
   std::string reading_;
 };
@@ -345,6 +383,48 @@ std::unique_ptr<Stage> make_text(const ConfigNode& cfg, StageContext ctx) {
   const WindowKeys k = read_window_keys(cfg, ctx);
   cfg.finish();
 
+  auto split_name = [&](int64_t n, int64_t cut) {
+    return "the " + split + " split (" + (split == "train" ? "the first " : "the last ") +
+           std::to_string(split == "train" ? cut : n - cut) + " of " + std::to_string(n) + " tokens)";
+  };
+  {
+    // Streamed when its ids (one byte per token here) exceed the budget and a token is a byte of a plain file.
+    auto r = std::make_unique<ByteReader>(path, "text");
+    const auto n = static_cast<int64_t>(r->file_bytes());
+    const auto cut = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));
+    const int64_t len = split == "train" ? cut : n - cut;
+    if (!r->gzip() && n > 0 && static_cast<uint64_t>(len) > ctx.decoded_budget) {
+      std::array<uint8_t, 256> ids{};
+      std::string vocab = "{\"kind\": \"bytes\", \"size\": 256}";
+      bool ascii = true;
+      if (bytes) {
+        for (int b = 0; b < 256; ++b) ids[static_cast<size_t>(b)] = static_cast<uint8_t>(b);
+      } else {  // one pass for the characters; a byte past ASCII means UTF-8 of several bytes: decoded in memory
+        std::array<bool, 128> seen{};
+        std::vector<unsigned char> buf(1 << 18);
+        for (size_t got; ascii && (got = r->read_some(buf.data(), buf.size())) > 0;)
+          for (size_t i = 0; i < got && ascii; ++i) {
+            ascii = buf[i] < 0x80;
+            if (ascii) seen[buf[i]] = true;
+          }
+        vocab = "{\"kind\": \"chars\", \"tokens\": [";
+        uint8_t rank = 0;
+        for (uint32_t c = 0; c < 128; ++c)
+          if (seen[c]) {
+            vocab += (rank ? ", " : "") + json_string(utf8_encode(c));
+            ids[c] = rank++;
+          }
+        vocab += "]}";
+      }
+      if (ascii) {
+        const int64_t examples = windows(cfg, k, len, *r, split_name(n, cut));
+        const uint64_t begin = split == "train" ? 0 : static_cast<uint64_t>(cut);
+        return std::make_unique<StreamedTextSource>(std::move(r), begin, len, ids, std::move(vocab), k.block,
+                                                    k.sampling, examples, k.seed, ctx.decoded_budget);
+      }
+    }
+  }
+
   ByteReader r(path, "text");
   std::string raw;
   std::vector<char> buf(1 << 18);
@@ -373,10 +453,7 @@ std::unique_ptr<Stage> make_text(const ConfigNode& cfg, StageContext ctx) {
   const auto cut = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));
   std::vector<uint32_t> part = split == "train" ? std::vector<uint32_t>(ids.begin(), ids.begin() + cut)
                                                 : std::vector<uint32_t>(ids.begin() + cut, ids.end());
-  const int64_t examples =
-      windows(cfg, k, static_cast<int64_t>(part.size()), r,
-              "the " + split + " split (" + (split == "train" ? "the first " : "the last ") +
-                  std::to_string(split == "train" ? cut : n - cut) + " of " + std::to_string(n) + " tokens)");
+  const int64_t examples = windows(cfg, k, static_cast<int64_t>(part.size()), r, split_name(n, cut));
   return std::make_unique<TextSource>(part, std::move(vocab), raw.size(), k.block, k.sampling, examples, k.seed,
                                       ctx.decoded_budget);
 }
