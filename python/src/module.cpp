@@ -243,6 +243,10 @@ py::dict fit(RunCore& run, py::object on_record, bool resume, bool overwrite,
              const std::vector<std::string>& extra_overrides) {
   std::exception_ptr callback_error;
   std::function<void(const std::string&)> hook;
+  // The SIGINT handler before the trainer installs its own: a record written while it is back (none is, today)
+  // must not send Python a Ctrl-C.
+  struct sigaction before {};
+  sigaction(SIGINT, nullptr, &before);
   if (!on_record.is_none())
     hook = [&](const std::string& line) {
       py::gil_scoped_acquire g;
@@ -251,7 +255,9 @@ py::dict fit(RunCore& run, py::object on_record, bool resume, bool overwrite,
         on_record(line);
       } catch (py::error_already_set&) {
         callback_error = std::current_exception();
-        pthread_kill(pthread_self(), SIGINT);
+        struct sigaction now {};
+        sigaction(SIGINT, nullptr, &now);
+        if (now.sa_handler != before.sa_handler) pthread_kill(pthread_self(), SIGINT);
       }
     };
   PyStdout buf;
