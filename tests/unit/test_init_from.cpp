@@ -417,3 +417,51 @@ TEST_CASE("samples/gpt2_small.toml has GPT-2 small's 124M parameters, each named
   for (size_t at = msg.find("(preset gpt2)"); at != std::string::npos; at = msg.find("(preset gpt2)", at + 1)) ++named;
   CHECK(named == 148);
 }
+
+TEST_CASE("init preset gpt2 takes the first positions, ignores mask buffers and checks a saved tied lm_head",
+          "[init_from]") {
+  const auto d = kiln::test::temp_dir("st_gpt2");
+  const char* model = R"(
+[model]
+input_shape = [3]
+[[model.layers]]
+name = "wte"
+type = "embedding"
+vocab = 6
+dim = 4
+[[model.layers]]
+name = "wpe"
+type = "positional_embedding"
+[[model.layers]]
+name = "ln_f"
+type = "layer_norm"
+[[model.layers]]
+name = "lm_head"
+type = "dense"
+use_bias = false
+tie = "wte"
+)";
+  // The original GPT-2 files' names (no "transformer."), with the attention mask buffer and a saved lm_head.weight.
+  auto files = [&](const std::string& prefix, float lm_head_offset) {
+    return std::vector<StTensor>{{prefix + "wte.weight", "F32", {6, 4}, f32_bytes(ramp(24))},
+                                 {prefix + "wpe.weight", "F32", {8, 4}, f32_bytes(ramp(32, 0.1f))},
+                                 {prefix + "ln_f.weight", "F32", {4}, f32_bytes(ramp(4, 0.5f, 1.f))},
+                                 {prefix + "ln_f.bias", "F32", {4}, f32_bytes(ramp(4, 0.2f))},
+                                 {prefix + "h.0.attn.bias", "F32", {1, 1, 8, 8}, f32_bytes(ramp(64))},
+                                 {"lm_head.weight", "F32", {6, 4}, f32_bytes(ramp(24, 0.01f, lm_head_offset))}};
+  };
+  for (const std::string prefix : {"", "transformer."}) {
+    st_file(d / "gpt2.safetensors", files(prefix, 0.f));
+    const auto w = load("from = \"gpt2.safetensors\"\npreset = \"gpt2\"", d, model);
+    INFO(prefix);
+    CHECK(w.tensors.size() == 4);
+    CHECK(w.tensors.at("wpe.table").shape == Shape{3, 4});
+    const auto pos = ramp(32, 0.1f);
+    CHECK(w.tensors.at("wpe.table").data == std::vector<float>(pos.begin(), pos.begin() + 12));
+    CHECK(w.tensors.at("ln_f.gamma").data == ramp(4, 0.5f, 1.f));
+  }
+  // An lm_head.weight that is not wte.weight is a file this tied model cannot represent.
+  st_file(d / "untied.safetensors", files("", 1.f));
+  CHECK_THAT(error_of([&] { load("from = \"untied.safetensors\"\npreset = \"gpt2\"", d, model); }),
+             Catch::Contains("unexpected (in the file, used by no model tensor): 'lm_head.weight' (6, 4)"));
+}

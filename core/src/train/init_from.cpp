@@ -281,7 +281,7 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
   const Source src(path);
   const auto& have = src.shapes();
   if (spec.ema && !src.checkpoint())
-    throw ConfigError("[init] weights = \"ema\" applies to a Kiln checkpoint; " + path +
+    throw ConfigError(spec.where + ": [init] weights = \"ema\" applies to a Kiln checkpoint; " + path +
                       " is a safetensors file (its tensors are what it holds)");
 
   // Rules in order: the config's map (exact names before patterns), the preset, then the name itself.
