@@ -21,6 +21,7 @@ is missing (Debian's python3-torch plus `pip install safetensors onnx onnxruntim
 import argparse
 import gzip
 import math
+import re
 import os
 import subprocess
 import sys
@@ -80,13 +81,55 @@ def act(x, name):
     return fns[name](x)
 
 
+def expand_layers(tables):
+    """[[model.layers]] with repeated blocks written out, as Kiln's parse_model expands them: each repetition i of a
+    table with `repeat` adds its `block` tables with {i}, {i+K}, {i-K} and {prev} replaced in every string."""
+    out = []
+
+    def sub(v, i, prev):
+        if isinstance(v, str):
+            v = re.sub(r"\{i([+-]\d+)?\}", lambda m: str(i + int(m.group(1) or 0)), v)
+            return v.replace("{prev}", prev)
+        if isinstance(v, list):
+            return [sub(e, i, prev) for e in v]
+        if isinstance(v, dict):
+            return {k: sub(e, i, prev) for k, e in v.items()}
+        return v
+
+    counts = {}
+    for t in tables:
+        prev = out[-1]["name"] if out else "input"
+        if "repeat" not in t:
+            t = dict(t)
+            if "name" not in t:  # Kiln's default name, counted over the expanded layers
+                counts[t["type"]] = counts.get(t["type"], 0) + 1
+                t["name"] = f"{t['type']}_{counts[t['type']]}"
+            out.append(t)
+            continue
+        prev = t.get("inputs", [prev])[0]
+        for i in range(t["repeat"]):
+            rep_input = prev
+            for j, b in enumerate(t["block"]):
+                layer = sub(b, i, rep_input)
+                layer.setdefault("inputs", [prev])
+                for k in ("trainable", "learning_rate_scale"):
+                    if k in t:
+                        layer.setdefault(k, t[k])
+                if "name" not in layer:
+                    counts[layer["type"]] = counts.get(layer["type"], 0) + 1
+                    layer["name"] = f"{layer['type']}_{counts[layer['type']]}"
+                out.append(layer)
+                prev = layer["name"]
+    return out
+
+
 def torch_forward(cfg, w, x):
     """The config's layers as PyTorch computes them, in float64, with the exported tensors under Kiln's names
     (<name> or <type>_<k>). Returns the first output's values as kiln predict writes them."""
     w = {k: v.to(torch.float64) for k, v in w.items()}
     model = cfg["model"]
     counts, vals, prev = {}, {"input": x}, "input"
-    for layer in model["layers"]:
+    for layer in expand_layers(model["layers"]):
         t = layer["type"]
         counts[t] = counts.get(t, 0) + 1
         name = layer.get("name", f"{t}_{counts[t]}")

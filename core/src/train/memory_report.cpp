@@ -51,6 +51,7 @@ std::vector<LayerRow> layer_table(const ModelSpec& m) {
   GraphOptions o;
   o.batch = 1;
   o.training = false;
+  o.apply_trainable = false;  // a frozen layer's weights are still its parameters (kiln plan's frozen line counts them)
   Graph g = build_graph(m, o);
   g.inplace = m.savers.inplace;
   Liveness live = analyze_liveness(g, PlanOptions{});
