@@ -11,10 +11,12 @@
 // through next() as before, except for the rest of an epoch restored mid-way over a random-access upstream, which is
 // read through at() too (the saved state does not depend on how the rows were read; see save()).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 
 #include "common.hpp"
+#include "ordered_reads.hpp"
 #include "stages.hpp"
 #include "state_version.hpp"
 
@@ -41,6 +43,7 @@ class BatchStage final : public Stage {
     start_epoch(0);
     const bool share = rows_end_ > 0 && (rows_begin_ > 0 || rows_end_ < size_);
     by_at_ = indexed_ && share;
+    if (by_at_) read_rows_ahead();
   }
 
   std::optional<Element> next() override {
@@ -105,6 +108,7 @@ class BatchStage final : public Stage {
         r.fail("the saved position is example " + std::to_string(pos) + ", but the epoch has " +
                std::to_string(epoch_size_) + " (has the upstream data changed?)");
       by_at_ = indexed_;
+      read_rows_ahead();
       return;
     }
     pos_ = pos;
@@ -134,6 +138,21 @@ class BatchStage final : public Stage {
     pos_known_ = true;
   }
 
+  // The positions next_by_at() will read from pos_ on, handed to the upstream so it reads them ahead with its own
+  // threads (a map's workers) when it can; otherwise next_by_at() calls at() itself.
+  void read_rows_ahead() {
+    auto list = std::make_shared<std::vector<uint32_t>>();
+    for (int64_t p = 0; p < epoch_size_; p += size_) {
+      const int64_t count = std::min(size_, epoch_size_ - p);
+      if (drop_ && count < size_) break;
+      const bool share = rows_end_ > 0 && count == size_;
+      for (int64_t r = share ? rows_begin_ : 0; r < (share ? rows_end_ : count); ++r)
+        if (p + r >= static_cast<int64_t>(pos_)) list->push_back(static_cast<uint32_t>(p + r));
+    }
+    OrderedReads* o = epoch_size_ <= int64_t{UINT32_MAX} ? ordered_reads(*up_) : nullptr;
+    up_reads_ = o && o->read_in_order(std::move(list), 0);
+  }
+
   // Rows through at(): this process's share of a full batch, or every row (the last, smaller batch; the rest of an
   // epoch resumed mid-way).
   std::optional<Element> next_by_at() {
@@ -152,7 +171,15 @@ class BatchStage final : public Stage {
       Element e;
       {
         ScopedTimer t(stats_.wait_seconds);
-        e = up_->at(static_cast<uint64_t>(at + r));
+        if (up_reads_) {
+          std::optional<Element> next = up_->next();
+          if (!next)
+            throw Error("data stage 'batch': the upstream ended before example " + std::to_string(at + r) +
+                        " of the epoch it was asked to read");
+          e = std::move(*next);
+        } else {
+          e = up_->at(static_cast<uint64_t>(at + r));
+        }
       }
       ScopedTimer t(stats_.busy_seconds);
       if (e.batch != 0 || !(e.x.shape == xs) || !(e.y.shape == ys))
@@ -177,7 +204,8 @@ class BatchStage final : public Stage {
   bool indexed_ = false;
   int64_t epoch_size_ = 0;
   StageState start_state_;
-  bool by_at_ = false;  // reading through at(): a share of the rows, or the rest of a restored epoch
+  bool by_at_ = false;     // reading through at(): a share of the rows, or the rest of a restored epoch
+  bool up_reads_ = false;  // ...through the upstream's next(), which reads those positions ahead (read_in_order)
   StageStats stats_;
 };
 

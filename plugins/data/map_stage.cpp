@@ -11,6 +11,7 @@
 // rather than one at a time. Its state is then just the epoch position (format version 3); a version-2 state of the
 // streaming mode is read by either mode, and a version-3 state by the streaming mode too (it replays the upstream
 // to that position).
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "map_ops.hpp"
+#include "ordered_reads.hpp"
 #include "stages.hpp"
 #include "state_version.hpp"
 
@@ -28,7 +30,7 @@ namespace {
 constexpr uint64_t kChunk = 16;       // elements a worker pulls at once
 constexpr uint64_t kChunksAhead = 4;  // chunks per worker that may be pulled ahead of the consumer
 
-class MapStage final : public Stage {
+class MapStage final : public Stage, public OrderedReads {
  public:
   MapStage(std::string name, std::unique_ptr<Stage> up, std::vector<std::unique_ptr<MapOp>> ops, size_t workers,
            uint64_t seed)
@@ -54,6 +56,16 @@ class MapStage final : public Stage {
     epoch_ = epoch;
     clear(0);
     choose_mode();
+  }
+
+  bool read_in_order(Positions order, uint64_t from) override {
+    if (!indexed_) return false;
+    stop();
+    clear(0);
+    order_ = std::move(order);
+    next_out_ = pulled_ = claimed_ = from;
+    up_done_ = from >= limit();
+    return true;
   }
 
   // Example k of the epoch, transformed; from any thread, without moving next()'s position.
@@ -151,7 +163,12 @@ class MapStage final : public Stage {
   }
 
  private:
+  // Elements next() delivers in random-access mode, and the epoch position of the i-th.
+  uint64_t limit() const { return order_ ? order_->size() : size_; }
+  uint64_t index(uint64_t i) const { return order_ ? (*order_)[i] : i; }
+
   void choose_mode() {
+    order_.reset();
     const int64_t n = up_->size_hint();
     indexed_ = up_->random_access() && n >= 0;
     size_ = indexed_ ? static_cast<uint64_t>(n) : 0;
@@ -190,12 +207,12 @@ class MapStage final : public Stage {
   }
 
   std::optional<Element> next_indexed_inline() {
-    if (next_out_ >= size_) return std::nullopt;
+    if (next_out_ >= limit()) return std::nullopt;
     double busy = 0;
     Element e;
     {
       ScopedTimer t(busy);
-      e = at(next_out_);
+      e = at(index(next_out_));
     }
     ++next_out_;
     stats_.busy_seconds += busy;
@@ -284,10 +301,10 @@ class MapStage final : public Stage {
         --waiting_;
         if (stop_ || up_done_) return;
         seq0 = pulled_;
-        count = std::min<uint64_t>(kChunk, size_ - pulled_);
+        count = std::min<uint64_t>(kChunk, limit() - pulled_);
         pulled_ += count;
         claimed_ = pulled_;
-        if (pulled_ >= size_) up_done_ = true;
+        if (pulled_ >= limit()) up_done_ = true;
         ended = up_done_;
       }
       if (ended) {
@@ -300,7 +317,7 @@ class MapStage final : public Stage {
       for (uint64_t i = 0; i < count; ++i) {
         try {
           ScopedTimer t(busy);
-          chunk.push_back(at(seq0 + i));
+          chunk.push_back(at(index(seq0 + i)));
         } catch (...) {
           {
             std::lock_guard<std::mutex> lock(mu_);
@@ -401,6 +418,7 @@ class MapStage final : public Stage {
   uint64_t epoch_ = 0;
   bool indexed_ = false;  // random-access mode (decided at every reset): reads go through up_->at()
   uint64_t size_ = 0;     // elements of the epoch in that mode
+  Positions order_;       // read_in_order's positions (sequence number i is element order_[i]); null: 0, 1, ...
 
   // Parallel mode. mu_ guards everything below and stats_; pull_mu_ serialises use of up_ by the workers.
   mutable std::mutex mu_, pull_mu_;
@@ -415,13 +433,32 @@ class MapStage final : public Stage {
 
 }  // namespace
 
+// workers = "auto" (the default): half the host's cores, 2 to 4. The threads read and transform ahead of the trainer
+// and sleep once 4 chunks each ahead, so they take the data work off the step's threads rather than adding to it. On
+// the 2-core build host (loaded, load average 5) 2 workers ran the Fashion-MNIST MLP sample with random_crop and
+// flip_horizontal 13-15% faster than 1 (the ops in the trainer's thread) and the CNN sample at the same speed.
+static int64_t map_workers(const ConfigNode& cfg) {
+  const std::string text = cfg.get_size_text("workers", "auto");
+  if (text == "auto") return std::clamp<int64_t>(std::thread::hardware_concurrency() / 2, 2, 4);
+  int64_t workers = 0;
+  size_t used = 0;
+  try {
+    workers = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty())
+    cfg.fail("workers", "is \"" + text + "\": expected \"auto\" (half the cores, 2 to 4) or a number of threads");
+  if (workers < 1 || workers > 256) cfg.fail("workers", "must be in 1..256, got " + std::to_string(workers));
+  return workers;
+}
+
 std::unique_ptr<Stage> make_map(const ConfigNode& cfg, StageContext ctx) {
   require_upstream(cfg, ctx, "map");
   std::vector<ConfigNode> op_cfgs = cfg.table_array("ops");
   if (op_cfgs.empty())
     cfg.fail("ops", "needs at least one op, e.g. ops = [{op = \"scale\", factor = 0.00392156862745098}]");
-  int64_t workers = cfg.get_int("workers", 1);
-  if (workers < 1 || workers > 256) cfg.fail("workers", "must be in 1..256, got " + std::to_string(workers));
+  const int64_t workers = map_workers(cfg);
   auto seed = static_cast<uint64_t>(cfg.get_int("seed", static_cast<int64_t>(ctx.seed)));
   std::vector<std::unique_ptr<MapOp>> ops;
   Shape x = ctx.upstream->example_shape(), y = ctx.upstream->label_shape();

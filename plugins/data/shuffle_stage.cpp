@@ -13,12 +13,13 @@
 #include <optional>
 
 #include "common.hpp"
+#include "ordered_reads.hpp"
 #include "stages.hpp"
 
 namespace kiln::data {
 namespace {
 
-class ShuffleStage final : public Stage {
+class ShuffleStage final : public Stage, public OrderedReads {
  public:
   ShuffleStage(std::unique_ptr<Stage> up, size_t buffer, uint64_t seed)
       : up_(std::move(up)), cap_(buffer), seed_(seed) {}
@@ -41,12 +42,25 @@ class ShuffleStage final : public Stage {
     return e;
   }
 
+  // Positions of this stage's epoch, composed with the shuffle's order and handed on to the upstream when it reads
+  // ahead itself.
+  bool read_in_order(Positions list, uint64_t from) override {
+    if (!indexed_) return false;
+    auto composed = std::make_shared<std::vector<uint32_t>>(list->size());
+    for (size_t i = 0; i < list->size(); ++i) (*composed)[i] = (*order_)[(*list)[i]];
+    reads_ = std::move(composed);
+    read_at_ = from;
+    OrderedReads* o = ordered_reads(*up_);
+    up_reads_ = o && o->read_in_order(reads_, from);
+    return true;
+  }
+
   Element at(uint64_t k) override {
     if (!indexed_) return Stage::at(k);
-    if (k >= order_.size())
+    if (k >= order_->size())
       throw Error("shuffle: element " + std::to_string(k) + " asked for, but the epoch has " +
-                  std::to_string(order_.size()));
-    return up_->at(order_[k]);
+                  std::to_string(order_->size()));
+    return up_->at((*order_)[k]);
   }
 
   StageState save() const override {
@@ -65,11 +79,12 @@ class ShuffleStage final : public Stage {
     epoch_ = epoch;
     start_epoch();
     if (indexed_) {
-      if (emitted > order_.size())
+      if (emitted > order_->size())
         r.fail("the saved position is draw " + std::to_string(emitted) + " of epoch " + std::to_string(epoch) +
-               ", but the upstream has " + std::to_string(order_.size()) +
+               ", but the upstream has " + std::to_string(order_->size()) +
                " elements (has the upstream data changed?)");
       emitted_ = emitted;
+      read_all_from(emitted);
       return;
     }
     for (uint64_t i = 0; i < emitted; ++i)
@@ -88,7 +103,8 @@ class ShuffleStage final : public Stage {
   void start_epoch() {
     buf_.clear();
     buf_.shrink_to_fit();
-    order_.clear();
+    order_.reset();
+    reads_.reset();
     emitted_ = 0;
     up_done_ = false;
     const int64_t n = up_->size_hint();
@@ -97,8 +113,19 @@ class ShuffleStage final : public Stage {
       buf_.reserve(std::min<size_t>(cap_, 1 << 16));
       return;
     }
-    ScopedTimer t(stats_.busy_seconds);
-    order_ = draw_order(static_cast<uint32_t>(n));
+    {
+      ScopedTimer t(stats_.busy_seconds);
+      order_ = std::make_shared<const std::vector<uint32_t>>(draw_order(static_cast<uint32_t>(n)));
+    }
+    read_all_from(0);
+  }
+
+  // next() reads the epoch's order from draw `from` on: through the upstream's next() when it reads ahead itself
+  // (a map's workers), else through at() one element at a time.
+  void read_all_from(uint64_t from) {
+    reads_.reset();
+    OrderedReads* o = ordered_reads(*up_);
+    up_reads_ = o && o->read_in_order(order_, from);
   }
 
   // The buffered shuffle of draw() on the indices 0..n-1: the same fill, draw and swap-with-last.
@@ -119,9 +146,14 @@ class ShuffleStage final : public Stage {
   }
 
   std::optional<Element> next_indexed() {
-    if (emitted_ >= order_.size()) return std::nullopt;
     ScopedTimer t(stats_.wait_seconds);
-    Element e = up_->at(order_[emitted_]);
+    if (reads_) {  // read_in_order's positions
+      if (read_at_ >= reads_->size()) return std::nullopt;
+      ++read_at_;
+      return up_reads_ ? up_->next() : up_->at((*reads_)[read_at_ - 1]);
+    }
+    if (emitted_ >= order_->size()) return std::nullopt;
+    std::optional<Element> e = up_reads_ ? up_->next() : up_->at((*order_)[emitted_]);
     ++emitted_;
     return e;
   }
@@ -155,7 +187,10 @@ class ShuffleStage final : public Stage {
   bool up_done_ = false;
   // Random-access mode (decided at every reset): the epoch's order as upstream indices; buf_ stays empty.
   bool indexed_ = false;
-  std::vector<uint32_t> order_;
+  Positions order_;
+  bool up_reads_ = false;  // the upstream delivers order_ (or reads_) through its next(), reading ahead
+  Positions reads_;        // read_in_order's positions composed with order_; null: the whole order
+  uint64_t read_at_ = 0;
   std::vector<Element> buf_;
   StageStats stats_;
 };

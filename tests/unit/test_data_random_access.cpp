@@ -56,14 +56,10 @@ std::unique_ptr<Stage> pipeline(const std::string& stages, const Build& b = {}) 
   return cur;
 }
 
-const std::string kAugment =
-    "{type = \"map\", workers = WORKERS, ops = [{op = \"random_crop\", size = [4, 4], padding = 1}, "
-    "{op = \"flip_horizontal\"}, {op = \"scale\", factor = 0.5}]}";
-
 std::string augment(int workers) {
-  std::string s = kAugment;
-  s.replace(s.find("WORKERS"), 7, std::to_string(workers));
-  return s;
+  return "{type = \"map\", workers = " + std::to_string(workers) +
+         ", ops = [{op = \"random_crop\", size = [4, 4], padding = 1}, {op = \"flip_horizontal\"}, {op = "
+         "\"scale\", factor = 0.5}]}";
 }
 
 }  // namespace
@@ -181,4 +177,33 @@ TEST_CASE("mid-epoch save and restore over random access are exact, and each mod
         }
     }
   }
+}
+
+TEST_CASE("shuffle hands its order to a parallel map, which reads it ahead, with the streaming sequence",
+          "[data][random_access]") {
+  const std::string st = augment(3) + ", {type = \"shuffle\", buffer = 30}";
+  auto ra = pipeline(st), ref = pipeline(st, {.streaming = true});
+  for (uint64_t e : {0u, 1u}) {
+    CAPTURE(e);
+    auto want = epoch(*ref, e);
+    CHECK(same(epoch(*ra, e), want));
+    // Restored mid-epoch, the map reads on from that draw.
+    ra->reset(e);
+    drain(*ra, 17);
+    auto fresh = pipeline(st);
+    fresh->reset(e);
+    fresh->restore(ra->save());
+    CHECK(same(drain(*fresh), std::vector<Element>(want.begin() + 17, want.end())));
+  }
+  CHECK(stats_of(*ra, "map").busy_seconds > 0);
+}
+
+TEST_CASE("map workers default to auto and take a number or auto", "[data][random_access]") {
+  CHECK(pipeline("{type = \"map\", ops = [{op = \"scale\", factor = 2.0}]}") != nullptr);
+  CHECK(pipeline("{type = \"map\", workers = \"auto\", ops = [{op = \"scale\", factor = 2.0}]}") != nullptr);
+  CHECK_THROWS_WITH(pipeline("{type = \"map\", workers = \"many\", ops = [{op = \"scale\", factor = 2.0}]}"),
+                    Catch::Contains("key 'stages[0].workers'") &&
+                        Catch::Contains("is \"many\": expected \"auto\" (half the cores, 2 to 4) or a number"));
+  CHECK_THROWS_WITH(pipeline("{type = \"map\", workers = 0, ops = [{op = \"scale\", factor = 2.0}]}"),
+                    Catch::Contains("must be in 1..256, got 0"));
 }
