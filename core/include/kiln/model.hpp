@@ -121,7 +121,8 @@ struct GraphOptions {
 // Forward (+ backward + update when training). Persistent tensors are named so several graphs share them.
 Graph build_graph(const ModelSpec& m, const GraphOptions& o);
 
-// What `trainable = false` saves in a training step: the frozen layers, their parameters (buffers in the graph), and
+// What `trainable = false` saves in a training step: the frozen layers that hold weights, those weights (buffers in the
+// graph), and
 // the bytes of what they would otherwise have had: a gradient, the optimizer's state tensors and an EMA shadow each,
 // every tensor rounded up to `alignment` as the planner rounds it.
 struct FrozenSaving {

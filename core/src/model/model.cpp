@@ -908,8 +908,9 @@ FrozenSaving frozen_saving(const ModelSpec& m, const Graph& g, const OptimizerSp
   FrozenSaving f;
   std::set<std::string> frozen;
   for (const auto& l : m.layers)
-    if (!l.trainable) frozen.insert(l.name), ++f.layers;
+    if (!l.trainable) frozen.insert(l.name);
   if (frozen.empty()) return f;
+  std::set<std::string> holding;  // the frozen layers with weights (a frozen add saves nothing)
   // The same model with every layer trainable tells which of the frozen layers' buffers are parameters there (a
   // frozen batch norm's running statistics are buffers either way).
   GraphOptions go;
@@ -923,12 +924,14 @@ FrozenSaving frozen_saving(const ModelSpec& m, const Graph& g, const OptimizerSp
     const TensorId here = g.find(t.name);
     if (here == kNoTensor) continue;
     const size_t bytes = aligned_size(t.bytes(), alignment);
+    holding.insert(t.layer);
     ++f.tensors;
     f.values += t.shape.numel();
     f.gradient_bytes += bytes;
     f.optimizer_state_bytes += bytes * o.state_tensors_per_param();
     if (o.ema_decay > 0) f.ema_bytes += bytes;
   }
+  f.layers = holding.size();
   return f;
 }
 
