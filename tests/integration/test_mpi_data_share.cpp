@@ -136,3 +136,21 @@ TEST_CASE("2 MPI ranks reading their shares stop mid-epoch and resume exactly, w
     CHECK(same_weights(dir / "ref" / "checkpoint.kiln", dir / ("cut_" + stop + "_" + resume) / "checkpoint.kiln"));
   }
 }
+
+TEST_CASE("2 MPI ranks read every row when a cache follows the batch stage", "[mpi][data_share]") {
+  if (std::string why = kiln::test::mpi_missing(); !why.empty()) KILN_SKIP(why);
+  auto dir = kiln::test::temp_dir("mpi_share_cache");
+  write_run(dir);
+  // A cache after the batch would record a rank's partial batches (a file cache could be read by another rank).
+  std::ifstream in(dir / "run.toml");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.replace(text.find("{type = \"batch\"},"), 18, "{type = \"batch\"}, {type = \"cache\"},");
+  std::ofstream(dir / "run.toml") << text;
+  auto mpi = ranks(dir, out_dir(dir, "two"));
+  INFO(mpi.output);
+  REQUIRE(mpi.exit_code == 0);
+  const auto shared = bytes_read(mpi.output);
+  REQUIRE(shared.size() == 3);
+  CHECK(shared[1] == 1000 * 785 + 24);  // the first epoch reads everything; the second is served by the cache
+  CHECK(shared[2] == shared[1]);
+}

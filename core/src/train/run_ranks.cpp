@@ -225,6 +225,17 @@ RowShare train_rows(const Config& cfg, const Strategy& strategy, int64_t batch) 
   const int64_t procs = pg->size();
   if (batch % procs != 0) return {};
   if (auto st = cfg.root().table("strategy"); st && st->has("uneven") && st->get_bool("uneven", false)) return {};
+  // A cache after the batch stage would record this rank's partial batches: a file cache may be read by another
+  // rank or a later run, so such a pipeline reads every row.
+  if (auto d = cfg.root().table("data"); d && d->has("train"))
+    if (auto train = d->table("train"); train && train->has("stages")) {
+      bool batched = false;
+      for (const auto& st : train->table_array("stages")) {
+        const std::string type = st.has("type") ? st.get_string("type") : "";
+        if (batched && type == "cache") return {};
+        batched = batched || type == "batch";
+      }
+    }
   const int64_t share = batch / procs;
   return {pg->rank() * share, (pg->rank() + 1) * share};
 }

@@ -37,8 +37,8 @@ void agree_checkpoint_written(ProcessGroup& pg, const std::string& error);
 // Rows [begin, end) of every full global batch of `batch` examples that this process's replicas train on, so its
 // train pipeline reads only those (StageContext::rows_begin/rows_end). Under data_parallel across P processes rank r
 // takes rows r * batch / P .. (r + 1) * batch / P: the replicas split a full batch evenly, which training requires
-// unless [strategy] uneven = true. {0, 0} (every row) for one process, another strategy, uneven = true, or a batch
-// that P does not divide.
+// unless [strategy] uneven = true. {0, 0} (every row) for one process, another strategy, uneven = true, a batch that
+// P does not divide, or a [data.train] with a cache stage after its batch stage.
 struct RowShare {
   int64_t begin = 0, end = 0;
   bool all() const { return end == 0; }
