@@ -1,5 +1,17 @@
-// Samples/s of Kiln's data pipeline on Fashion-MNIST (train set, 60000 images) in several configurations:
-// from the gzip files every epoch, from a memory cache, and with augmentation on 1 or 2 map workers.
+// Examples/s of Kiln's input pipelines, per epoch and per stage.
+//
+// A run's own pipeline, as `kiln train` builds it from the config's [data.train] (or [data.test]) section:
+//   kiln_data_bench CONFIG [--set key=value]... [--pipeline train|test] [--epochs N] [--label NAME] [--stats 0]
+//   e.g. build/bin/kiln_data_bench samples/fashion_mnist_mlp.toml --set train.batch_size=64 --epochs 3
+// It times building the pipeline (what `kiln train` does before step 1: opening and checking the files), then N
+// epochs (default 3) of reset(epoch) and next() until the end, the consumer only touching each batch. It prints
+// one line per epoch, "kiln LABEL epoch E: EXAMPLES examples in S s, R examples/s", with epoch 1's rate also over
+// build + epoch 1 (everything a training loop pays before its second epoch), and under it each stage's figures
+// for that epoch from collect_stats(): elements produced, busy and wait seconds, bytes read, and the stage's own
+// rate, examples/s of busy time (elements x examples per element / busy seconds). bench/data/compare_peers.sh runs
+// it beside tf.data and PyTorch's DataLoader on the same sections.
+//
+// The fixed Fashion-MNIST cases of bench/data/run.sh (no CONFIG):
 //   kiln_data_bench [--data DIR] [--epochs N] [--batch B] [--only NAME] [--stats 1]
 //   (DIR: default $KILN_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
 // Each case runs one untimed epoch (fills caches), then N timed epochs; prints samples/s per case, and with
@@ -13,6 +25,7 @@
 
 #include "kiln/config.hpp"
 #include "kiln/plugin_loader.hpp"
+#include "kiln/session.hpp"
 
 namespace {
 
@@ -50,9 +63,103 @@ std::pair<int64_t, double> run_epoch(kiln::Stage& p, uint64_t epoch) {
   return {n, dt};
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Per-stage figures of one epoch: the difference of two collect_stats() snapshots (the stats are cumulative).
+void print_stage_stats(const std::vector<kiln::StageStats>& before, const std::vector<kiln::StageStats>& after,
+                       int64_t batch) {
+  bool batched = false;  // stages from the first "batch" on produce batches of `batch` examples
+  for (size_t i = 0; i < after.size(); ++i) {
+    const kiln::StageStats& a = after[i];
+    kiln::StageStats b;
+    if (i < before.size() && before[i].name == a.name) b = before[i];
+    if (a.name == "batch") batched = true;
+    const uint64_t el = a.elements - b.elements;
+    const double busy = a.busy_seconds - b.busy_seconds, wait = a.wait_seconds - b.wait_seconds;
+    const double examples = static_cast<double>(el) * (batched ? static_cast<double>(batch) : 1.0);
+    std::printf("    %-10s elements %8llu  busy %7.3f s  wait %7.3f s  read %8.1f MB  own rate %12.0f examples/s\n",
+                a.name.c_str(), static_cast<unsigned long long>(el), busy, wait,
+                static_cast<double>(a.bytes_read - b.bytes_read) / 1e6, busy > 0 ? examples / busy : 0.0);
+  }
+}
+
+// A run's own pipeline ([data.train] or [data.test] of CONFIG, with --set overrides), built by kiln::Session as
+// `kiln train` builds it.
+int run_config(int argc, char** argv) {
+  const std::string path = argv[1];
+  std::vector<std::string> sets;
+  std::string which = "train", label;
+  int epochs = 3;
+  bool stats = true;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::cerr << "kiln_data_bench: " << a << " needs a value\n";
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--set")
+      sets.push_back(v);
+    else if (a == "--pipeline")
+      which = v;
+    else if (a == "--epochs")
+      epochs = std::stoi(v);
+    else if (a == "--label")
+      label = v;
+    else if (a == "--stats")
+      stats = v != "0";
+    else {
+      std::cerr << "usage: kiln_data_bench CONFIG [--set key=value]... [--pipeline train|test] [--epochs N] "
+                   "[--label NAME] [--stats 0]\n";
+      return 2;
+    }
+  }
+  kiln::PluginLoader loader;
+  kiln::Registry reg = kiln::Registry::with_builtins();
+  for (auto& d : kiln::PluginLoader::default_dirs()) loader.load_dir(d, reg);
+  kiln::Config cfg = kiln::Config::load_file(path, sets);
+  kiln::Session s(cfg, reg);
+  if (label.empty()) label = s.run_name();
+  if (!s.has_pipeline(which)) {
+    std::cerr << "kiln_data_bench: " << path << " has no [data." << which << "] section\n";
+    return 2;
+  }
+  const int64_t batch = s.train().batch_size;
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<kiln::Stage> p = s.make_pipeline(which);
+  const double build = seconds_since(t0);
+  std::printf("kiln %s: [data.%s] of %s, batch %lld, built in %.3f s; %s\n", label.c_str(), which.c_str(), path.c_str(),
+              static_cast<long long>(batch), build,
+              p->reading().empty() ? "(the source says nothing of how it reads)" : p->reading().c_str());
+  std::vector<kiln::StageStats> before;
+  for (int e = 0; e < epochs; ++e) {
+    auto [n, dt] = run_epoch(*p, static_cast<uint64_t>(e));
+    std::printf("kiln %s epoch %d: %lld examples in %.3f s, %.0f examples/s", label.c_str(), e + 1,
+                static_cast<long long>(n), dt, static_cast<double>(n) / dt);
+    if (e == 0) std::printf(" (with the build: %.0f examples/s)", static_cast<double>(n) / (dt + build));
+    std::printf("\n");
+    std::vector<kiln::StageStats> after;
+    p->collect_stats(after);
+    if (stats) print_stage_stats(before, after, batch);
+    before = std::move(after);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      return run_config(argc, argv);
+    } catch (const std::exception& e) {
+      std::cerr << "kiln_data_bench: " << e.what() << "\n";
+      return 1;
+    }
+  }
   // Debian's dataset-fashion-mnist unless KILN_FASHION_MNIST (the bench scripts' setting) or --data says otherwise.
   const char* env_data = std::getenv("KILN_FASHION_MNIST");
   std::string data = env_data && *env_data ? env_data : "/usr/share/datasets/fashion-mnist";
