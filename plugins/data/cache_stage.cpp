@@ -4,7 +4,16 @@
 // epoch-0 output: put shuffling and random augmentation after it.
 // save() records the position only: if the cache is complete it seeks; if not (a memory cache in a new process,
 // or a file not yet complete) restore() refills it by replaying the upstream's epoch 0 up to that position.
+//
+// Random access: a complete cache answers at(k) (a memory cache directly, a file cache by seeking under a lock), so a
+// shuffle after it draws its epoch's order up front and reads each element where it is, instead of buffering the
+// whole epoch before its first element. A memory cache over an upstream with random access and a known size has
+// random access from its first epoch: slot k is filled with the upstream's epoch-0 at(k) the first time element k
+// is asked for (by at() or next()), which is the element a sequential fill would record there; the cache is complete
+// at the first reset() after every slot is filled. Elements stay the same in every mode.
+#include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <optional>
 
 #include "cache_file.hpp"
@@ -29,8 +38,39 @@ class CacheStage final : public Stage {
     return up_->size_hint();
   }
 
+  // Decided at every reset(), as the stages after it decide theirs.
+  bool random_access() const override {
+    if (complete_) return file_ ? reader_->elements() == reader_->examples() : memory_examples_ == memory_.size();
+    return slots_;
+  }
+
+  Element at(uint64_t k) override {
+    if (!random_access()) return Stage::at(k);
+    if (k >= count())
+      throw Error("cache: element " + std::to_string(k) + " asked for, but the cache holds " + std::to_string(count()));
+    const auto t0 = std::chrono::steady_clock::now();
+    Element e;
+    double wait = 0;
+    if (complete_ && file_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      reader_->seek(k);
+      e = reader_->next();
+      reader_->seek(pos_);
+    } else if (complete_) {
+      e = memory_[k];
+    } else {
+      e = fill_slot(k, wait);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.busy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - wait;
+    stats_.wait_seconds += wait;
+    ++stats_.elements;
+    return e;
+  }
+
   void reset(uint64_t) override {
     pos_ = 0;
+    if (!complete_ && slots_ && filled_ == memory_.size()) complete_ = true;
     if (complete_) {
       if (reader_) reader_->seek(0);
       return;
@@ -40,12 +80,17 @@ class CacheStage final : public Stage {
 
   std::optional<Element> next() override {
     if (complete_) {
+      std::lock_guard<std::mutex> lock(mu_);  // at() may be reading the file or counting at the same time
       ScopedTimer t(stats_.busy_seconds);
       if (pos_ >= count()) return std::nullopt;
       Element e = file_ ? reader_->next() : memory_[pos_];
       ++pos_;
       ++stats_.elements;
       return e;
+    }
+    if (slots_) {
+      if (pos_ >= count()) return std::nullopt;
+      return at(pos_++);
     }
     std::optional<Element> e;
     {
@@ -69,13 +114,13 @@ class CacheStage final : public Stage {
     StateReader r(s, name(), 1);
     uint64_t pos = r.u64();
     r.done();
-    if (complete_) {
+    if (complete_ || slots_) {
       if (pos > count())
         r.fail("saved position " + std::to_string(pos) + " is past the " + std::to_string(count()) +
                " cached elements (was the cache rebuilt from other data?)");
       if (reader_) reader_->seek(pos);
       pos_ = pos;
-      return;
+      return;  // unfilled slots fill when they are asked for
     }
     start_fill();
     for (uint64_t i = 0; i < pos; ++i) {
@@ -90,12 +135,37 @@ class CacheStage final : public Stage {
 
   void collect_stats(std::vector<StageStats>& out) const override {
     up_->collect_stats(out);
+    std::lock_guard<std::mutex> lock(mu_);
     out.push_back(stats_);
     out.back().name = name();
   }
 
  private:
-  uint64_t count() const { return file_ ? reader_->elements() : memory_.size(); }
+  uint64_t count() const { return reader_ ? reader_->elements() : memory_.size(); }
+
+  // Slot k of a memory cache filling through random access: the upstream's epoch-0 element k, read the first time
+  // it is asked for. Several threads may ask at once; the upstream's at() runs outside the lock.
+  Element fill_slot(uint64_t k, double& wait) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (have_[k]) return memory_[k];
+    }
+    Element e;
+    {
+      ScopedTimer t(wait);
+      e = up_->at(k);
+    }
+    if (e.batch != 0)
+      throw Error("cache: random access to element " + std::to_string(k) +
+                  " of its upstream returned a batch; at() is for single examples");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!have_[k]) {
+      memory_[k] = e;
+      have_[k] = 1;
+      ++filled_;
+    }
+    return e;
+  }
 
   void open_existing() {
     std::string why;
@@ -115,6 +185,17 @@ class CacheStage final : public Stage {
   void start_fill() {
     up_->reset(0);
     pos_ = 0;
+    const int64_t n = up_->size_hint();
+    slots_ = !file_ && n >= 0 && up_->random_access();
+    if (slots_) {  // slots already filled (an epoch cut short by steps_per_epoch) hold the same elements: kept
+      if (memory_.size() != static_cast<size_t>(n) || have_.size() != static_cast<size_t>(n)) {
+        memory_.assign(static_cast<size_t>(n), Element{});
+        have_.assign(static_cast<size_t>(n), 0);
+        filled_ = 0;
+      }
+      memory_examples_ = static_cast<uint64_t>(n);
+      return;
+    }
     memory_.clear();
     memory_examples_ = 0;
     writer_.reset();
@@ -150,6 +231,13 @@ class CacheStage final : public Stage {
   bool complete_ = false;
   uint64_t pos_ = 0, memory_examples_ = 0;
   std::vector<Element> memory_;
+  // Filling through random access (a memory cache over an upstream with at() and a known size): memory_ has one
+  // slot per example, have_[k] says whether slot k is filled, filled_ counts them. mu_ guards them and stats_
+  // while at() may run on several threads, and the file reader's position in at().
+  bool slots_ = false;
+  std::vector<uint8_t> have_;
+  uint64_t filled_ = 0;
+  mutable std::mutex mu_;
   std::unique_ptr<CacheWriter> writer_;
   std::unique_ptr<CacheReader> reader_;
   StageStats stats_;
