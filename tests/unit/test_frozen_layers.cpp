@@ -217,6 +217,8 @@ TEST_CASE(
   CHECK_THROWS_WITH(build_graph(bad, go), Catch::Contains("model.toml:14: key 'model.layers[1].trainable'") &&
                                               Catch::Contains("'wte.table' of layer 'wte', which trains") &&
                                               Catch::Contains("set trainable = false on 'wte'"));
+  bad.precision.compute = DType::bf16;  // the head reads the table through a bfloat16 cast
+  CHECK_THROWS_WITH(build_graph(bad, go), Catch::Contains("'wte.table' of layer 'wte', which trains"));
 }
 
 TEST_CASE("clip_norm sums only the gradients that exist, and data_parallel trains a frozen layer as one device does",

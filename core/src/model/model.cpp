@@ -690,6 +690,10 @@ void freeze_layers(Graph& g, const ModelSpec& m, const std::vector<size_t>& node
     auto it = by_name.find(layer);
     return it != by_name.end() && !it->second->trainable;
   };
+  // A 16-bit layer reads a weight through a cast, which an earlier layer may have made (one per graph).
+  std::map<TensorId, TensorId> cast_of;
+  for (const Node& n : g.nodes())
+    if (n.kind == OpKind::Cast) cast_of[g.root(n.out[0])] = g.root(n.in[0]);
   for (size_t k = 0; k < m.layers.size(); ++k) {
     const LayerSpec& l = m.layers[k];
     if (l.trainable) continue;
@@ -699,7 +703,8 @@ void freeze_layers(Graph& g, const ModelSpec& m, const std::vector<size_t>& node
       if (auto* a = std::get_if<BatchNormAttrs>(&n.attrs); a && n.kind == OpKind::BatchNormForward)
         a->training = false, a->sync = false;
       for (auto t : n.in) {
-        const TensorInfo& p = g.tensor(g.root(t));
+        const auto c = cast_of.find(g.root(t));
+        const TensorInfo& p = g.tensor(c != cast_of.end() ? c->second : g.root(t));
         if (p.role == TensorRole::parameter && p.layer != l.name && !frozen(p.layer)) {
           const std::string at = l.config ? l.config->where("trainable") + ": " : std::string();
           throw ConfigError(
