@@ -114,7 +114,9 @@ class MapStage final : public Stage, public OrderedReads {
     if (indexed_) {  // the upstream stays at the epoch start: only at() reads it
       w.tag(name(), 3);
       w.blob(up_->save());
-      w.u64(next_out_);
+      // Reading a downstream stage's positions (read_in_order), that stage saves where it is and hands them down
+      // again when restored; this stage's own position is then the epoch start.
+      w.u64(order_ ? 0 : next_out_);
       return w.take();
     }
     w.tag(name(), 2);
