@@ -8,6 +8,7 @@ full shape (124M parameters, vocab 50257): the same weights, the same batches. R
   $P bench/gpt2/compare.py logits /tmp/gpt2      # kiln predict's probabilities vs transformers' log-softmax
   $P bench/gpt2/compare.py finetune /tmp/gpt2 --steps 200 --batch 4 --context 256
                                                  # AdamW, dropout off: Kiln's loss per step vs a PyTorch loop
+  $P bench/gpt2/compare.py float64 /tmp/gpt2 --steps 200 ...    # the PyTorch loop in float64, against both
   MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 .venv-peers/bin/python bench/gpt2/compare.py \\
       speed /tmp/gpt2 --steps 4 --threads 1,2    # training-step tokens/s, Kiln vs PyTorch's best thread setting
 
@@ -129,10 +130,42 @@ def cmd_finetune(a):
         tl.append(loss.item())
         print(f"step {step + 1}: kiln {kl[step]:.6f}  torch {tl[-1]:.6f}  rel {abs(kl[step] - tl[-1]) / tl[-1]:.2e}",
               flush=True)
+    json.dump({"kiln": kl, "torch": tl}, open(os.path.join(a.dir, f"finetune_lr{a.lr:g}.json"), "w"))
     rel = [abs(k - t) / t for k, t in zip(kl, tl)]
     print(f"{a.steps} AdamW steps (lr {a.lr}, batch {a.batch}, context {a.context}): loss {tl[0]:.4f} -> {tl[-1]:.4f} "
           f"(torch), {kl[0]:.4f} -> {kl[-1]:.4f} (kiln); max relative difference {max(rel):.3g} at step "
           f"{rel.index(max(rel)) + 1}; Kiln {kiln_s:.0f} s, torch {time.time() - t0:.0f} s")
+
+
+def torch_losses(a, dtype):
+    import torch
+    import torch.nn.functional as F
+    tokens = np.fromfile(os.path.join(a.dir, "tokens.bin"), dtype="<u2")
+    m = hf_model(a).to(dtype).train()
+    o = torch.optim.AdamW(adamw_groups(m, 0.1), lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    out = []
+    for step in range(a.steps):
+        x, y = windows(tokens, step, a.batch, a.context)
+        loss = F.cross_entropy(m(torch.from_numpy(x)).logits.view(-1, VOCAB), torch.from_numpy(y).view(-1))
+        o.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        o.step()
+        out.append(loss.item())
+    return out
+
+
+def cmd_float64(a):
+    """The PyTorch loop in float64: how far each float32 run (Kiln's, PyTorch's) is from the float64 trajectory."""
+    import torch
+    ref = torch_losses(a, torch.float64)
+    runs = json.load(open(os.path.join(a.dir, f"finetune_lr{a.lr:g}.json")))
+    for name, losses in runs.items():
+        rel = [abs(x - r) / r for x, r in zip(losses, ref)]
+        first = next((i + 1 for i, x in enumerate(rel) if x > 1e-3), None)
+        print(f"{name} float32 vs torch float64: max relative difference {max(rel[:50]):.3g} over steps 1-50, "
+              f"first above 1e-3 at step {first}, max {max(rel):.3g} at step {rel.index(max(rel)) + 1}, "
+              f"final loss {losses[-1]:.4f} (float64 {ref[-1]:.4f})")
 
 
 def cmd_speed(a):
@@ -166,7 +199,7 @@ def cmd_speed(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["prepare", "logits", "finetune", "speed"])
+    ap.add_argument("what", choices=["prepare", "logits", "finetune", "float64", "speed"])
     ap.add_argument("dir")
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "kiln"))
     ap.add_argument("--steps", type=int, default=200)
@@ -177,7 +210,8 @@ def main():
     a = ap.parse_args()
     a.dir = os.path.abspath(a.dir)
     os.makedirs(a.dir, exist_ok=True)
-    {"prepare": cmd_prepare, "logits": cmd_logits, "finetune": cmd_finetune, "speed": cmd_speed}[a.what](a)
+    {"prepare": cmd_prepare, "logits": cmd_logits, "finetune": cmd_finetune, "float64": cmd_float64,
+     "speed": cmd_speed}[a.what](a)
 
 
 if __name__ == "__main__":
