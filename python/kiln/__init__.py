@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -165,16 +166,38 @@ class Weights(MutableMapping):
         return "Weights(" + ", ".join(f"{k}: {v.shape}" for k, v in self._w.items()) + ")"
 
 
-def _every_steps_set(config: str, overrides: list[str]) -> bool:
-    if any(o.split("=", 1)[0].strip() in ("log.every_steps",) for o in overrides):
+def _key_set(config: str, overrides: list[str], table: str, key: str) -> bool:
+    if any(o.split("=", 1)[0].strip() == f"{table}.{key}" for o in overrides):
         return True
     try:
         import tomllib
 
         with open(config, "rb") as f:
-            return "every_steps" in tomllib.load(f).get("log", {})
+            return key in tomllib.load(f).get(table, {})
     except Exception:
         return False
+
+
+def _every_steps_set(config: str, overrides: list[str]) -> bool:
+    return _key_set(config, overrides, "log", "every_steps")
+
+
+def _live_output() -> bool:
+    """Whether progress may redraw one line with carriage returns: a terminal, or a Jupyter kernel (the notebook's
+    output area applies \r to its stream output, as it does for tqdm's text bar)."""
+    try:
+        if sys.stdout.isatty():
+            return True
+    except Exception:
+        pass
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 class Run:
@@ -269,6 +292,10 @@ class Run:
         extra = _override_lines(overrides)
         if on_step is not None and not _every_steps_set(self.config, self.overrides + extra):
             extra.append("log.every_steps=1")
+        # The app draws its bar only on its own terminal; from Python the output goes through sys.stdout, so ask
+        # for the bar where that is a terminal or a notebook (a live line), and keep plain lines elsewhere (logs).
+        if _live_output() and not _key_set(self.config, self.overrides + extra, "train", "progress"):
+            extra.append('train.progress="bar"')
         records: list[Record] = []
 
         def dispatch(line: str) -> None:
