@@ -284,6 +284,8 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
     throw ConfigError(spec.where + ": [init] weights = \"ema\" applies to a Kiln checkpoint; " + path +
                       " is a safetensors file (its tensors are what it holds)");
 
+  // Patterns were checked when [init] was read; one built in code is refused here the same way.
+  auto refuse = [&](const std::string& why) -> void { throw ConfigError(spec.where + ": a name pattern: " + why); };
   // Rules in order: the config's map (exact names before patterns), the preset, then the name itself.
   std::vector<CompiledRule> rules;
   auto add = [&](const InitRule& r) {
@@ -291,9 +293,9 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
     rules.push_back(CompiledRule{r, compile(r.kiln, bad), compile(r.file, bad)});
   };
   for (const auto& r : spec.map)
-    if (compile(r.kiln, [](const std::string&) {}).plain()) add(r);
+    if (compile(r.kiln, refuse).plain()) add(r);
   for (const auto& r : spec.map)
-    if (!compile(r.kiln, [](const std::string&) {}).plain()) add(r);
+    if (!compile(r.kiln, refuse).plain()) add(r);
   std::vector<std::string> ignore = spec.ignore;
   std::string prefix;
   if (spec.preset == "gpt2") {
@@ -309,8 +311,8 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
     ignore.push_back(prefix + "h.{i}.attn.masked_bias");
   }
   std::vector<Pattern> transposed, ignored;
-  for (const auto& t : spec.transpose) transposed.push_back(compile(t, [](const std::string&) {}));
-  for (const auto& t : ignore) ignored.push_back(compile(t, [](const std::string&) {}));
+  for (const auto& t : spec.transpose) transposed.push_back(compile(t, refuse));
+  for (const auto& t : ignore) ignored.push_back(compile(t, refuse));
 
   std::vector<Plan> plans;
   std::vector<std::string> missing, misshaped;
