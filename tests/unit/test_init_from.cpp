@@ -465,3 +465,41 @@ tie = "wte"
   CHECK_THAT(error_of([&] { load("from = \"untied.safetensors\"\npreset = \"gpt2\"", d, model); }),
              Catch::Contains("unexpected (in the file, used by no model tensor): 'lm_head.weight' (6, 4)"));
 }
+
+TEST_CASE("init loads buffers too: batch norm's running statistics", "[init_from]") {
+  const auto d = kiln::test::temp_dir("st_bn");
+  const char* model = R"(
+[model]
+input_shape = [4]
+[[model.layers]]
+name = "fc"
+type = "dense"
+units = 3
+[[model.layers]]
+name = "bn"
+type = "batch_norm"
+[[model.layers]]
+name = "out"
+type = "dense"
+units = 2
+)";
+  std::vector<StTensor> ts{{"fc.kernel", "F32", {4, 3}, f32_bytes(ramp(12))},
+                           {"fc.bias", "F32", {3}, f32_bytes(ramp(3))},
+                           {"bn.gamma", "F32", {3}, f32_bytes(ramp(3, 0.1f, 1.f))},
+                           {"bn.beta", "F32", {3}, f32_bytes(ramp(3, 0.1f))},
+                           {"bn.running_mean", "F32", {3}, f32_bytes({0.5f, -0.5f, 0.25f})},
+                           {"bn.running_var", "F32", {3}, f32_bytes({2.f, 3.f, 4.f})},
+                           {"out.kernel", "F32", {3, 2}, f32_bytes(ramp(6))},
+                           {"out.bias", "F32", {2}, f32_bytes(ramp(2))}};
+  st_file(d / "bn.safetensors", ts);
+  const auto w = load("from = \"bn.safetensors\"", d, model);
+  CHECK(w.tensors.size() == 8);
+  CHECK(w.tensors.at("bn.running_var").data == std::vector<float>{2.f, 3.f, 4.f});
+  CHECK(w.tensors.at("bn.running_mean").data == std::vector<float>{0.5f, -0.5f, 0.25f});
+  // Without them the file is refused, naming the buffers.
+  ts.erase(ts.begin() + 4, ts.begin() + 6);
+  st_file(d / "nobuf.safetensors", ts);
+  CHECK_THAT(error_of([&] { load("from = \"nobuf.safetensors\"", d, model); }),
+             Catch::Contains("'bn.running_mean' (3,)") && Catch::Contains("'bn.running_var' (3,)") &&
+                 Catch::Contains("2 missing"));
+}

@@ -264,7 +264,7 @@ InitSpec parse_init(const ConfigNode& c, const std::string& base_dir) {
 InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, const OptimizerSpec& opt) {
   // The model's persistent tensors, as the training graph names them (no storage is allocated by building it).
   GraphOptions go;
-  go.batch = 1;
+  go.batch = 2;  // a training batch norm over features needs two rows
   go.training = true;
   go.optimizer = &opt;
   const Graph g = build_graph(m, go);
