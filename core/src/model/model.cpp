@@ -1,4 +1,4 @@
-// [model] and [optimizer] parsing, learning-rate schedules, and building a step's graph.
+// [model] parsing and building a step's graph (the [optimizer] table and its schedules: optimizer_spec.cpp).
 #include "kiln/model.hpp"
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "kiln/executor.hpp"
 #include "kiln/memory_savers.hpp"
 #include "kiln/plugin.hpp"
+#include "repeat_blocks.hpp"
 
 namespace kiln {
 
@@ -40,113 +41,6 @@ LossKind parse_loss(const ConfigNode& c, const std::string& key) {
   if (l == "mse") return LossKind::mse;
   if (l == "binary_cross_entropy") return LossKind::binary_cross_entropy;
   return LossKind::softmax_cross_entropy;
-}
-
-// Where a config table starts, "run.toml:31", from its where() ("run.toml:31: key 'model.layers[2]'").
-std::string file_line(const ConfigNode& c) {
-  const std::string w = c.where();
-  const size_t k = w.find(": key '");
-  return k == std::string::npos ? w : w.substr(0, k);
-}
-
-// `v` with the block's placeholders replaced: {i} (the 0-based repetition), {i+K} and {i-K} (another repetition's
-// index), {prev} (the repetition's input). Anything else in braces is an error naming the key of block table `t`.
-std::string substitute(const std::string& v, int64_t i, const std::string& prev, const ConfigNode& t,
-                       const std::string& key) {
-  std::string out;
-  for (size_t p = 0; p < v.size();) {
-    if (v[p] != '{') {
-      out += v[p++];
-      continue;
-    }
-    const size_t close = v.find('}', p);
-    if (close == std::string::npos)
-      t.fail(key, "\"" + v + "\" has a '{' that is never closed; the placeholders are {i}, {i+K}, {i-K} and {prev}");
-    const std::string ph = v.substr(p + 1, close - p - 1);
-    if (ph == "i") {
-      out += std::to_string(i);
-    } else if (ph == "prev") {
-      out += prev;
-    } else if (ph.size() > 2 && ph[0] == 'i' && (ph[1] == '+' || ph[1] == '-') && ph.size() <= 8 &&
-               std::all_of(ph.begin() + 2, ph.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      const int64_t k = std::stoll(ph.substr(2)), j = ph[1] == '+' ? i + k : i - k;
-      if (j < 0)
-        t.fail(key, "\"" + v + "\": {" + ph + "} is " + std::to_string(j) + " at i = " + std::to_string(i) +
-                        ", before the first repetition; {prev} names the block's input there");
-      out += std::to_string(j);
-    } else {
-      t.fail(key, "\"" + v + "\" has the placeholder {" + ph +
-                      "}, which a repeated block does not define; the placeholders are {i} (the repetition, from 0), "
-                      "{i+K} and {i-K}, and {prev} (the repetition's input: the previous repetition's last layer, the "
-                      "block's input for the first)");
-    }
-    p = close + 1;
-  }
-  return out;
-}
-
-// One layer table, or one repetition of a block's: the block's context ("" outside), and the block's trainable and
-// learning_rate_scale, the defaults of its layers.
-using AddLayer = std::function<void(const ConfigNode&, const std::string&, std::optional<bool>, std::optional<double>)>;
-
-// A block of layers written once and repeated, as PyTorch's nn.ModuleList of identical blocks or a Keras loop:
-//   [[model.layers]]
-//   repeat = 4                   # i = 0, 1, 2, 3
-//   [[model.layers.block]]
-//   name = "h{i}_ln_1"
-//   ...
-// Each repetition reads a copy of every block table with the placeholders replaced in every string value, so it is
-// exactly the layers written out by hand: same names (the initial values are keyed by name), same order.
-void expand_block(const ConfigNode& bc, std::string& prev, const std::set<std::string>& names, const AddLayer& add) {
-  if (bc.has("type"))
-    bc.fail("type", "a table with repeat takes no type: its layers are the [[" +
-                        bc.path().substr(0, bc.path().rfind('[')) + ".block]] tables after it");
-  if (!bc.has("repeat"))
-    bc.fail("block", "is a block of layers, but the table has no repeat: give repeat = N (N >= 1) beside it");
-  const int64_t n = bc.get_int("repeat");
-  constexpr int64_t kMaxRepeat = 65536;
-  if (n < 1 || n > kMaxRepeat)
-    bc.fail("repeat", "expected how many times the block repeats, 1 to " + std::to_string(kMaxRepeat) + ", found " +
-                          std::to_string(n));
-  const auto inputs = bc.get_string_list("inputs", {prev});
-  if (inputs.size() != 1)
-    bc.fail("inputs",
-            "a repeated block takes one input (its first repetition's {prev}), found " + std::to_string(inputs.size()));
-  if (!names.count(inputs[0]))
-    bc.fail("inputs", "\"" + inputs[0] + "\" is not an earlier layer (\"input\" is the model input)");
-  std::optional<bool> trainable;
-  if (bc.has("trainable")) trainable = bc.get_bool("trainable", true);
-  std::optional<double> scale;
-  if (bc.has("learning_rate_scale")) {
-    scale = bc.get_float("learning_rate_scale");
-    if (!(*scale >= 0 && *scale <= 1e6))
-      bc.fail("learning_rate_scale", "expected a number in [0, 1e6], found " + std::to_string(*scale));
-    if (trainable == false)
-      bc.fail("learning_rate_scale", "is set, but the block has trainable = false: a frozen layer has no updates");
-  }
-  const auto block = bc.table_array("block");
-  if (block.empty())
-    bc.fail("block", "a table with repeat needs its layers: [[" + bc.path().substr(0, bc.path().rfind('[')) +
-                         ".block]] tables after it, written as one repetition with {i} in their names");
-  for (const auto& t : block)
-    for (const char* k : {"repeat", "block"})
-      if (t.has(k)) t.fail(k, "a block inside a repeated block is not supported: repeat the outer block's layers");
-  bc.finish();
-  prev = inputs[0];
-  const std::string at = file_line(bc) + " (" + bc.path() + ", repeat = " + std::to_string(n) + ")";
-  for (int64_t i = 0; i < n; ++i) {
-    const std::string ctx = "repetition i = " + std::to_string(i) + " of the block repeated at " + at;
-    const std::string input = prev;
-    for (const auto& t : block) {
-      try {
-        const ConfigNode c =
-            t.rewritten([&](const std::string& key, const std::string& v) { return substitute(v, i, input, t, key); });
-        add(c, ctx, trainable, scale);
-      } catch (const ConfigError& e) {
-        throw ConfigError(std::string(e.what()) + " [" + ctx + "]");
-      }
-    }
-  }
 }
 
 }  // namespace
@@ -308,135 +202,6 @@ ModelSpec parse_model(const ConfigNode& model, const Registry& reg) {
           "; remove the layer, list it in a later layer's inputs, or add it as an output" +
           (m.layers[i].block.empty() ? "" : " (" + m.layers[i].block + ")"));
   return m;
-}
-
-namespace {
-// Every hyperparameter is checked where it is written: NaN and infinities fail these comparisons too.
-void require(const ConfigNode& c, const char* key, bool ok, const char* expected) {
-  if (!ok) c.fail(key, expected);
-}
-}  // namespace
-
-OptimizerSpec parse_optimizer(const ConfigNode& c) {
-  OptimizerSpec o;
-  auto type = c.get_choice("type", {"sgd", "adam", "adamw", "rmsprop"}, "adam");
-  o.kind = type == "sgd"     ? OptimizerKind::sgd
-           : type == "adam"  ? OptimizerKind::adam
-           : type == "adamw" ? OptimizerKind::adamw
-                             : OptimizerKind::rmsprop;
-  const bool adamw = o.kind == OptimizerKind::adamw;
-  o.lr = c.get_float("learning_rate", type == "sgd" ? 0.01 : 0.001);
-  require(c, "learning_rate", o.lr > 0 && std::isfinite(o.lr), "expected a positive, finite number");
-  // AdamW's defaults are PyTorch's (weight_decay 0.01, epsilon 1e-8); its decay is decoupled from the gradient.
-  o.weight_decay = c.get_float("weight_decay", adamw ? 0.01 : 0.0);
-  require(c, "weight_decay", o.weight_decay >= 0 && std::isfinite(o.weight_decay),
-          "expected a non-negative, finite number (0 turns weight decay off)");
-  o.decay_params =
-      c.get_choice("decay_params", {"all", "matrices"}, "all") == "all" ? DecayParams::all : DecayParams::matrices;
-  if (o.kind == OptimizerKind::sgd) {
-    o.momentum = c.get_float("momentum", 0.0);
-    o.nesterov = c.get_bool("nesterov", false);
-    if (o.nesterov && o.momentum <= 0) c.fail("nesterov", "Nesterov momentum needs momentum > 0");
-  } else if (o.kind == OptimizerKind::adam || adamw) {
-    o.beta1 = c.get_float("beta1", 0.9);
-    o.beta2 = c.get_float("beta2", 0.999);
-    o.eps = c.get_float("epsilon", adamw ? 1e-8 : 1e-7);
-    if (!(o.beta1 >= 0 && o.beta1 < 1)) c.fail("beta1", "expected a number in [0, 1)");
-    if (!(o.beta2 >= 0 && o.beta2 < 1)) c.fail("beta2", "expected a number in [0, 1)");
-    require(c, "epsilon", o.eps > 0 && std::isfinite(o.eps), "expected a positive, finite number, e.g. 1e-7");
-  } else {
-    o.rho = c.get_float("rho", 0.9);
-    o.eps = c.get_float("epsilon", 1e-7);
-    o.momentum = c.get_float("momentum", 0.0);
-    require(c, "rho", o.rho >= 0 && o.rho < 1, "expected a number in [0, 1)");
-    require(c, "epsilon", o.eps > 0 && std::isfinite(o.eps), "expected a positive, finite number, e.g. 1e-7");
-  }
-  require(c, "momentum", o.momentum >= 0 && o.momentum < 1, "expected a number in [0, 1)");
-  o.ema_decay = c.get_float("ema", 0.0);
-  if (!(o.ema_decay >= 0 && o.ema_decay < 1)) c.fail("ema", "expected a decay in [0, 1), e.g. 0.999 (0 turns EMA off)");
-  o.ema_warmup = c.get_bool("ema_warmup", false);
-  if (o.ema_warmup && o.ema_decay == 0)
-    c.fail("ema_warmup", "is true but ema is off (set [optimizer] ema, e.g. 0.999)");
-  o.clip_norm = c.get_float("clip_norm", 0.0);
-  require(c, "clip_norm", o.clip_norm >= 0 && std::isfinite(o.clip_norm),
-          "expected a non-negative, finite maximum gradient norm, e.g. 1.0 (0 turns clipping off)");
-  if (auto s = c.table("schedule")) {
-    auto k = s->get_choice("type", {"constant", "exponential", "step", "cosine"}, "constant");
-    o.schedule.kind = k == "constant"      ? ScheduleKind::constant
-                      : k == "exponential" ? ScheduleKind::exponential
-                      : k == "step"        ? ScheduleKind::step
-                                           : ScheduleKind::cosine;
-    if (o.schedule.kind == ScheduleKind::exponential || o.schedule.kind == ScheduleKind::step) {
-      o.schedule.decay_rate = s->get_float("decay_rate", o.schedule.kind == ScheduleKind::step ? 0.1 : 0.96);
-      o.schedule.decay_steps = s->get_int("decay_steps", 1000);
-      if (o.schedule.decay_steps <= 0) s->fail("decay_steps", "expected a positive integer");
-      require(*s, "decay_rate", o.schedule.decay_rate > 0 && std::isfinite(o.schedule.decay_rate),
-              "expected a positive, finite number (below 1 decays the learning rate)");
-      if (o.schedule.kind == ScheduleKind::exponential) o.schedule.staircase = s->get_bool("staircase", false);
-    } else if (o.schedule.kind == ScheduleKind::cosine) {
-      // Omitted: the whole run (the trainer fills it in once the epoch length is known).
-      const bool given = s->has("decay_steps");
-      o.schedule.total_steps = s->get_int("decay_steps", 0);
-      require(*s, "decay_steps", !given || o.schedule.total_steps > 0,
-              "expected a positive integer: the steps over which the cosine decays (omit it for the whole run)");
-      o.schedule.alpha = s->get_float("alpha", 0.0);
-      require(*s, "alpha", o.schedule.alpha >= 0 && o.schedule.alpha <= 1,
-              "expected a number in [0, 1]: the final fraction of the learning rate");
-      if (s->has("min_learning_rate")) {
-        if (s->has("alpha"))
-          s->fail("min_learning_rate",
-                  "give the cosine's floor once: min_learning_rate (absolute) or alpha (a fraction)");
-        o.schedule.min_lr = s->get_float("min_learning_rate", 0.0);
-        require(*s, "min_learning_rate", o.schedule.min_lr >= 0 && o.schedule.min_lr <= o.lr,
-                "expected a number in [0, learning_rate]: the learning rate the cosine ends at");
-      }
-    }
-    o.schedule.warmup_steps = s->get_int("warmup_steps", 0);
-    require(*s, "warmup_steps", o.schedule.warmup_steps >= 0 && o.schedule.warmup_steps < (int64_t{1} << 40),
-            "expected a non-negative number of steps (0: no warmup)");
-    s->finish();
-  }
-  c.finish();
-  return o;
-}
-
-double OptimizerSpec::learning_rate_at(int64_t step) const {
-  const auto& s = schedule;
-  // nanoGPT's warmup: lr * (it + 1) / (warmup_iters + 1); the schedule then counts steps from its end.
-  if (step < s.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps + 1);
-  step -= s.warmup_steps;
-  switch (s.kind) {
-    case ScheduleKind::constant:
-      return lr;
-    case ScheduleKind::exponential: {
-      double p = static_cast<double>(step) / static_cast<double>(s.decay_steps);
-      if (s.staircase) p = std::floor(p);
-      return lr * std::pow(s.decay_rate, p);
-    }
-    case ScheduleKind::step:
-      return lr * std::pow(s.decay_rate, static_cast<double>(step / s.decay_steps));
-    case ScheduleKind::cosine: {
-      if (s.total_steps <= 0) return lr;
-      double t = std::min<double>(static_cast<double>(step), static_cast<double>(s.total_steps)) /
-                 static_cast<double>(s.total_steps);
-      const double floor = s.min_lr >= 0 ? s.min_lr : s.alpha * lr;
-      return floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * t));
-    }
-  }
-  return lr;
-}
-
-size_t OptimizerSpec::state_tensors_per_param() const {
-  switch (kind) {
-    case OptimizerKind::sgd:
-      return momentum > 0 ? 1 : 0;
-    case OptimizerKind::adam:
-    case OptimizerKind::adamw:
-      return 2;
-    case OptimizerKind::rmsprop:
-      return momentum > 0 ? 2 : 1;
-  }
-  return 0;
 }
 
 namespace {
