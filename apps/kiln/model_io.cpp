@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -81,6 +82,41 @@ std::unique_ptr<TrainedModel> load_trained_model(const Options& o) {
                       ", which the model has no parameter for: it was written by another model");
   }
   return m;
+}
+
+void append_prediction_columns(const ModelSpec& model, size_t h, const HostTensor& out, int64_t batch,
+                               std::vector<std::vector<float>>& cols, std::vector<std::string>* names) {
+  const OutputSpec& head = model.outputs[h];
+  const int64_t k = out.shape.numel() / batch;
+  const bool softmax = head.loss == LossKind::softmax_cross_entropy;
+  const int64_t cls = softmax && out.shape.rank() > 2 ? out.shape[out.shape.rank() - 1] : k;
+  if (names)
+    for (int64_t j = 0; j < k; ++j) {
+      // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "p" + std::to_string(...).
+      std::string name = model.outputs.size() > 1 ? head.layer + "." : std::string();
+      if (cls < k) name.append("p").append(std::to_string(j / cls)).append(".");
+      names->push_back(name.append(softmax ? "class_" : "out_").append(std::to_string(j % cls)));
+    }
+  for (int64_t i = 0; i < batch; ++i) {
+    const float* zi = out.data.data() + i * k;
+    auto& row = cols[static_cast<size_t>(i)];
+    if (softmax) {
+      for (int64_t at = 0; at < k; at += cls) {
+        const float* z = zi + at;
+        float mx = z[0];
+        for (int64_t j = 1; j < cls; ++j) mx = std::max(mx, z[j]);
+        double sum = 0;
+        std::vector<double> e(static_cast<size_t>(cls));
+        for (int64_t j = 0; j < cls; ++j) sum += e[static_cast<size_t>(j)] = std::exp(static_cast<double>(z[j] - mx));
+        for (int64_t j = 0; j < cls; ++j) row.push_back(static_cast<float>(e[static_cast<size_t>(j)] / sum));
+      }
+    } else if (head.loss == LossKind::binary_cross_entropy && head.from_logits) {
+      for (int64_t j = 0; j < k; ++j)
+        row.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi[j])))));
+    } else {
+      row.insert(row.end(), zi, zi + k);
+    }
+  }
 }
 
 std::unique_ptr<Runner> make_inference_runner(TrainedModel& m, const Shape& label_shape) {

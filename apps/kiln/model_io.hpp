@@ -33,6 +33,14 @@ struct TrainedModel {
 // "ema" or "raw".
 std::unique_ptr<TrainedModel> load_trained_model(const Options& o);
 
+// One head's outputs for `batch` examples as `kiln predict` writes them, appended to cols[i] (example i's row):
+// softmax probabilities for softmax_cross_entropy (a sequence head (N, T, classes): one distribution per position,
+// over the last axis, max-subtracted as the op computes it), sigmoid probabilities for binary cross-entropy from
+// logits, the raw outputs otherwise. With `names`, the columns' names are appended too (class_j, out_j, p<t>.class_j,
+// prefixed by the head's layer when the model has several heads).
+void append_prediction_columns(const ModelSpec& model, size_t head, const HostTensor& out, int64_t batch,
+                               std::vector<std::vector<float>>& cols, std::vector<std::string>* names);
+
 // The model's label shape from the pipeline it will be fed (build_graph needs it), then devices and a runner holding
 // the weights (the parameters only: evaluation needs no optimizer state).
 std::unique_ptr<Runner> make_inference_runner(TrainedModel& m, const Shape& label_shape);

@@ -167,40 +167,8 @@ int cmd_predict(const Options& o) {
   while (auto b = data->next()) {
     EvalResult r = runner->eval_batch(*b, false);
     std::vector<std::vector<float>> cols(static_cast<size_t>(b->batch));
-    for (size_t h = 0; h < model.outputs.size(); ++h) {
-      const OutputSpec& head = model.outputs[h];
-      const HostTensor& out = r.outputs[h];
-      const int64_t k = out.shape.numel() / b->batch;
-      // A sequence head (N, T, classes) gives each position its own distribution over the last axis.
-      const bool softmax = head.loss == LossKind::softmax_cross_entropy;
-      const int64_t cls = softmax && out.shape.rank() > 2 ? out.shape[out.shape.rank() - 1] : k;
-      if (n == 0)
-        for (int64_t j = 0; j < k; ++j)
-          names.push_back((model.outputs.size() > 1 ? head.layer + "." : std::string()) +
-                          (cls < k ? "p" + std::to_string(j / cls) + "." : std::string()) +
-                          (softmax ? "class_" : "out_") + std::to_string(j % cls));
-      for (int64_t i = 0; i < b->batch; ++i) {
-        const float* zi = out.data.data() + i * k;
-        auto& row = cols[static_cast<size_t>(i)];
-        if (softmax) {  // max-subtracted, as the op computes it
-          for (int64_t at = 0; at < k; at += cls) {
-            const float* z = zi + at;
-            float mx = z[0];
-            for (int64_t j = 1; j < cls; ++j) mx = std::max(mx, z[j]);
-            double sum = 0;
-            std::vector<double> e(static_cast<size_t>(cls));
-            for (int64_t j = 0; j < cls; ++j)
-              sum += e[static_cast<size_t>(j)] = std::exp(static_cast<double>(z[j] - mx));
-            for (int64_t j = 0; j < cls; ++j) row.push_back(static_cast<float>(e[static_cast<size_t>(j)] / sum));
-          }
-        } else if (head.loss == LossKind::binary_cross_entropy && head.from_logits) {
-          for (int64_t j = 0; j < k; ++j)
-            row.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi[j])))));
-        } else {
-          row.insert(row.end(), zi, zi + k);
-        }
-      }
-    }
+    for (size_t h = 0; h < model.outputs.size(); ++h)
+      append_prediction_columns(model, h, r.outputs[h], b->batch, cols, n == 0 ? &names : nullptr);
     for (auto& row : cols) rows.insert(rows.end(), row.begin(), row.end());
     n += b->batch;
   }

@@ -186,42 +186,9 @@ HostTensor RunCore::predict(HostTensor xin) {
     e.y = HostTensor(label_.with_batch(b));  // placeholder labels the graph needs and nothing reads
     EvalResult r = runner_->eval_batch(e, false);
     std::vector<std::vector<float>> cols(static_cast<size_t>(b));
-    // Each head's outputs as `kiln predict` writes them: softmax or sigmoid probabilities, raw outputs otherwise.
-    for (size_t h = 0; h < model.outputs.size(); ++h) {
-      const OutputSpec& head = model.outputs[h];
-      const HostTensor& out = r.outputs[h];
-      const int64_t k = out.shape.numel() / b;
-      const bool softmax = head.loss == LossKind::softmax_cross_entropy;
-      const int64_t cls = softmax && out.shape.rank() > 2 ? out.shape[out.shape.rank() - 1] : k;
-      if (pos == 0)
-        for (int64_t j = 0; j < k; ++j) {
-          // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "p" + std::to_string(...).
-          std::string name = model.outputs.size() > 1 ? head.layer + "." : std::string();
-          if (cls < k) name.append("p").append(std::to_string(j / cls)).append(".");
-          names.push_back(name.append(softmax ? "class_" : "out_").append(std::to_string(j % cls)));
-        }
-      for (int64_t i = 0; i < b; ++i) {
-        const float* zi = out.data.data() + i * k;
-        auto& row = cols[static_cast<size_t>(i)];
-        if (softmax) {
-          for (int64_t at = 0; at < k; at += cls) {
-            const float* z = zi + at;
-            float mx = z[0];
-            for (int64_t j = 1; j < cls; ++j) mx = std::max(mx, z[j]);
-            double sum = 0;
-            std::vector<double> ex(static_cast<size_t>(cls));
-            for (int64_t j = 0; j < cls; ++j)
-              sum += ex[static_cast<size_t>(j)] = std::exp(static_cast<double>(z[j] - mx));
-            for (int64_t j = 0; j < cls; ++j) row.push_back(static_cast<float>(ex[static_cast<size_t>(j)] / sum));
-          }
-        } else if (head.loss == LossKind::binary_cross_entropy && head.from_logits) {
-          for (int64_t j = 0; j < k; ++j)
-            row.push_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi[j])))));
-        } else {
-          row.insert(row.end(), zi, zi + k);
-        }
-      }
-    }
+    // Each head's outputs as `kiln predict` writes them.
+    for (size_t h = 0; h < model.outputs.size(); ++h)
+      app::append_prediction_columns(model, h, r.outputs[h], b, cols, pos == 0 ? &names : nullptr);
     for (auto& row : cols) rows.insert(rows.end(), row.begin(), row.end());
   }
   columns_ = names;

@@ -10,24 +10,6 @@ using namespace kiln::test::data;
 
 namespace {
 
-// Hides its upstream's random access, so the cache after it fills sequentially (the reference).
-class Streaming final : public Stage {
- public:
-  explicit Streaming(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
-  std::string name() const override { return "streaming"; }
-  std::optional<Element> next() override { return up_->next(); }
-  void reset(uint64_t epoch) override { up_->reset(epoch); }
-  Shape example_shape() const override { return up_->example_shape(); }
-  Shape label_shape() const override { return up_->label_shape(); }
-  int64_t size_hint() const override { return up_->size_hint(); }
-  StageState save() const override { return up_->save(); }
-  void restore(const StageState& s) override { up_->restore(s); }
-  void collect_stats(std::vector<StageStats>& out) const override { up_->collect_stats(out); }
-
- private:
-  std::unique_ptr<Stage> up_;
-};
-
 // synthetic (203 examples) > map(random crop, flip: its epoch-0 output is what the cache holds) > [streaming] >
 // `rest` (a TOML list body starting with the cache).
 std::unique_ptr<Stage> pipeline(const std::string& rest, bool streaming) {

@@ -17,6 +17,25 @@
 
 namespace kiln::test::data {
 
+// Hides its upstream's random access, so the stages after it run their streaming code (the reference the
+// random-access paths must equal).
+class Streaming final : public Stage {
+ public:
+  explicit Streaming(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
+  std::string name() const override { return "streaming"; }
+  std::optional<Element> next() override { return up_->next(); }
+  void reset(uint64_t epoch) override { up_->reset(epoch); }
+  Shape example_shape() const override { return up_->example_shape(); }
+  Shape label_shape() const override { return up_->label_shape(); }
+  int64_t size_hint() const override { return up_->size_hint(); }
+  StageState save() const override { return up_->save(); }
+  void restore(const StageState& s) override { up_->restore(s); }
+  void collect_stats(std::vector<StageStats>& out) const override { up_->collect_stats(out); }
+
+ private:
+  std::unique_ptr<Stage> up_;
+};
+
 struct PipelineOptions {
   std::string base_dir;
   int64_t global_batch = 0;
