@@ -53,6 +53,8 @@ class KilnConan(ConanFile):
         tc.cache_variables["KILN_WITH_CUDA"] = flag(self.options.with_cuda)
         tc.cache_variables["KILN_BUILD_TESTS"] = "OFF"
         tc.cache_variables["KILN_BUILD_BENCH"] = "OFF"
+        # The Python module is installed with pip (pyproject.toml), not as part of the C++ package.
+        tc.cache_variables["KILN_PYTHON"] = "OFF"
         tc.cache_variables["KILN_INSTALL"] = "ON"
         tc.generate()
         # Kiln's CMakeLists compiles through ccache when it is installed. Each `conan create` builds in a new folder
