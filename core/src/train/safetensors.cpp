@@ -28,7 +28,10 @@ struct Json {
   enum Kind { null, boolean, number, string, array, object } kind = null;
   std::string text;  // string value, or the number as written
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
+  // An object's members, each with its name in `key` (a vector of pairs would need Json complete here, which
+  // clang's libstdc++ instantiation refuses).
+  std::vector<Json> members;
+  std::string key;
 };
 
 class JsonParser {
@@ -71,7 +74,8 @@ class JsonParser {
         ws();
         std::string key = str();
         expect(':');
-        v.members.emplace_back(std::move(key), value(depth + 1));
+        v.members.push_back(value(depth + 1));
+        v.members.back().key = std::move(key);
       } while (eat(','));
       expect('}');
     } else if (c == '[') {
@@ -284,11 +288,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       throw DataError(path + ": the header does not start with '{' (safetensors' JSON object): not a safetensors file");
     Json doc = JsonParser(h, static_cast<size_t>(hlen), path).document();
     const uint64_t data_bytes = size_ - data_start_;
-    for (auto& [name, v] : doc.members) {
+    for (auto& v : doc.members) {
+      const std::string& name = v.key;
       const std::string at = "tensor '" + name + "'";
       if (name == "__metadata__") {
         if (v.kind != Json::object) throw DataError(path + ": __metadata__ is not an object of strings");
-        for (auto& [k, s] : v.members) {
+        for (auto& s : v.members) {
+          const std::string& k = s.key;
           if (s.kind != Json::string) throw DataError(path + ": __metadata__ '" + k + "' is not a string");
           metadata_[k] = s.text;
         }
@@ -300,7 +306,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       t.name = name;
       bool has_dtype = false, has_shape = false, has_offsets = false;
       std::vector<int64_t> dims;
-      for (auto& [k, f] : v.members) {
+      for (auto& f : v.members) {
+        const std::string& k = f.key;
         if (k == "dtype") {
           if (f.kind != Json::string || safetensors_dtype_size(f.text) == 0)
             throw DataError(path + ": " + at + " has dtype " + (f.kind == Json::string ? "'" + f.text + "'" : "?") +
