@@ -2,10 +2,15 @@
 # Runs one pytest file of tests/python against the kiln package in <build>/python (ctest registers one test per
 # file). Exits 4 (ctest: Skipped) with a SKIPPED line when the module was not built or the interpreter lacks pytest
 # or NumPy: setup.sh installs pybind11-dev, python3-numpy and python3-pytest.
-#   run_pytest.sh SOURCE_DIR BUILD_DIR PYTHON TEST_FILE
+#   run_pytest.sh SOURCE_DIR BUILD_DIR PYTHON TEST_FILE [WHY_SKIPPED]
+# WHY_SKIPPED: set by CMake where this build does not make the module (a sanitized build), printed as the reason.
 set -uo pipefail
-src="$1" build="$2" py="${3:-}" file="$4"
+src="$1" build="$2" py="${3:-}" file="$4" why="${5:-}"
 [ -n "$py" ] || py=python3
+if [ -n "$why" ]; then
+  echo "SKIPPED: $why"
+  exit 4
+fi
 if ! ls "$build"/python/kiln/_kiln*.so >/dev/null 2>&1; then
   echo "SKIPPED: the Python module was not built (no pybind11 or Python headers when CMake ran; Debian: apt-get install pybind11-dev python3-dev, then reconfigure)"
   exit 4
