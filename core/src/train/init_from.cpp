@@ -261,21 +261,34 @@ InitSpec parse_init(const ConfigNode& c, const std::string& base_dir) {
   return s;
 }
 
-InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, const OptimizerSpec& opt) {
-  // The model's persistent tensors, as the training graph names them (no storage is allocated by building it).
+namespace {
+
+// The model's persistent tensors, as the training graph names them (no storage is allocated by building it).
+struct ModelTensors {
+  std::vector<std::pair<std::string, Shape>> targets;  // parameters and buffers, model order
+  std::set<std::string> params, shadows;               // parameters; their EMA shadows
+};
+
+ModelTensors model_tensors(const ModelSpec& m, const OptimizerSpec& opt) {
   GraphOptions go;
   go.batch = 2;  // a training batch norm over features needs two rows
   go.training = true;
   go.optimizer = &opt;
   const Graph g = build_graph(m, go);
-  std::vector<std::pair<std::string, Shape>> targets;  // parameters and buffers, model order
-  std::set<std::string> params, shadows;
+  ModelTensors out;
   for (const auto& t : g.tensors()) {
     if (t.alias_of != kNoTensor) continue;
-    if (t.role == TensorRole::parameter || t.role == TensorRole::buffer) targets.emplace_back(t.name, t.shape);
-    if (t.role == TensorRole::parameter) params.insert(t.name);
-    if (t.role == TensorRole::ema) shadows.insert(t.name);
+    if (t.role == TensorRole::parameter || t.role == TensorRole::buffer) out.targets.emplace_back(t.name, t.shape);
+    if (t.role == TensorRole::parameter) out.params.insert(t.name);
+    if (t.role == TensorRole::ema) out.shadows.insert(t.name);
   }
+  return out;
+}
+
+}  // namespace
+
+InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, const OptimizerSpec& opt) {
+  const auto [targets, params, shadows] = model_tensors(m, opt);
 
   const std::string& path = spec.from;
   const Source src(path);
