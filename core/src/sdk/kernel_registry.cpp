@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <vector>
 
 #include "kiln/op_table.hpp"
 
@@ -13,6 +14,10 @@ namespace {
 struct Kernels {
   std::shared_mutex mu;
   std::map<std::pair<std::string, OpKind>, Kernel> table;  // node-based: pointers stay valid as it grows
+  // Kernels replaced by a later registration. Every Registry registers its plugins' kernels again (a second run in
+  // one process: kiln.Run in Python, the tests), and an open device keeps what find_kernel returned (the cpu
+  // backend caches it per op): freeing the replaced kernel would leave that device calling freed memory.
+  std::vector<Kernel> replaced;
   std::map<std::pair<std::string, OpKind>, std::string> unsupported;
 };
 Kernels& kernels() {
@@ -26,7 +31,10 @@ void register_kernel(const std::string& backend, OpKind op, Kernel k) {
   (void)op_desc(op);  // throws for an op nothing registered
   Kernels& t = kernels();
   std::unique_lock lock(t.mu);
-  t.table.insert_or_assign({backend, op}, std::move(k));
+  auto [it, added] = t.table.try_emplace({backend, op}, k);
+  if (added) return;
+  t.replaced.push_back(std::move(it->second));
+  it->second = std::move(k);
 }
 
 const Kernel* find_kernel(const std::string& backend, OpKind op) {
