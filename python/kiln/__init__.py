@@ -124,46 +124,70 @@ class History:
 class Weights(MutableMapping):
     """The model's weights by name (``dense_1/kernel``, ...), in model order, as NumPy float32 arrays.
 
-    Reading gives copies of what the run's checkpoint holds (EMA values when [optimizer] ema is set, as `kiln
-    evaluate` uses). Assigning replaces a weight of the run's loaded model, which evaluate and predict then use; the
-    shape must match and the dtype must be a floating one. Kiln's runner hands weights to the host as copies on
-    every backend, so these are never views of device memory; NumPy arrays support __dlpack__, so
-    ``torch.from_dlpack(run.weights["dense/kernel"])`` shares the copy without another.
+    They are what the run's checkpoint holds (EMA values when [optimizer] ema is set, as `kiln evaluate` uses), as
+    the run's loaded model holds them now:
+
+    * Views, without a copy, where the model's memory is host memory: the CPU backend with one device (the
+      ``single`` strategy). Each read is an array over the very buffer evaluate and predict compute with: writing
+      into it (``w["dense_1.bias"][:] = 0``) changes their results, and ``np.shares_memory`` of two reads is True.
+      The array does not own its data; its ``base`` keeps the loaded model (and its device memory) alive, so a view
+      stays valid after ``run.close()`` or ``run.fit()``, but it is then no longer the run's model: close() and
+      fit() drop it (fit trains a new one), so take ``run.weights`` again. NumPy's ``__dlpack__`` hands the same
+      memory on: ``torch.from_dlpack(view)`` and ``jax.dlpack.from_dlpack(view)`` share it without a copy.
+    * Copies elsewhere: the Vulkan and CUDA backends (device memory), and several devices (data_parallel,
+      model_parallel: the weight lives on each replica or stage). Each read is a fresh copy; writing into it
+      changes nothing in the model: assign it back.
+
+    ``is_view(name)`` tells which. Assigning (``w[name] = array``) writes into the loaded model's weight in place,
+    on every backend (views of it see the new values); the shape must match and the dtype must be a floating one.
     """
 
     def __init__(self, core: Any):
         self._core = core
-        self._w = dict(core.weights())
+        # Names and shapes only: a view is made afresh on each read (it costs no copy), a copy too (the model's
+        # values now, not a stale array a caller may have written into).
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._views: dict[str, bool] = {}
+        for name, a, view in core.weights():
+            self._shapes[name] = a.shape
+            self._views[name] = view
+
+    def _check_name(self, name: str) -> None:
+        if name not in self._shapes:
+            raise KeyError(f"run.weights[{name!r}]: the model has no such weight (it has {', '.join(self._shapes)})")
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._w[name]
+        self._check_name(name)
+        return self._core.weight(name)[0]
+
+    def is_view(self, name: str) -> bool:
+        """Whether ``self[name]`` is a view of the model's memory (CPU backend, one device) rather than a copy."""
+        self._check_name(name)
+        return self._views[name]
 
     def __setitem__(self, name: str, value: Any) -> None:
-        if name not in self._w:
-            raise KeyError(f"run.weights[{name!r}]: the model has no such weight (it has {', '.join(self._w)})")
+        self._check_name(name)
         a = np.asarray(value)
         if not (np.issubdtype(a.dtype, np.floating)):
             raise TypeError(f"run.weights[{name!r}]: expected a floating-point array, got dtype {a.dtype}")
-        if a.shape != self._w[name].shape:
+        if a.shape != self._shapes[name]:
             raise ValueError(
-                f"run.weights[{name!r}]: the model's weight has shape {self._w[name].shape}, the array given has "
+                f"run.weights[{name!r}]: the model's weight has shape {self._shapes[name]}, the array given has "
                 f"shape {a.shape}"
             )
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        self._core.set_weight(name, a)
-        self._w[name] = a.copy()
+        self._core.set_weight(name, np.ascontiguousarray(a, dtype=np.float32))
 
     def __delitem__(self, name: str) -> None:
         raise TypeError("a model's weights cannot be deleted")
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._w)
+        return iter(self._shapes)
 
     def __len__(self) -> int:
-        return len(self._w)
+        return len(self._shapes)
 
     def __repr__(self) -> str:
-        return "Weights(" + ", ".join(f"{k}: {v.shape}" for k, v in self._w.items()) + ")"
+        return "Weights(" + ", ".join(f"{k}: {v}" for k, v in self._shapes.items()) + ")"
 
 
 def _key_set(config: str, overrides: list[str], table: str, key: str) -> bool:
@@ -375,7 +399,8 @@ class Run:
 
     @property
     def weights(self) -> Weights:
-        """The model's weights by name as NumPy arrays (copies; see Weights)."""
+        """The model's weights by name as NumPy arrays: views of the model's memory on the CPU backend with one
+        device, copies elsewhere (see Weights)."""
         if self._weights is None:
             self._weights = Weights(self._core)
         return self._weights

@@ -82,6 +82,16 @@ py::array_t<float> to_numpy(const HostTensor& t) {
   return a;
 }
 
+// A weight as a NumPy array: a view of the runner's buffer, whose base (a capsule holding the loaded model) keeps
+// the buffer, its allocator and its device alive as long as any array over it lives; else a copy.
+py::array_t<float> weight_array(const python::Weight& w) {
+  if (w.view.empty()) return to_numpy(w.copy);
+  auto* keep = new std::shared_ptr<python::LoadedModel>(w.owner);
+  py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<python::LoadedModel>*>(p); });
+  std::vector<py::ssize_t> dims(w.shape.dims().begin(), w.shape.dims().end());
+  return py::array_t<float>(dims, w.view.data(), base);  // writeable: it is the model's memory
+}
+
 py::dict epoch_dict(const EpochMetrics& e) {
   py::dict d;
   d["epoch"] = e.epoch;
@@ -416,15 +426,26 @@ PYBIND11_MODULE(_kiln, m) {
            })
       .def("weights",
            [](RunCore& r) {
-             std::vector<std::pair<std::string, HostTensor>> w;
+             std::vector<python::Weight> w;
              {
                py::gil_scoped_release g;
                w = r.weights();
              }
              py::list out;
-             for (const auto& [name, t] : w) out.append(py::make_tuple(name, to_numpy(t)));
+             for (const auto& x : w) out.append(py::make_tuple(x.name, weight_array(x), !x.view.empty()));
              return out;
            })
+      .def(
+          "weight",
+          [](RunCore& r, const std::string& name) {
+            python::Weight w;
+            {
+              py::gil_scoped_release g;
+              w = r.weight(name);
+            }
+            return py::make_tuple(weight_array(w), !w.view.empty());
+          },
+          py::arg("name"))
       .def("set_weight",
            [](RunCore& r, const std::string& name,
               const py::array_t<float, py::array::c_style | py::array::forcecast>& a) {

@@ -33,6 +33,13 @@ RunCore::RunCore(std::string config, std::vector<std::string> overrides, std::ve
   output_dir_ = s.train().output_dir;
 }
 
+LoadedModel::LoadedModel() = default;
+
+LoadedModel::~LoadedModel() {
+  runner.reset();  // its buffers belong to the session's allocators
+  model.reset();
+}
+
 RunCore::~RunCore() { close(); }
 
 app::Options RunCore::options() const {
@@ -51,8 +58,7 @@ app::Options RunCore::options() const {
 }
 
 void RunCore::close() {
-  runner_.reset();
-  model_.reset();
+  loaded_.reset();  // freed here unless a view of its weights still holds it
   columns_.clear();
 }
 
@@ -100,29 +106,32 @@ TrainReport RunCore::fit(std::ostream& out, const std::function<void(const std::
 }
 
 void RunCore::load_model() {
-  if (runner_) return;
+  if (loaded_) return;
   app::Options o = options();
-  model_ = app::load_trained_model(o);
-  Session& s = *model_->session;
+  auto l = std::make_shared<LoadedModel>();
+  l->model = app::load_trained_model(o);
+  Session& s = *l->model->session;
   // The label shape the trainer built its graphs with (the train pipeline's), else the test pipeline's.
   std::unique_ptr<Stage> train = s.make_pipeline("train");
   std::unique_ptr<Stage> test = train ? nullptr : s.make_pipeline("test");
   label_ = train ? train->label_shape() : test ? test->label_shape() : Shape{};
-  runner_ = app::make_inference_runner(*model_, label_);
+  l->runner = app::make_inference_runner(*l->model, label_);
+  loaded_ = std::move(l);
 }
 
 ModelInfo RunCore::model_info() {
   load_model();
-  return {model_->checkpoint_path, model_->checkpoint.epoch, model_->checkpoint.step, model_->ema};
+  const app::TrainedModel& m = model();
+  return {m.checkpoint_path, m.checkpoint.epoch, m.checkpoint.step, m.ema};
 }
 
 Evaluation RunCore::evaluate(const std::string& data, std::string& where) {
   load_model();
-  Session& s = *model_->session;
+  Session& s = *model().session;
   std::unique_ptr<Stage> d = s.make_pipeline(data);
   if (!d) throw ConfigError(config_ + ": has no [data." + data + "] pipeline to evaluate on (data=)");
   where = describe_source(s.config(), data);
-  return kiln::evaluate(*runner_, *d, s.model(), /*use_ema=*/false);  // the EMA values are loaded as the weights
+  return kiln::evaluate(runner(), *d, s.model(), /*use_ema=*/false);  // the EMA values are loaded as the weights
 }
 
 namespace {
@@ -171,10 +180,10 @@ HostTensor model_inputs(HostTensor x, const ModelSpec& model) {
 
 HostTensor RunCore::predict(HostTensor xin) {
   load_model();
-  const ModelSpec& model = model_->session->model();
+  const ModelSpec& model = this->model().session->model();
   HostTensor x = model_inputs(std::move(xin), model);
   const int64_t n = x.shape[0], per = model.input_shape.numel();
-  const int64_t batch = std::max<int64_t>(1, model_->session->train().batch_size);
+  const int64_t batch = std::max<int64_t>(1, this->model().session->train().batch_size);
   std::vector<float> rows;
   std::vector<std::string> names;
   for (int64_t pos = 0; pos < n; pos += batch) {
@@ -184,7 +193,7 @@ HostTensor RunCore::predict(HostTensor xin) {
     e.x = HostTensor(model.input_shape.with_batch(b));
     std::copy(x.data.begin() + pos * per, x.data.begin() + (pos + b) * per, e.x.data.begin());
     e.y = HostTensor(label_.with_batch(b));  // placeholder labels the graph needs and nothing reads
-    EvalResult r = runner_->eval_batch(e, false);
+    EvalResult r = runner().eval_batch(e, false);
     std::vector<std::vector<float>> cols(static_cast<size_t>(b));
     // Each head's outputs as `kiln predict` writes them.
     for (size_t h = 0; h < model.outputs.size(); ++h)
@@ -200,26 +209,54 @@ HostTensor RunCore::predict(HostTensor xin) {
 
 std::vector<std::string> RunCore::predict_columns() { return columns_; }
 
-std::vector<std::pair<std::string, HostTensor>> RunCore::weights() {
-  load_model();
-  std::vector<std::pair<std::string, HostTensor>> w;
-  for (const auto& [name, shape] : model_->params) w.emplace_back(name, model_->weights.at(name));
+const Shape& RunCore::param_shape(const std::string& name) {
+  for (const auto& [n, shape] : model().params)
+    if (n == name) return shape;
+  std::string known;
+  for (const auto& [n, s] : model().params) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("run.weights['" + name + "']: the model has no such weight (it has " + known + ")");
+}
+
+Weight RunCore::read_weight(const std::string& name, const Shape& shape) {
+  Weight w;
+  w.name = name;
+  w.shape = shape;
+  // The runner's buffer holds what the checkpoint loaded (the EMA values under the parameter's name when the run
+  // evaluates with EMA) and what set_weight wrote since. A buffer of another size is not these float32 values.
+  std::span<float> v = runner().host_view(name);
+  if (!v.empty() && static_cast<int64_t>(v.size()) == shape.numel()) {
+    w.view = v;
+    w.owner = loaded_;
+  } else {
+    w.copy = model().weights.at(name);
+  }
   return w;
+}
+
+std::vector<Weight> RunCore::weights() {
+  load_model();
+  std::vector<Weight> w;
+  for (const auto& [name, shape] : model().params) w.push_back(read_weight(name, shape));
+  return w;
+}
+
+Weight RunCore::weight(const std::string& name) {
+  load_model();
+  return read_weight(name, param_shape(name));
 }
 
 void RunCore::set_weight(const std::string& name, HostTensor value) {
   load_model();
-  auto it = model_->weights.find(name);
-  if (it == model_->weights.end()) {
-    std::string known;
-    for (const auto& [n, s] : model_->params) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("run.weights['" + name + "']: the model has no such weight (it has " + known + ")");
-  }
-  if (value.shape != it->second.shape)
-    throw ConfigError("run.weights['" + name + "']: the model's weight has shape " + it->second.shape.str() +
+  const Shape& shape = param_shape(name);
+  if (value.shape != shape)
+    throw ConfigError("run.weights['" + name + "']: the model's weight has shape " + shape.str() +
                       ", the array given has shape " + value.shape.str());
-  it->second = std::move(value);
-  runner_->load_state(model_->weights);
+  // Into the runner's buffer in place (views of it stay valid and see the new values), and into the loaded values
+  // the copies are made from.
+  std::map<std::string, HostTensor> one;
+  one.emplace(name, value);
+  runner().load_state(one);
+  model().weights.at(name) = std::move(value);
 }
 
 void RunCore::export_to(const std::string& path, const std::string& format, const std::string& dtype, bool overwrite,

@@ -3,6 +3,8 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <span>
+#include <string>
 #include <tuple>
 
 #include "kiln/executor.hpp"
@@ -30,6 +32,8 @@ class SingleDeviceRunner : public Runner {
   void load_state(const std::map<std::string, HostTensor>& st) override;
   std::string find_nonfinite_layer(const Element& batch, int64_t step) override;
   std::vector<DevicePlan> plan() const override { return plan_for(ctx_, 0); }
+  // The tensor's buffer itself where the device's memory is host memory (the cpu backend).
+  std::span<float> host_view(const std::string& name) override;
 
   // The memory plan of a training step (plus evaluation) at ctx.global_batch on one device.
   static std::vector<DevicePlan> plan_for(const RunnerContext& ctx, int device_index);

@@ -50,6 +50,14 @@ class Runner {
   virtual std::string find_nonfinite_layer(const Element& batch, int64_t step) = 0;
   virtual std::vector<DevicePlan> plan() const = 0;
   virtual std::string report() const { return {}; }  // placement and per-replica notes
+  // A persistent tensor's live float32 values in host-addressable memory (the CPU backend's buffers), in the layout
+  // save_state() gives it, for zero-copy views (the Python module's run.weights); empty where the runner keeps it
+  // elsewhere (a GPU, several replicas, a packed or 16-bit layout). Valid while the runner lives; the host may
+  // read and write it between steps.
+  virtual std::span<float> host_view(const std::string& name) {
+    (void)name;
+    return {};
+  }
 };
 
 struct RunnerContext {

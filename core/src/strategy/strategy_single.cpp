@@ -109,6 +109,17 @@ void SingleDeviceRunner::load_state(const std::map<std::string, HostTensor>& st)
   for (const auto& [name, t] : st) state_.write(name, t);
 }
 
+std::span<float> SingleDeviceRunner::host_view(const std::string& name) {
+  Device* dev = dctx_.device;
+  if (!dev->info().host_addressable || !state_.has(name)) return {};
+  const BufferView& v = state_.persistent(name);
+  // Persistent tensors are stored as float32 (graph.hpp); other storage would not hold the bits save_state() gives.
+  if (v.dtype != DType::f32 || v.bytes % sizeof(float) != 0) return {};
+  input_.drain();
+  dev->synchronize();  // the caller reads and writes it directly: no op may still use it
+  return {v.host(), v.bytes / sizeof(float)};
+}
+
 std::string SingleDeviceRunner::find_nonfinite_layer(const Element& batch, int64_t step) {
   input_.drain();
   GraphOptions o;
