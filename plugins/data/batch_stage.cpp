@@ -2,14 +2,18 @@
 // batch of an epoch may be smaller unless drop_remainder. It makes global batches only: splitting a batch
 // over replicas is the data-parallel strategy's job.
 //
+// Over an upstream with random access and a known size, row r of the batch starting at epoch position p is
+// example p + r of the upstream, written in place by upstream.fill(p + r, row): a decoded source converts its bytes
+// straight into the row and shape-preserving maps transform it there, so no example is built as its own tensors.
+// Only when a map's workers read ahead on threads of their own are the rows collected from next() instead.
+//
 // A process that uses only rows [rows_begin, rows_end) of every global batch (an MPI rank's share under
-// data_parallel, StageContext) reads only those rows when the upstream has random access and a known size: row r of
-// the batch starting at epoch position p is upstream.at(p + r). The other rows stay zero. That is safe because this
-// process never reads them: its replicas train on its rows alone, and the trainer's label checks and the checkpoint's
-// pending batch (gathered from every rank) look at no other row. The epoch's last, smaller batch is split over the
-// replicas by its own size, so it is read whole. Without random access (or without a share) every row is read
-// through next() as before, except for the rest of an epoch restored mid-way over a random-access upstream, which is
-// read through at() too (the saved state does not depend on how the rows were read; see save()).
+// data_parallel, StageContext) reads only those rows (through fill(), or through a reading-ahead upstream's next()
+// handed just those positions). The other rows stay zero. That is safe because this process never reads them: its
+// replicas train on its rows alone, and the trainer's label checks and the checkpoint's pending batch (gathered from
+// every rank) look at no other row. The epoch's last, smaller batch is split over the replicas by its own size, so
+// it is read whole. Without random access every row is read through next() (the saved state does not depend on how
+// the rows were read; see save()).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -42,7 +46,8 @@ class BatchStage final : public Stage {
     epoch_ = epoch;
     start_epoch(0);
     const bool share = rows_end_ > 0 && (rows_begin_ > 0 || rows_end_ < size_);
-    by_at_ = indexed_ && share;
+    // Unless a map's workers read ahead (then next() collects what they made), the rows are filled in place.
+    by_at_ = indexed_ && (share || !upstream_reads_ahead());
     if (by_at_) read_rows_ahead();
   }
 
@@ -141,6 +146,10 @@ class BatchStage final : public Stage {
   // The positions next_by_at() will read from pos_ on, handed to the upstream so it reads them ahead with its own
   // threads (a map's workers) when it can; otherwise next_by_at() calls at() itself.
   void read_rows_ahead() {
+    if (!upstream_reads_ahead()) {
+      up_reads_ = false;
+      return;
+    }
     auto list = std::make_shared<std::vector<uint32_t>>();
     for (int64_t p = 0; p < epoch_size_; p += size_) {
       const int64_t count = std::min(size_, epoch_size_ - p);
@@ -150,10 +159,15 @@ class BatchStage final : public Stage {
         if (p + r >= static_cast<int64_t>(pos_)) list->push_back(static_cast<uint32_t>(p + r));
     }
     OrderedReads* o = epoch_size_ <= int64_t{UINT32_MAX} ? ordered_reads(*up_) : nullptr;
-    up_reads_ = o && o->read_in_order(std::move(list), 0);
+    up_reads_ = o && o->reads_ahead() && o->read_in_order(std::move(list), 0);
   }
 
-  // Rows through at(): this process's share of a full batch, or every row (the last, smaller batch; the rest of an
+  bool upstream_reads_ahead() const {
+    const auto* o = dynamic_cast<const OrderedReads*>(up_.get());
+    return o && o->reads_ahead();
+  }
+
+  // Rows by position: this process's share of a full batch, or every row (the last, smaller batch; the rest of an
   // epoch resumed mid-way).
   std::optional<Element> next_by_at() {
     const auto at = static_cast<int64_t>(pos_);
@@ -167,27 +181,30 @@ class BatchStage final : public Stage {
     b.x = HostTensor(xs.with_batch(count));
     b.y = HostTensor(ys.with_batch(count));
     const auto xn = static_cast<size_t>(xs.numel()), yn = static_cast<size_t>(ys.numel());
-    for (int64_t r = first; r < last; ++r) {
-      Element e;
+    float* x = b.x.data.data();
+    float* y = b.y.data.data();
+    if (!up_reads_) {  // one timer for the batch: per row, reading the clock would cost as much as a small row
+      ScopedTimer t(stats_.wait_seconds);
+      std::vector<uint64_t> ks(static_cast<size_t>(last - first));
+      for (size_t i = 0; i < ks.size(); ++i) ks[i] = static_cast<uint64_t>(at + first) + i;
+      up_->fill(ks, x + static_cast<size_t>(first) * xn, y + static_cast<size_t>(first) * yn);
+    }
+    for (int64_t r = first; r < last && up_reads_; ++r) {
+      std::optional<Element> e;
       {
         ScopedTimer t(stats_.wait_seconds);
-        if (up_reads_) {
-          std::optional<Element> next = up_->next();
-          if (!next)
-            throw Error("data stage 'batch': the upstream ended before example " + std::to_string(at + r) +
-                        " of the epoch it was asked to read");
-          e = std::move(*next);
-        } else {
-          e = up_->at(static_cast<uint64_t>(at + r));
-        }
+        e = up_->next();
       }
+      if (!e)
+        throw Error("data stage 'batch': the upstream ended before example " + std::to_string(at + r) +
+                    " of the epoch it was asked to read");
       ScopedTimer t(stats_.busy_seconds);
-      if (e.batch != 0 || !(e.x.shape == xs) || !(e.y.shape == ys))
+      if (e->batch != 0 || !(e->x.shape == xs) || !(e->y.shape == ys))
         throw DataError("data stage 'batch': example " + std::to_string(at + r) + " of the epoch has shapes x " +
-                        e.x.shape.str() + ", y " + e.y.shape.str() + (e.batch ? " (a batch)" : "") +
+                        e->x.shape.str() + ", y " + e->y.shape.str() + (e->batch ? " (a batch)" : "") +
                         ", but upstream declared x " + xs.str() + ", y " + ys.str());
-      std::memcpy(b.x.data.data() + static_cast<size_t>(r) * xn, e.x.data.data(), xn * sizeof(float));
-      std::memcpy(b.y.data.data() + static_cast<size_t>(r) * yn, e.y.data.data(), yn * sizeof(float));
+      std::memcpy(x + static_cast<size_t>(r) * xn, e->x.data.data(), xn * sizeof(float));
+      std::memcpy(y + static_cast<size_t>(r) * yn, e->y.data.data(), yn * sizeof(float));
     }
     pos_ += static_cast<uint64_t>(count);
     ++stats_.elements;
@@ -204,7 +221,7 @@ class BatchStage final : public Stage {
   bool indexed_ = false;
   int64_t epoch_size_ = 0;
   StageState start_state_;
-  bool by_at_ = false;     // reading through at(): a share of the rows, or the rest of a restored epoch
+  bool by_at_ = false;     // reading by position: every row through fill() unless up_reads_, or a share of them
   bool up_reads_ = false;  // ...through the upstream's next(), which reads those positions ahead (read_in_order)
   StageStats stats_;
 };

@@ -193,12 +193,14 @@ ReadingPlan plan_reading(uint64_t decoded_bytes, uint64_t budget) {
   return p;
 }
 
+void bytes_to_floats(const uint8_t* bytes, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = bytes[i];
+}
+
 Element byte_example(const uint8_t* pixels, const Shape& shape, float label) {
   Element e;
   e.x = HostTensor(shape);
-  float* x = e.x.data.data();
-  const size_t n = e.x.data.size();
-  for (size_t i = 0; i < n; ++i) x[i] = pixels[i];
+  bytes_to_floats(pixels, e.x.data.size(), e.x.data.data());
   e.y = HostTensor(Shape{}, label);
   return e;
 }

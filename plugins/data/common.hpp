@@ -122,6 +122,8 @@ ReadingPlan plan_reading(uint64_t decoded_bytes, uint64_t budget);
 
 // A single example of pixel bytes: x `shape` holding them as floats 0..255, y () the label.
 Element byte_example(const uint8_t* pixels, const Shape& shape, float label);
+// Pixel bytes 0..255 as floats (byte_example's x, and a source's fill()).
+void bytes_to_floats(const uint8_t* bytes, size_t n, float* out);
 
 // The counters of a source that next() and at() (from any thread) update; collect_stats reports them.
 struct SourceCounters {

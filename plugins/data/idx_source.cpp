@@ -17,6 +17,8 @@ namespace {
 
 constexpr uint32_t kImagesMagic = 0x00000803;
 constexpr uint32_t kLabelsMagic = 0x00000801;
+// Rows of a fill() whose bytes are fetched ahead of the one being converted.
+constexpr size_t kPrefetchRows = 2;
 
 std::string hex32(uint32_t v) {
   char buf[16];
@@ -124,6 +126,33 @@ class IdxSource final : public Stage {
     return e;
   }
 
+  // at() without its tensors: the pixel bytes converted straight into the batch's rows. From memory, the next
+  // example's bytes are fetched while this one converts (a shuffled epoch reads them from anywhere in the set).
+  void fill(std::span<const uint64_t> ks, float* x, float* y) override {
+    for (uint64_t k : ks)
+      if (k >= size_ || !random_access()) return Stage::fill(ks, x, y);  // at() says what is wrong
+    const uint64_t n = rows_ * cols_;
+    if (plan_.decoded) {
+      decode();
+      for (size_t r = 0; r < kPrefetchRows; ++r) prefetch_image(ks, r);
+      for (size_t r = 0; r < ks.size(); ++r) {
+        prefetch_image(ks, r + kPrefetchRows);
+        bytes_to_floats(images_all_.data() + ks[r] * n, n, x + r * n);
+        y[r] = static_cast<float>(labels_all_[ks[r]]);
+      }
+    } else {
+      std::vector<unsigned char> px(n);
+      for (size_t r = 0; r < ks.size(); ++r) {
+        unsigned char label = 0;
+        images_.read_at(16 + ks[r] * n, px.data(), n, "image " + std::to_string(ks[r]));
+        labels_.read_at(8 + ks[r], &label, 1, "label " + std::to_string(ks[r]));
+        bytes_to_floats(px.data(), n, x + r * n);
+        y[r] = static_cast<float>(label);
+      }
+    }
+    counters_.elements.fetch_add(ks.size(), std::memory_order_relaxed);
+  }
+
   StageState save() const override { return save_position(name(), pos_); }
   void restore(const StageState& s) override {
     seek_to(restore_position(s, name(), size_, "examples of " + images_.path()));
@@ -151,6 +180,13 @@ class IdxSource final : public Stage {
       images_all_ = std::move(px);
       labels_all_ = std::move(lb);
     });
+  }
+  void prefetch_image(std::span<const uint64_t> ks, size_t r) const {
+    if (r >= ks.size()) return;
+    const uint64_t n = rows_ * cols_;
+    const unsigned char* p = images_all_.data() + ks[r] * n;
+    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(p + off);
+    __builtin_prefetch(labels_all_.data() + ks[r]);
   }
   Element decoded(uint64_t k) const {
     return byte_example(images_all_.data() + k * rows_ * cols_, example_shape(), static_cast<float>(labels_all_[k]));

@@ -10,8 +10,11 @@ class ScaleOp final : public MapOp {
  public:
   explicit ScaleOp(float f) : f_(f) {}
   std::string name() const override { return "scale"; }
-  void apply(Element& e, CounterRng&) const override {
-    for (auto& v : e.x.data) v *= f_;
+  void apply(Element& e, CounterRng& rng) const override { apply_row(e.x.data.data(), e.y.data.data(), rng); }
+  bool in_place() const override { return true; }
+  void apply_row(float* x, float*, CounterRng&) const override {
+    const auto n = static_cast<size_t>(x_out.numel());
+    for (size_t i = 0; i < n; ++i) x[i] *= f_;
   }
 
  private:
@@ -24,13 +27,15 @@ class NormalizeOp final : public MapOp {
   NormalizeOp(std::vector<float> mean, std::vector<float> inv_std)
       : mean_(std::move(mean)), inv_std_(std::move(inv_std)) {}
   std::string name() const override { return "normalize"; }
-  void apply(Element& e, CounterRng&) const override {
+  void apply(Element& e, CounterRng& rng) const override { apply_row(e.x.data.data(), e.y.data.data(), rng); }
+  bool in_place() const override { return true; }
+  void apply_row(float* x, float*, CounterRng&) const override {
     const size_t c = x_out.rank() ? static_cast<size_t>(x_out[0]) : 1;
-    const size_t inner = e.x.data.size() / c;
+    const size_t inner = static_cast<size_t>(x_out.numel()) / c;
     for (size_t k = 0; k < c; ++k) {
       const float m = mean_.size() == 1 ? mean_[0] : mean_[k];
       const float s = inv_std_.size() == 1 ? inv_std_[0] : inv_std_[k];
-      float* p = e.x.data.data() + k * inner;
+      float* p = x + k * inner;
       for (size_t i = 0; i < inner; ++i) p[i] = (p[i] - m) * s;
     }
   }
@@ -43,15 +48,18 @@ class NormalizeOp final : public MapOp {
 class StandardizeOp final : public MapOp {
  public:
   std::string name() const override { return "standardize"; }
-  void apply(Element& e, CounterRng&) const override {
-    const double n = static_cast<double>(e.x.data.size());
+  void apply(Element& e, CounterRng& rng) const override { apply_row(e.x.data.data(), e.y.data.data(), rng); }
+  bool in_place() const override { return true; }
+  void apply_row(float* x, float*, CounterRng&) const override {
+    const auto count = static_cast<size_t>(x_out.numel());
+    const auto n = static_cast<double>(count);
     double sum = 0, sq = 0;
-    for (float v : e.x.data) sum += v;
+    for (size_t i = 0; i < count; ++i) sum += x[i];
     const double mean = sum / n;
-    for (float v : e.x.data) sq += (v - mean) * (v - mean);
+    for (size_t i = 0; i < count; ++i) sq += (x[i] - mean) * (x[i] - mean);
     const double sd = std::max(std::sqrt(sq / n), 1.0 / std::sqrt(n));
     const auto m = static_cast<float>(mean), inv = static_cast<float>(1.0 / sd);
-    for (auto& v : e.x.data) v = (v - m) * inv;
+    for (size_t i = 0; i < count; ++i) x[i] = (x[i] - m) * inv;
   }
 };
 
@@ -127,12 +135,13 @@ class FlipHorizontalOp final : public MapOp {
  public:
   explicit FlipHorizontalOp(double p) : p_(p) {}
   std::string name() const override { return "flip_horizontal"; }
-  void apply(Element& e, CounterRng& rng) const override {
+  void apply(Element& e, CounterRng& rng) const override { apply_row(e.x.data.data(), e.y.data.data(), rng); }
+  bool in_place() const override { return true; }
+  void apply_row(float* x, float*, CounterRng& rng) const override {
     if (rng.uniform() >= p_) return;
-    const auto w = static_cast<size_t>(e.x.shape[e.x.shape.rank() - 1]);
-    for (size_t row = 0; row < e.x.data.size(); row += w)
-      std::reverse(e.x.data.begin() + static_cast<std::ptrdiff_t>(row),
-                   e.x.data.begin() + static_cast<std::ptrdiff_t>(row + w));
+    const auto w = static_cast<size_t>(x_out[x_out.rank() - 1]);
+    const auto n = static_cast<size_t>(x_out.numel());
+    for (size_t row = 0; row < n; row += w) std::reverse(x + row, x + row + w);
   }
 
  private:

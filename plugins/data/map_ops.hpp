@@ -14,6 +14,13 @@ class MapOp {
   virtual ~MapOp() = default;
   virtual std::string name() const = 0;
   virtual void apply(Element& e, CounterRng& rng) const = 0;
+  // Ops that keep the example's shapes can also transform it where it lies, in a batch's row (Stage::fill): x holds
+  // x_out.numel() floats, y y_out.numel(). apply() on such an op does the same to the element's data.
+  virtual bool in_place() const { return false; }
+  virtual void apply_row(float* x, float* y, CounterRng& rng) const {
+    (void)x, (void)y, (void)rng;
+    throw Error("map op " + name() + " changes the example's shape and cannot transform it in place");
+  }
   Shape x_out, y_out;  // shapes after the op
 };
 

@@ -41,7 +41,8 @@ class MapStage final : public Stage, public OrderedReads {
         seed_(seed),
         capacity_(workers * kChunk * kChunksAhead),
         in_x_(up_->example_shape()),
-        in_y_(up_->label_shape()) {}
+        in_y_(up_->label_shape()),
+        in_place_(std::all_of(ops_.begin(), ops_.end(), [](const auto& op) { return op->in_place(); })) {}
   ~MapStage() override { stop(); }
 
   std::string name() const override { return name_; }
@@ -81,6 +82,25 @@ class MapStage final : public Stage, public OrderedReads {
     transform(e, k);
     return e;
   }
+
+  // Examples written into a batch's rows: the upstream fills them and in-place ops transform them there.
+  void fill(std::span<const uint64_t> ks, float* x, float* y) override {
+    if (!indexed_ || !in_place_) return Stage::fill(ks, x, y);
+    for (uint64_t k : ks)
+      if (k >= size_)
+        throw Error("data stage '" + name_ + "': element " + std::to_string(k) + " asked for, but the epoch has " +
+                    std::to_string(size_));
+    up_->fill(ks, x, y);
+    const auto xn = static_cast<size_t>(in_x_.numel()), yn = static_cast<size_t>(in_y_.numel());
+    for (size_t r = 0; r < ks.size(); ++r)
+      for (size_t i = 0; i < ops_.size(); ++i) {
+        CounterRng rng(hash_key(seed_, epoch_, ks[r], i));
+        ops_[i]->apply_row(x + r * xn, y + r * yn, rng);
+      }
+  }
+
+  // Whether next() reads ahead on worker threads (the batch stage then reads through next(), not fill()).
+  bool reads_ahead() const override { return indexed_ && workers_ > 1; }
 
   std::optional<Element> next() override {
     if (workers_ == 1 && indexed_) return next_indexed_inline();
@@ -417,6 +437,7 @@ class MapStage final : public Stage, public OrderedReads {
   size_t workers_;
   uint64_t seed_, capacity_;
   Shape in_x_, in_y_;
+  bool in_place_;  // every op keeps the shapes: fill() transforms in the row
   uint64_t epoch_ = 0;
   bool indexed_ = false;  // random-access mode (decided at every reset): reads go through up_->at()
   uint64_t size_ = 0;     // elements of the epoch in that mode

@@ -19,6 +19,9 @@ class OrderedReads {
   // Until the next reset() or restore(): next() delivers at(order[i]) for i = from, from + 1, ... to the end of
   // `order`. False when the stage cannot (it has no random access now); nothing changed then.
   virtual bool read_in_order(Positions order, uint64_t from) = 0;
+  // Whether next() would then read ahead on threads of its own (a map's workers, here or upstream). Otherwise a
+  // caller is as well off reading the positions itself through at() or fill().
+  virtual bool reads_ahead() const = 0;
 };
 
 inline OrderedReads* ordered_reads(Stage& s) { return dynamic_cast<OrderedReads*>(&s); }

@@ -55,12 +55,17 @@ class ShuffleStage final : public Stage, public OrderedReads {
     return true;
   }
 
-  Element at(uint64_t k) override {
-    if (!indexed_) return Stage::at(k);
-    if (k >= order_->size())
-      throw Error("shuffle: element " + std::to_string(k) + " asked for, but the epoch has " +
-                  std::to_string(order_->size()));
-    return up_->at((*order_)[k]);
+  bool reads_ahead() const override {
+    const OrderedReads* o = indexed_ ? dynamic_cast<const OrderedReads*>(up_.get()) : nullptr;
+    return o && o->reads_ahead();
+  }
+
+  Element at(uint64_t k) override { return up_->at(upstream_index(k)); }
+  void fill(std::span<const uint64_t> ks, float* x, float* y) override {
+    if (!indexed_) return Stage::fill(ks, x, y);
+    std::vector<uint64_t> up(ks.size());
+    for (size_t i = 0; i < ks.size(); ++i) up[i] = upstream_index(ks[i]);
+    up_->fill(up, x, y);
   }
 
   StageState save() const override {
@@ -118,6 +123,14 @@ class ShuffleStage final : public Stage, public OrderedReads {
       order_ = std::make_shared<const std::vector<uint32_t>>(draw_order(static_cast<uint32_t>(n)));
     }
     read_all_from(0);
+  }
+
+  uint64_t upstream_index(uint64_t k) const {
+    if (!indexed_) throw Error("shuffle: this stage has no random access (its upstream has none)");
+    if (k >= order_->size())
+      throw Error("shuffle: element " + std::to_string(k) + " asked for, but the epoch has " +
+                  std::to_string(order_->size()));
+    return (*order_)[k];
   }
 
   // next() reads the epoch's order from draw `from` on: through the upstream's next() when it reads ahead itself

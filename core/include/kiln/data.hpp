@@ -1,9 +1,11 @@
 // Data pipeline stages: pull-based, each stage owns its upstream.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,7 +78,28 @@ class Stage {
   // memory" or "streaming: decoded set 1.2 GB > budget 800 MB"); "" for every other stage. Only a pipeline's first
   // stage (the source) is asked.
   virtual std::string reading() const { return {}; }
+  // Examples ks[0], ks[1], ... of the epoch, as at() gives them, written straight into consecutive rows of a batch:
+  // row i is x + i * example_shape().numel() and y + i * label_shape().numel(). A batch stage over a random-access
+  // upstream fills its rows through it. Stages that can write examples in place (a decoded source, a shuffle, a map
+  // of shape-preserving ops) override it: they skip at()'s two tensors per example, which cost more than the step of
+  // a small model, and a source sees the whole list, so it can fetch the next rows' bytes while it converts one. The
+  // default copies at() row by row. The same threads may call it as at().
+  virtual void fill(std::span<const uint64_t> ks, float* x, float* y);
 };
+
+inline void Stage::fill(std::span<const uint64_t> ks, float* x, float* y) {
+  const Shape xs = example_shape(), ys = label_shape();
+  const auto xn = static_cast<size_t>(xs.numel()), yn = static_cast<size_t>(ys.numel());
+  for (size_t i = 0; i < ks.size(); ++i) {
+    Element e = at(ks[i]);
+    if (e.batch != 0 || !(e.x.shape == xs) || !(e.y.shape == ys))
+      throw DataError("data stage '" + name() + "': example " + std::to_string(ks[i]) + " of the epoch has shapes x " +
+                      e.x.shape.str() + ", y " + e.y.shape.str() + (e.batch ? " (a batch)" : "") +
+                      ", but the stage declared x " + xs.str() + ", y " + ys.str());
+    std::memcpy(x + i * xn, e.x.data.data(), xn * sizeof(float));
+    std::memcpy(y + i * yn, e.y.data.data(), yn * sizeof(float));
+  }
+}
 
 // Context a stage factory receives.
 struct StageContext {

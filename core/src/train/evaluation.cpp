@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <optional>
@@ -97,6 +98,18 @@ namespace {
 
 // Passes a pipeline's batches through unchanged after checking their inputs and labels; a bad value is a
 // DataError naming the source, the example (its position in the epoch as delivered) and the value.
+// Whether n floats are all finite: an exponent of all ones marks an infinity or a NaN. Checked as integers, without
+// a branch per value, so the check vectorizes: it runs on every input value of every batch before the step.
+bool all_finite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, x + j, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
 class CheckedStage final : public Stage {
  public:
   CheckedStage(std::unique_ptr<Stage> up, LabelRules rules, std::string source, int64_t rows_begin, int64_t rows_end,
@@ -137,11 +150,13 @@ class CheckedStage final : public Stage {
     const int64_t xn = b.x.shape.numel() / n, yn = b.y.shape.numel() / n;
     const bool share = rows_end_ > 0 && b.batch == batch_;  // a smaller last batch is read whole
     for (int64_t k = share ? rows_begin_ : 0; k < (share ? rows_end_ : n); ++k) {
-      for (int64_t j = 0; j < xn; ++j) {
-        const float v = b.x.data[static_cast<size_t>(k * xn + j)];
-        if (!std::isfinite(v))
-          fail(k, "has input value " + num(v) + " at feature " + std::to_string(j) + "; inputs must be finite numbers");
-      }
+      if (!all_finite(b.x.data.data() + k * xn, xn))
+        for (int64_t j = 0; j < xn; ++j) {
+          const float v = b.x.data[static_cast<size_t>(k * xn + j)];
+          if (!std::isfinite(v))
+            fail(k,
+                 "has input value " + num(v) + " at feature " + std::to_string(j) + "; inputs must be finite numbers");
+        }
       if (!rules_.fields.empty()) {
         check_fields(b, k, yn);
         continue;

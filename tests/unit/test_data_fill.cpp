@@ -1,0 +1,156 @@
+// Stage::fill: a batch stage over a random-access pipeline writes every row in place (the source converts its bytes
+// into the row, shape-preserving maps transform it there), giving exactly the batches the streaming pipeline gives,
+// without building any example as its own tensors. Maps that change shapes, and maps whose workers read ahead,
+// still give the same batches.
+#include <atomic>
+#include <catch2/catch.hpp>
+
+#include "test_data_support.hpp"
+
+using namespace kiln;
+using namespace kiln::test::data;
+
+namespace {
+
+// Forwards everything to its upstream and counts the calls of at() and fill(), and fill()'s rows.
+class Counting final : public Stage {
+ public:
+  explicit Counting(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
+  std::string name() const override { return "counting"; }
+  std::optional<Element> next() override { return up_->next(); }
+  void reset(uint64_t epoch) override { up_->reset(epoch); }
+  Shape example_shape() const override { return up_->example_shape(); }
+  Shape label_shape() const override { return up_->label_shape(); }
+  int64_t size_hint() const override { return up_->size_hint(); }
+  StageState save() const override { return up_->save(); }
+  void restore(const StageState& s) override { up_->restore(s); }
+  bool random_access() const override { return up_->random_access(); }
+  Element at(uint64_t k) override {
+    ++at_calls;
+    return up_->at(k);
+  }
+  void fill(std::span<const uint64_t> ks, float* x, float* y) override {
+    ++fill_calls;
+    fill_rows += ks.size();
+    up_->fill(ks, x, y);
+  }
+  std::atomic<uint64_t> at_calls{0}, fill_calls{0}, fill_rows{0};
+
+ private:
+  std::unique_ptr<Stage> up_;
+};
+
+struct Built {
+  std::unique_ptr<Stage> stage;
+  Counting* counting = nullptr;  // right after the source
+};
+
+// `source` (one stage's TOML), then a Counting stage (or a Streaming one: the reference), then `stages`.
+Built pipeline(const std::string& source, const std::string& stages, bool streaming, uint64_t budget) {
+  Config src = Config::load_string("stages = [" + source + "]", "source.toml");
+  StageContext sctx;
+  sctx.decoded_budget = budget;
+  sctx.pipeline = "train";
+  std::unique_ptr<Stage> cur = test::registry().stage(src.root().table_array("stages")[0].get_string("type"))(
+      src.root().table_array("stages")[0], std::move(sctx));
+  Built b;
+  if (streaming) {
+    cur = std::make_unique<Streaming>(std::move(cur));
+  } else {
+    auto c = std::make_unique<Counting>(std::move(cur));
+    b.counting = c.get();
+    cur = std::move(c);
+  }
+  Config cfg = Config::load_string("stages = [" + stages + "]", "pipeline.toml");
+  for (auto& s : cfg.root().table_array("stages")) {
+    StageContext ctx;
+    ctx.upstream = std::move(cur);
+    ctx.seed = 42;
+    ctx.global_batch = 8;
+    ctx.pipeline = "train";
+    cur = test::registry().stage(s.get_string("type"))(s, std::move(ctx));
+  }
+  b.stage = std::move(cur);
+  return b;
+}
+
+const std::string kInPlaceMaps =
+    "{type = \"scale\", factor = 0.00392156862745098}, {type = \"map\", workers = 1, ops = [{op = \"normalize\", "
+    "mean = [0.5], std = [0.25]}, {op = \"flip_horizontal\"}, {op = \"standardize\"}]}";
+
+}  // namespace
+
+TEST_CASE("a batch over a decoded idx source and in-place maps fills its rows with no per-example tensors",
+          "[data][fill]") {
+  const std::filesystem::path dir = test::temp_dir("fill-idx");
+  const std::string src = write_idx(dir, 203, 4, 5);
+  for (uint64_t budget : {uint64_t{0}, uint64_t{1} << 30}) {  // read through pread, and decoded once
+    CAPTURE(budget);
+    const std::string stages = kInPlaceMaps + ", {type = \"shuffle\", buffer = 64}, {type = \"batch\"}";
+    Built got = pipeline(src, stages, false, budget);
+    Built want = pipeline(src, stages, true, budget);
+    for (uint64_t e : {0u, 1u}) {
+      CAPTURE(e);
+      got.counting->at_calls = got.counting->fill_calls = got.counting->fill_rows = 0;
+      auto g = epoch(*got.stage, e), w = epoch(*want.stage, e);
+      REQUIRE(w.size() == 26);  // 25 batches of 8 and one of 3
+      CHECK(same(g, w));
+      // Every row came through one fill() per batch; at() built no example.
+      CHECK(got.counting->at_calls == 0);
+      CHECK(got.counting->fill_calls == 26);
+      CHECK(got.counting->fill_rows == 203);
+    }
+    // Two epochs flip different images (the op's draws depend on the epoch and the example's index).
+    CHECK_FALSE(same(epoch(*got.stage, 0), epoch(*got.stage, 1)));
+  }
+}
+
+TEST_CASE("fill of every stage writes exactly what at() gives, row by row", "[data][fill]") {
+  const std::filesystem::path dir = test::temp_dir("fill-rows");
+  const std::string src = write_idx(dir, 50, 4, 5);
+  // In-place maps, a map that changes the shape (random_crop, one_hot: fill falls back to at()), and a shuffle.
+  const std::string shape_changing =
+      "{type = \"map\", workers = 1, ops = [{op = \"random_crop\", size = [3, 3], padding = 1}, {op = \"one_hot\", "
+      "classes = 10}]}";
+  for (const std::string& stages :
+       {kInPlaceMaps + ", {type = \"shuffle\", buffer = 16}", shape_changing + ", {type = \"shuffle\", buffer = 16}"}) {
+    CAPTURE(stages);
+    Built b = pipeline(src, stages, false, uint64_t{1} << 30);
+    b.stage->reset(1);
+    REQUIRE(b.stage->random_access());
+    const auto xn = static_cast<size_t>(b.stage->example_shape().numel());
+    const auto yn = static_cast<size_t>(b.stage->label_shape().numel());
+    const std::vector<uint64_t> ks = {49, 0, 17, 17, 3};
+    std::vector<float> x(ks.size() * xn, -1.f), y(ks.size() * yn, -1.f);
+    b.stage->fill(ks, x.data(), y.data());
+    for (size_t r = 0; r < ks.size(); ++r) {
+      CAPTURE(r);
+      Element e = b.stage->at(ks[r]);
+      CHECK(std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(r * xn),
+                               x.begin() + static_cast<std::ptrdiff_t>((r + 1) * xn)) == e.x.data);
+      CHECK(std::vector<float>(y.begin() + static_cast<std::ptrdiff_t>(r * yn),
+                               y.begin() + static_cast<std::ptrdiff_t>((r + 1) * yn)) == e.y.data);
+    }
+    // A position past the epoch is refused, naming it.
+    const std::vector<uint64_t> bad = {50};
+    CHECK_THROWS_WITH(b.stage->fill(bad, x.data(), y.data()), Catch::Contains("50"));
+  }
+}
+
+TEST_CASE("a batch over maps whose workers read ahead collects their rows and equals the streaming batches",
+          "[data][fill]") {
+  const std::filesystem::path dir = test::temp_dir("fill-workers");
+  const std::string src = write_idx(dir, 203, 4, 5);
+  const std::string stages =
+      "{type = \"map\", workers = 2, ops = [{op = \"random_crop\", size = [4, 5], padding = 1}, {op = "
+      "\"scale\", factor = 0.5}]}, {type = \"shuffle\", buffer = 64}, {type = \"batch\"}";
+  Built got = pipeline(src, stages, false, uint64_t{1} << 30);
+  Built want = pipeline(src, stages, true, uint64_t{1} << 30);
+  for (uint64_t e : {0u, 1u}) {
+    CAPTURE(e);
+    got.counting->fill_calls = 0;
+    CHECK(same(epoch(*got.stage, e), epoch(*want.stage, e)));
+    CHECK(got.counting->fill_calls == 0);  // the workers read through at() on their own threads
+    CHECK(got.counting->at_calls > 0);
+  }
+}
