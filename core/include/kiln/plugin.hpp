@@ -26,7 +26,8 @@ inline constexpr int kApiVersion =
          // do_copy_from_host, do_copy_to_host, do_copy_on_device, do_upload_async, runs_kernel, do_supports and do_run;
          // 9: mixed precision: BufferView::dtype, TensorInfo::dtype, OpKind::Cast (CastAttrs), OpDesc::low_precision
          // and f32_outputs, GradContext::dtype/new_tensor(shape, type); 10: Stage::random_access/at/reading,
-         // StageStats::bytes_read, StageContext::decoded_budget/rows_begin/rows_end, the optimizer attributes' lr_scale; 11: Stage::fill, Runner::host_view
+         // StageStats::bytes_read, StageContext::decoded_budget/rows_begin/rows_end, the optimizer attributes'
+         // lr_scale; 11: Stage::fill, Runner::host_view
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif
