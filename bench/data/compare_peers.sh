@@ -11,7 +11,8 @@
 #     by an eager Python loop and inside a tf.function; for resnet also with the flip vectorized after batch().
 #     TensorFlow (tensorflow-cpu from pip) lives in .venv-tf, which this script creates when it is missing.
 #   PyTorch (torch_pipeline.py, $PEERS_PYTHON = .venv-peers): DataLoader with num_workers 0, 1 and 2, pin_memory off,
-#     and a batched __getitem__ with 0 workers.
+#     and a batched __getitem__ with 0 workers; each at torch threads 1 and 2, with glibc's malloc thresholds raised
+#     (MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864).
 # Each round runs every command once, each under bench/lock.sh, in an order rotated from round to round. Every epoch
 # is counted whole: the build (reading and decompressing the gzip files, making the pipeline) is reported apart, and
 # "epoch 1 + build" is what a training loop pays before its second epoch. At the end: for each pipeline and peer,
@@ -48,14 +49,20 @@ kiln_cmd() {  # pipeline
   echo "$B/bin/kiln_data_bench $cfg ${sets[*]} ${ds[*]} --epochs $E --label $1"
 }
 
+# PyTorch as its users are told to run it on CPU: glibc's malloc thresholds raised, torch threads 1 and 2 tried.
+TORCH_ENV="env MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864"
 commands=()
 for p in $PIPELINES; do
   commands+=("$(kiln_cmd "$p")")
   commands+=("$TF_PYTHON bench/data/tf_pipeline.py --pipeline $p --consumer eager --epochs $E")
   commands+=("$TF_PYTHON bench/data/tf_pipeline.py --pipeline $p --consumer graph --epochs $E")
   [ "$p" = resnet ] && commands+=("$TF_PYTHON bench/data/tf_pipeline.py --pipeline $p --consumer graph --vectorized --epochs $E")
-  for w in 0 1 2; do commands+=("$PEERS_PYTHON bench/data/torch_pipeline.py --pipeline $p --workers $w --epochs $E"); done
-  commands+=("$PEERS_PYTHON bench/data/torch_pipeline.py --pipeline $p --batched --workers 0 --epochs $E")
+  for t in 1 2; do
+    for w in 0 1 2; do
+      commands+=("$TORCH_ENV $PEERS_PYTHON bench/data/torch_pipeline.py --pipeline $p --workers $w --threads $t --epochs $E")
+    done
+    commands+=("$TORCH_ENV $PEERS_PYTHON bench/data/torch_pipeline.py --pipeline $p --batched --workers 0 --threads $t --epochs $E")
+  done
 done
 
 n=${#commands[@]}

@@ -2,7 +2,7 @@
 examples/s.
 
     .venv-peers/bin/python bench/data/torch_pipeline.py --pipeline mlp|resnet [--workers N] [--batched]
-                                                        [--epochs N] [--data DIR]
+                                                        [--threads T] [--epochs N] [--data DIR]
 
 A Dataset like torchvision's FashionMNIST (the gzip'd IDX files decompressed into a uint8 tensor in __init__, timed
 as part of the build; torchvision is not installed, and its PIL path would be slower than these tensor ops), with
@@ -12,6 +12,8 @@ DataLoader(batch_size, shuffle=True, num_workers=N, persistent_workers=N > 0, pi
           holds), __getitem__ flips with probability 0.5 (RandomHorizontalFlip), batch 128
 --batched: not torchvision's idiom but a few lines a user can write: __getitem__ takes a whole batch's indices
 (DataLoader(batch_size=None, sampler=BatchSampler(RandomSampler(ds), B, False))) and transforms the batch at once.
+--threads: torch.set_num_threads(T) in the main process (the workers' count is DataLoader's own: 1 each); default
+torch's own (the cores).
 """
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
@@ -54,8 +56,11 @@ def main():
     def extra(ap):
         ap.add_argument("--workers", type=int, default=0)
         ap.add_argument("--batched", action="store_true")
+        ap.add_argument("--threads", type=int, default=0)
 
     a = arguments(extra)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(1)
 
     def make():
@@ -74,7 +79,7 @@ def main():
             n += x.shape[0]
         return n
 
-    run(f"torch {a.pipeline}{' batched' if a.batched else ''} w{a.workers}", make, epoch, a.epochs,
+    run(f"torch {a.pipeline}{' batched' if a.batched else ''} w{a.workers} t{torch.get_num_threads()}", make, epoch, a.epochs,
         f"PyTorch {torch.__version__}, DataLoader num_workers={a.workers}, torch threads {torch.get_num_threads()}, "
         f"batch {PIPELINES[a.pipeline]['batch']}")
 
