@@ -19,22 +19,22 @@ void forward_tile(Activation act, const float* x, float* y, int64_t n, bool bf16
       for (int64_t i = 0; i < n; ++i) y[i] = x[i] < 0.f ? 0.f : x[i];  // NaN passes through
       break;
     case Activation::sigmoid:
-      map8(x, y, n, sigmoid8);
+      map8(x, y, n, [](v8f v) { return sigmoid8(v); });
       break;
     case Activation::tanh:
-      map8(x, y, n, tanh8);
+      map8(x, y, n, [](v8f v) { return tanh8(v); });
       break;
     case Activation::gelu:
       if (bf16_out)
-        map8(x, y, n, gelu_bf16_8);
+        map8(x, y, n, [](v8f v) { return gelu_bf16_8(v); });
       else
-        map8(x, y, n, gelu8);
+        map8(x, y, n, [](v8f v) { return gelu8(v); });
       break;
     case Activation::gelu_tanh:
-      map8(x, y, n, gelu_tanh8);
+      map8(x, y, n, [](v8f v) { return gelu_tanh8(v); });
       break;
     case Activation::silu:
-      map8(x, y, n, silu8);
+      map8(x, y, n, [](v8f v) { return silu8(v); });
       break;
   }
 }
@@ -71,8 +71,86 @@ void backward_tile(Activation act, const float* y, const float* dy, float* dx, i
   }
 }
 
+// The forms for bf16 storage on some side: inputs converted in registers as they are loaded (bf16_io.hpp's map8_io)
+// instead of staged through float32 tiles. A bf16 result still goes through a float32 tile (L1) and is rounded in
+// a loop of its own: these functions are long dependency chains (exp, a division), and adding the rounding to the
+// same loop measured slower (fewer iterations in flight). The same float32 arithmetic per element as the staged
+// form, so the same bits.
+// kBf16: the result is stored as bf16 in the end (gelu takes the cheaper Phi, as forward_tile's bf16_out).
+template <bool kCvt, bool kBf16, class X, class Y>
+void forward_io(Activation act, const X* x, Y* y, int64_t n) {
+  switch (act) {
+    case Activation::relu:
+      map8_io<kCvt>(x, y, n, [](v8f v) { return v < 0.f ? v8f{} : v; });  // NaN passes through
+      break;
+    case Activation::sigmoid:
+      map8_io<kCvt>(x, y, n, [](v8f v) { return sigmoid8(v); });
+      break;
+    case Activation::tanh:
+      map8_io<kCvt>(x, y, n, [](v8f v) { return tanh8(v); });
+      break;
+    case Activation::gelu:
+      if constexpr (kBf16)
+        map8_io<kCvt>(x, y, n, [](v8f v) { return gelu_bf16_8(v); });
+      else
+        map8_io<kCvt>(x, y, n, [](v8f v) { return gelu8(v); });
+      break;
+    case Activation::gelu_tanh:
+      map8_io<kCvt>(x, y, n, [](v8f v) { return gelu_tanh8(v); });
+      break;
+    case Activation::silu:
+      map8_io<kCvt>(x, y, n, [](v8f v) { return silu8(v); });
+      break;
+  }
+}
+
+template <bool kCvt, bool kBf16, class Y, class D, class X>
+void backward_io(Activation act, const Y* y, const D* dy, X* dx, int64_t n) {
+  switch (act) {
+    case Activation::relu:
+      map8_io2<kCvt>(y, dy, dx, n, [](v8f yv, v8f g) { return yv > 0.f ? g : v8f{}; });
+      break;
+    case Activation::sigmoid:
+      map8_io2<kCvt>(y, dy, dx, n, [](v8f yv, v8f g) { return g * yv * (1.f - yv); });
+      break;
+    case Activation::tanh:
+      map8_io2<kCvt>(y, dy, dx, n, [](v8f yv, v8f g) { return g * (1.f - yv * yv); });
+      break;
+    case Activation::gelu:  // y holds the forward input x for these three
+      if constexpr (kBf16)
+        map8_io2<kCvt>(y, dy, dx, n, [](v8f xv, v8f g) { return gelu_grad_bf16_8(xv) * g; });
+      else
+        map8_io2<kCvt>(y, dy, dx, n, [](v8f xv, v8f g) { return gelu_grad8(xv) * g; });
+      break;
+    case Activation::gelu_tanh:
+      map8_io2<kCvt>(y, dy, dx, n, [](v8f xv, v8f g) { return gelu_tanh_grad8(xv) * g; });
+      break;
+    case Activation::silu:
+      map8_io2<kCvt>(y, dy, dx, n, [](v8f xv, v8f g) { return silu_grad8(xv) * g; });
+      break;
+  }
+}
+
 template <class X, class Y>
 void activation_forward(const ActivationAttrs& a, const X* x, Y* y, ThreadPool& pool) {
+  if constexpr (!std::is_same_v<X, float> || !std::is_same_v<Y, float>) {
+    with_bf16_cvt([&](auto cvt) {
+      constexpr bool kCvt = decltype(cvt)::value;
+      parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+        alignas(64) float buf[kTile];
+        for (int64_t t = b; t < e; t += kTile) {
+          const int64_t n = std::min(kTile, e - t);
+          if constexpr (std::is_same_v<Y, float>) {
+            forward_io<kCvt, false>(a.act, x + t, y + t, n);
+          } else {
+            forward_io<kCvt, true>(a.act, x + t, buf, n);
+            map8_io<kCvt>(buf, y + t, n, [](v8f v) { return v; });
+          }
+        }
+      });
+    });
+    return;
+  }
   parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     alignas(64) float bx[kTile], by[kTile];
     for (int64_t t = b; t < e; t += kTile) {
@@ -86,6 +164,24 @@ void activation_forward(const ActivationAttrs& a, const X* x, Y* y, ThreadPool& 
 
 template <class Y, class D, class X>
 void activation_backward(const ActivationAttrs& a, const Y* y, const D* dy, X* dx, ThreadPool& pool) {
+  if constexpr (!std::is_same_v<Y, float> || !std::is_same_v<D, float> || !std::is_same_v<X, float>) {
+    with_bf16_cvt([&](auto cvt) {
+      constexpr bool kCvt = decltype(cvt)::value;
+      parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
+        alignas(64) float buf[kTile];
+        for (int64_t t = b; t < e; t += kTile) {
+          const int64_t n = std::min(kTile, e - t);
+          if constexpr (std::is_same_v<X, float>) {
+            backward_io<kCvt, false>(a.act, y + t, dy + t, dx + t, n);
+          } else {
+            backward_io<kCvt, true>(a.act, y + t, dy + t, buf, n);
+            map8_io<kCvt>(buf, dx + t, n, [](v8f v) { return v; });
+          }
+        }
+      });
+    });
+    return;
+  }
   parallel_ranges(pool, a.count, parts_for(a.count, pool), [&](int64_t b, int64_t e) {
     alignas(64) float by[kTile], bd[kTile], bo[kTile];
     for (int64_t t = b; t < e; t += kTile) {

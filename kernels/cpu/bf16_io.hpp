@@ -4,7 +4,9 @@
 // copy on the stack for bf16), computes into f32_out's buffer and writes it back with f32_commit; for float these
 // are the pointers themselves and no copy is made. A tile stays in L1, so a bf16 tensor costs its 2 bytes a value
 // in memory traffic, which is what the memory-bound ops gain from (a whole-tensor conversion in the backend costs
-// 2 + 4 + 4 bytes more per value). Rounding is to nearest even with NaN kept, as kiln/half.hpp's float_to_bf16.
+// 2 + 4 + 4 bytes more per value). The row kernels (softmax, layer norm, activations) convert in the loop instead
+// (map8_io, store8_as below): staging cost them more than the halved traffic saved. Rounding is to nearest even
+// with NaN kept, as kiln/half.hpp's float_to_bf16, on every path (AVX512_BF16's included).
 #pragma once
 #include <bit>
 #include <cstdint>
@@ -61,6 +63,118 @@ inline void store8(bf16* p, v8f v) {
 #endif
 }
 
+// The first n (0 <= n < 8) values as a vector, the other lanes zero; and the first n lanes of v stored. Row tails
+// of the kernels that convert in the loop (below); element by element so nothing past p + n is touched.
+template <class T>
+inline v8f load8_n(const T* p, int64_t n) {
+  T b[8] = {};
+  for (int64_t k = 0; k < n; ++k) b[k] = p[k];
+  return load8(b);
+}
+template <class T>
+inline void store8_n(T* p, v8f v, int64_t n) {
+  T b[8];
+  store8(b, v);
+  for (int64_t k = 0; k < n; ++k) p[k] = b[k];
+}
+
+// AVX512_BF16's vcvtneps2bf16 (with AVX512VL: 8 floats) rounds to bf16 in one instruction, to nearest even with a
+// NaN quieted as float_to_bf16 does, where store8 above takes a dozen; but it flushes subnormal inputs to zero, so a
+// vector holding one takes store8 instead. Inline asm, so the kernels keep the AVX2 build's code generation (no
+// target attributes to thread through templates); it runs only where has_bf16_cvt() found the instructions.
+inline bool has_bf16_cvt() {
+#if defined(__AVX2__) && defined(__GNUC__)
+  static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+  return on;
+#else
+  return false;
+#endif
+}
+// store8 for a kernel instantiated with kCvt = has_bf16_cvt() (with_bf16_cvt); the same bits either way.
+template <bool kCvt, class T>
+inline void store8_as(T* p, v8f v) {
+#if defined(__AVX2__) && defined(__GNUC__)
+  if constexpr (kCvt && std::is_same_v<T, bf16>) {
+    const __m256 x = std::bit_cast<__m256>(v);
+    const __m256 tiny = _mm256_cmp_ps(std::bit_cast<__m256>(abs8(v)), _mm256_set1_ps(0x1p-126f), _CMP_LT_OQ);
+    if (_mm256_testz_ps(tiny, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NEQ_OQ))) {
+      __m128i r;
+      asm("vcvtneps2bf16y %1, %0" : "=x"(r) : "x"(x));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), r);
+      return;
+    }
+  }
+#endif
+  store8(p, v);
+}
+// Calls f(std::true_type{}) where has_bf16_cvt(), else f(std::false_type{}): the kernel's kCvt.
+template <class F>
+inline void with_bf16_cvt(F&& f) {
+  if (has_bf16_cvt())
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// In-loop conversion for the row kernels: a kernel written on load8/store8 (float or bf16 overloads) reads and
+// writes its tensors' storage directly, converting in registers, instead of staging rows through float buffers.
+// y[i] = f(x[i]) and y[i] = f(a[i], b[i]) by vectors of 8, the tail through zero-padded vectors; y may equal x, a
+// or b element for element (each vector is read before it is stored).
+template <bool kCvt, class X, class Y, class F>
+inline void map8_io(const X* x, Y* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8_as<kCvt>(y + i, f(load8(x + i)));
+  if (i < n) store8_n(y + i, f(load8_n(x + i, n - i)), n - i);
+}
+template <bool kCvt, class A, class B, class Y, class F>
+inline void map8_io2(const A* a, const B* b, Y* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8_as<kCvt>(y + i, f(load8(a + i), load8(b + i)));
+  if (i < n) store8_n(y + i, f(load8_n(a + i, n - i), load8_n(b + i, n - i)), n - i);
+}
+
+// Reductions for the row kernels that convert in the loop. Their rows are a few vectors long (attention's 64 columns,
+// a layer norm's 128), so a row's time is its dependency chain: one accumulator adds 4 cycles a vector and a lane by
+// lane sum 8 adds more. sum8_by4 sums f(j) for j = 0, 8, ... below n8 (a multiple of 8) in four accumulators, then
+// across lanes as a tree (hsum8_tree); hmax8 is the tree of max(a, b) = a < b ? b : a (std::max's: NaN never wins).
+inline float hsum8_tree(v8f v) {
+#ifdef __AVX2__
+  const __m256 x = std::bit_cast<__m256>(v);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+#else
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+#endif
+}
+inline float hmax8(v8f v) {
+#ifdef __AVX2__
+  const __m256 x = std::bit_cast<__m256>(v);  // _mm_max_ps(b, a) is b > a ? b : a, so its operands go swapped
+  __m128 m = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  m = _mm_max_ps(_mm_movehl_ps(m, m), m);
+  m = _mm_max_ss(_mm_movehdup_ps(m), m);
+  return _mm_cvtss_f32(m);
+#else
+  float m = v[0];
+  for (int k = 1; k < 8; ++k) m = m < v[k] ? v[k] : m;
+  return m;
+#endif
+}
+template <class F>
+inline float sum8_by4(int64_t n8, F f) {
+  v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t j = 0;
+  for (; j + 32 <= n8; j += 32) {
+    a0 += f(j);
+    a1 += f(j + 8);
+    a2 += f(j + 16);
+    a3 += f(j + 24);
+  }
+  for (; j < n8; j += 8) a0 += f(j);
+  return hsum8_tree((a0 + a1) + (a2 + a3));
+}
+
 // n values between bf16 storage and float32.
 inline void bf16_to_f32(const bf16* s, float* d, int64_t n) {
   int64_t i = 0;
@@ -68,6 +182,7 @@ inline void bf16_to_f32(const bf16* s, float* d, int64_t n) {
   for (; i < n; ++i) d[i] = to_f32(s[i]);
 }
 inline void f32_to_bf16(const float* s, bf16* d, int64_t n) {
+  if (has_bf16_cvt()) return map8_io<true>(s, d, n, [](v8f v) { return v; });
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) store8(d + i, load8(s + i));
   for (; i < n; ++i) d[i] = from_f32<bf16>(s[i]);

@@ -2,6 +2,7 @@
 // element for element (ops.hpp), which `omp simd` allows: each lane reads its element before the vector is stored.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "bf16_io.hpp"
@@ -12,12 +13,59 @@
 namespace kiln::cpu {
 namespace {
 
-// Rows are staged whole (bf16_io.hpp) in a buffer per thread: attention's rows are short (block size), and a
-// loss or classifier row of a few thousand floats still fits in L1/L2.
+// float32 rows are computed in place; bf16 rows convert in registers (softmax_row_io), their exponentials held in a
+// float32 buffer per thread: attention's rows are short (block size), and a loss or classifier row of a few
+// thousand floats still fits in L1/L2.
+
+// One row with bf16 storage on either side, converted in registers (bf16_io.hpp): the max and the exponentials read
+// x directly, the exponentials wait in e (float32, L1) for the sum, and y is written once, rounded. exp_shift_sum's
+// arithmetic but for the order of the sum across lanes (a tree: a shorter dependency chain per row).
+template <bool kCvt, class X, class Y>
+void softmax_row_io(const X* x, Y* y, float* e, int64_t valid, int64_t cols) {
+  v8f mv = splat8(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= valid; j += 8) {
+    const v8f v = load8(x + j);
+    mv = mv < v ? v : mv;  // std::max's choice: a NaN never wins the max (it spreads through the sum instead)
+  }
+  float mx = hmax8(mv);
+  for (int64_t k = j; k < valid; ++k) mx = std::max(mx, to_f32(x[k]));
+  v8f acc = {};
+  for (j = 0; j + 8 <= valid; j += 8) {
+    const v8f ev = exp8(load8(x + j) - mx);
+    store8(e + j, ev);
+    acc += ev;
+  }
+  float sum = hsum8_tree(acc);
+  if (j < valid) {
+    float b[8];
+    store8(b, exp8(load8_n(x + j, valid - j) - mx));
+    for (int64_t k = 0; k < valid - j; ++k) {
+      e[j + k] = b[k];
+      sum += b[k];
+    }
+  }
+  const float inv = 1.f / sum;
+  map8_io<kCvt>(e, y, valid, [inv](v8f v) { return v * inv; });
+  std::memset(static_cast<void*>(y + valid), 0, static_cast<size_t>(cols - valid) * sizeof(Y));  // +0 either way
+}
+
 template <class X, class Y>
 void softmax_forward(const SoftmaxAttrs& a, const X* x, Y* y, ThreadPool& pool) {
   const int64_t cols = a.cols;
   if (cols == 0) return;
+  if constexpr (!std::is_same_v<X, float> || !std::is_same_v<Y, float>) {
+    with_bf16_cvt([&](auto cvt) {
+      parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
+        thread_local std::vector<float> be;
+        be.resize(static_cast<size_t>(cols));
+        for (int64_t r = rb; r < re; ++r)
+          softmax_row_io<decltype(cvt)::value>(x + r * cols, y + r * cols, be.data(), a.causal ? r % cols + 1 : cols,
+                                               cols);
+      });
+    });
+    return;
+  }
   parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
     thread_local std::vector<float> bx, by;
     if constexpr (!std::is_same_v<X, float>) bx.resize(static_cast<size_t>(cols));
@@ -38,9 +86,28 @@ void softmax_forward(const SoftmaxAttrs& a, const X* x, Y* y, ThreadPool& pool) 
   });
 }
 
+// dx = y (dy - <dy, y>) on bf16 storage converted in registers. The dot product runs in sum8_by4's order, not the
+// float32 kernel's `omp simd` reduction's.
+template <bool kCvt, class Y, class D, class X>
+void softmax_backward_row_io(const Y* y, const D* dy, X* dx, int64_t cols) {
+  const int64_t c8 = cols / 8 * 8;
+  float dot = sum8_by4(c8, [y, dy](int64_t j) { return load8(dy + j) * load8(y + j); });
+  for (int64_t j = c8; j < cols; ++j) dot += to_f32(dy[j]) * to_f32(y[j]);
+  map8_io2<kCvt>(y, dy, dx, cols, [dot](v8f yv, v8f dv) { return yv * (dv - dot); });
+}
+
 template <class Y, class D, class X>
 void softmax_backward(const SoftmaxAttrs& a, const Y* y, const D* dy, X* dx, ThreadPool& pool) {
   const int64_t cols = a.cols;
+  if constexpr (!std::is_same_v<Y, float> || !std::is_same_v<D, float> || !std::is_same_v<X, float>) {
+    with_bf16_cvt([&](auto cvt) {
+      parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
+        for (int64_t r = rb; r < re; ++r)
+          softmax_backward_row_io<decltype(cvt)::value>(y + r * cols, dy + r * cols, dx + r * cols, cols);
+      });
+    });
+    return;
+  }
   parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
     thread_local std::vector<float> by, bd, bo;
     if constexpr (!std::is_same_v<Y, float>) by.resize(static_cast<size_t>(cols));
