@@ -19,35 +19,59 @@ namespace {
 
 // One row with bf16 storage on either side, converted in registers (bf16_io.hpp): the max and the exponentials read
 // x directly, the exponentials wait in e (float32, L1) for the sum, and y is written once, rounded. exp_shift_sum's
-// arithmetic but for the order of the sum across lanes (a tree: a shorter dependency chain per row).
+// arithmetic but for the order of the sum across lanes (a tree: a shorter dependency chain per row). A causal row's
+// partial last vector is read whole when the row holds 8 more values (the masked columns are the same row's
+// storage), its lanes past `valid` masked out, instead of element by element: most causal rows have such a tail.
 template <bool kCvt, class X, class Y>
 void softmax_row_io(const X* x, Y* y, float* e, int64_t valid, int64_t cols) {
+  using v8i = int32_t __attribute__((vector_size(32)));
+  const int64_t v8 = valid / 8 * 8, rem = valid - v8;
+  const bool whole = rem > 0 && v8 + 8 <= cols;
+  const v8i live = v8i{0, 1, 2, 3, 4, 5, 6, 7} < static_cast<int32_t>(rem);
   v8f mv = splat8(-INFINITY);
-  int64_t j = 0;
-  for (; j + 8 <= valid; j += 8) {
+  for (int64_t j = 0; j < v8; j += 8) {
     const v8f v = load8(x + j);
     mv = mv < v ? v : mv;  // std::max's choice: a NaN never wins the max (it spreads through the sum instead)
   }
+  v8f tail = splat8(-INFINITY);
+  if (whole) {
+    tail = live ? load8(x + v8) : tail;
+    mv = mv < tail ? tail : mv;
+  }
   float mx = hmax8(mv);
-  for (int64_t k = j; k < valid; ++k) mx = std::max(mx, to_f32(x[k]));
+  if (!whole)
+    for (int64_t k = v8; k < valid; ++k) mx = std::max(mx, to_f32(x[k]));
   v8f acc = {};
-  for (j = 0; j + 8 <= valid; j += 8) {
+  for (int64_t j = 0; j < v8; j += 8) {
     const v8f ev = exp8(load8(x + j) - mx);
     store8(e + j, ev);
     acc += ev;
   }
+  if (whole) {
+    const v8f ev = live ? exp8(tail - mx) : v8f{};
+    store8(e + v8, ev);
+    acc += ev;
+  }
   float sum = hsum8_tree(acc);
-  if (j < valid) {
+  if (!whole && rem > 0) {
     float b[8];
-    store8(b, exp8(load8_n(x + j, valid - j) - mx));
-    for (int64_t k = 0; k < valid - j; ++k) {
-      e[j + k] = b[k];
+    store8(b, exp8(load8_n(x + v8, rem) - mx));
+    for (int64_t k = 0; k < rem; ++k) {
+      e[v8 + k] = b[k];
       sum += b[k];
     }
   }
   const float inv = 1.f / sum;
-  map8_io<kCvt>(e, y, valid, [inv](v8f v) { return v * inv; });
-  std::memset(static_cast<void*>(y + valid), 0, static_cast<size_t>(cols - valid) * sizeof(Y));  // +0 either way
+  int64_t done = valid;
+  if (whole) {
+    map8_io<kCvt>(e, y, v8, [inv](v8f v) { return v * inv; });
+    store8_as<kCvt>(y + v8, live ? load8(e + v8) * inv : v8f{});  // +0 past valid, whatever inv is
+    done = v8 + 8;
+  } else {
+    map8_io<kCvt>(e, y, valid, [inv](v8f v) { return v * inv; });
+  }
+  for (; done + 8 <= cols; done += 8) std::memset(static_cast<void*>(y + done), 0, 8 * sizeof(Y));  // +0 either way
+  std::memset(static_cast<void*>(y + done), 0, static_cast<size_t>(cols - done) * sizeof(Y));
 }
 
 template <class X, class Y>
@@ -86,13 +110,36 @@ void softmax_forward(const SoftmaxAttrs& a, const X* x, Y* y, ThreadPool& pool) 
   });
 }
 
-// dx = y (dy - <dy, y>) on bf16 storage converted in registers. The dot product runs in sum8_by4's order, not the
-// float32 kernel's `omp simd` reduction's.
+// dx = y (dy - <dy, y>) on bf16 storage converted in registers. The dot product runs in its own order (even and
+// odd elements apart where both inputs are bf16, load16_eo; else sum8_by4's), not the float32 kernel's.
 template <bool kCvt, class Y, class D, class X>
 void softmax_backward_row_io(const Y* y, const D* dy, X* dx, int64_t cols) {
-  const int64_t c8 = cols / 8 * 8;
-  float dot = sum8_by4(c8, [y, dy](int64_t j) { return load8(dy + j) * load8(y + j); });
-  for (int64_t j = c8; j < cols; ++j) dot += to_f32(dy[j]) * to_f32(y[j]);
+  float dot;
+  int64_t j;
+  if constexpr (std::is_same_v<Y, bf16> && std::is_same_v<D, bf16>) {
+    v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, ye, yo, de, dd;
+    for (j = 0; j + 32 <= cols; j += 32) {
+      load16_eo(y + j, &ye, &yo);
+      load16_eo(dy + j, &de, &dd);
+      a0 += de * ye;
+      a1 += dd * yo;
+      load16_eo(y + j + 16, &ye, &yo);
+      load16_eo(dy + j + 16, &de, &dd);
+      a2 += de * ye;
+      a3 += dd * yo;
+    }
+    for (; j + 16 <= cols; j += 16) {
+      load16_eo(y + j, &ye, &yo);
+      load16_eo(dy + j, &de, &dd);
+      a0 += de * ye;
+      a1 += dd * yo;
+    }
+    dot = hsum8_tree((a0 + a1) + (a2 + a3));
+  } else {
+    j = cols / 8 * 8;
+    dot = sum8_by4(j, [y, dy](int64_t k) { return load8(dy + k) * load8(y + k); });
+  }
+  for (; j < cols; ++j) dot += to_f32(dy[j]) * to_f32(y[j]);
   map8_io2<kCvt>(y, dy, dx, cols, [dot](v8f yv, v8f dv) { return yv * (dv - dot); });
 }
 
