@@ -17,16 +17,10 @@ std::unique_ptr<Stage> pipeline(const std::string& rest, bool streaming) {
       "stages = [{type = \"synthetic\", shape = [2, 4, 4], classes = 5, examples = 203, seed = 7}, "
       "{type = \"map\", ops = [{op = \"random_crop\", size = [4, 4], padding = 1}, {op = \"flip_horizontal\"}]}]");
   if (streaming) cur = std::make_unique<Streaming>(std::move(cur));
-  Config cfg = Config::load_string("stages = [" + rest + "]", "pipeline.toml");
-  for (auto& s : cfg.root().table_array("stages")) {
-    StageContext ctx;
-    ctx.upstream = std::move(cur);
-    ctx.seed = 42;
-    ctx.global_batch = 8;
-    ctx.pipeline = "train";
-    cur = test::registry().stage(s.get_string("type"))(s, std::move(ctx));
-  }
-  return cur;
+  PipelineOptions o;
+  o.global_batch = 8;
+  o.pipeline = "train";
+  return add_stages(std::move(cur), "stages = [" + rest + "]", o);
 }
 
 std::string after_cache(int workers) {

@@ -12,18 +12,11 @@ using namespace kiln::test::data;
 
 namespace {
 
-// Forwards everything to its upstream and counts the calls of at() and fill(), and fill()'s rows.
-class Counting final : public Stage {
+// Forwards random access to its upstream too, counting the calls of at() and fill(), and fill()'s rows.
+class Counting final : public Forwarding {
  public:
-  explicit Counting(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
+  using Forwarding::Forwarding;
   std::string name() const override { return "counting"; }
-  std::optional<Element> next() override { return up_->next(); }
-  void reset(uint64_t epoch) override { up_->reset(epoch); }
-  Shape example_shape() const override { return up_->example_shape(); }
-  Shape label_shape() const override { return up_->label_shape(); }
-  int64_t size_hint() const override { return up_->size_hint(); }
-  StageState save() const override { return up_->save(); }
-  void restore(const StageState& s) override { up_->restore(s); }
   bool random_access() const override { return up_->random_access(); }
   Element at(uint64_t k) override {
     ++at_calls;
@@ -35,9 +28,6 @@ class Counting final : public Stage {
     up_->fill(ks, x, y);
   }
   std::atomic<uint64_t> at_calls{0}, fill_calls{0}, fill_rows{0};
-
- private:
-  std::unique_ptr<Stage> up_;
 };
 
 struct Built {
@@ -47,12 +37,10 @@ struct Built {
 
 // `source` (one stage's TOML), then a Counting stage (or a Streaming one: the reference), then `stages`.
 Built pipeline(const std::string& source, const std::string& stages, bool streaming, uint64_t budget) {
-  Config src = Config::load_string("stages = [" + source + "]", "source.toml");
-  StageContext sctx;
-  sctx.decoded_budget = budget;
-  sctx.pipeline = "train";
-  std::unique_ptr<Stage> cur = test::registry().stage(src.root().table_array("stages")[0].get_string("type"))(
-      src.root().table_array("stages")[0], std::move(sctx));
+  PipelineOptions o;
+  o.pipeline = "train";
+  o.decoded_budget = budget;
+  std::unique_ptr<Stage> cur = build("stages = [" + source + "]", o);
   Built b;
   if (streaming) {
     cur = std::make_unique<Streaming>(std::move(cur));
@@ -61,16 +49,9 @@ Built pipeline(const std::string& source, const std::string& stages, bool stream
     b.counting = c.get();
     cur = std::move(c);
   }
-  Config cfg = Config::load_string("stages = [" + stages + "]", "pipeline.toml");
-  for (auto& s : cfg.root().table_array("stages")) {
-    StageContext ctx;
-    ctx.upstream = std::move(cur);
-    ctx.seed = 42;
-    ctx.global_batch = 8;
-    ctx.pipeline = "train";
-    cur = test::registry().stage(s.get_string("type"))(s, std::move(ctx));
-  }
-  b.stage = std::move(cur);
+  o.decoded_budget = 0;
+  o.global_batch = 8;
+  b.stage = add_stages(std::move(cur), "stages = [" + stages + "]", o);
   return b;
 }
 

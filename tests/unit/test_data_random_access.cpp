@@ -23,19 +23,12 @@ struct Build {
 std::unique_ptr<Stage> pipeline(const std::string& stages, const Build& b = {}) {
   std::unique_ptr<Stage> cur = build(kSource);
   if (b.streaming) cur = std::make_unique<Streaming>(std::move(cur));
-  Config cfg = Config::load_string("stages = [" + stages + "]", "pipeline.toml");
-  for (auto& s : cfg.root().table_array("stages")) {
-    StageContext ctx;
-    ctx.upstream = std::move(cur);
-    ctx.seed = 42;
-    ctx.global_batch = 8;
-    ctx.pipeline = "train";
-    ctx.rows_begin = b.rows_begin;
-    ctx.rows_end = b.rows_end;
-    std::string type = s.get_string("type");
-    cur = test::registry().stage(type)(s, std::move(ctx));
-  }
-  return cur;
+  PipelineOptions o;
+  o.global_batch = 8;
+  o.pipeline = "train";
+  o.rows_begin = b.rows_begin;
+  o.rows_end = b.rows_end;
+  return add_stages(std::move(cur), "stages = [" + stages + "]", o);
 }
 
 std::string augment(int workers) {

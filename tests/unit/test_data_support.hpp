@@ -17,12 +17,11 @@
 
 namespace kiln::test::data {
 
-// Hides its upstream's random access, so the stages after it run their streaming code (the reference the
-// random-access paths must equal).
-class Streaming final : public Stage {
+// Forwards the calls every stage has to its upstream, and no more: random access (at, fill) stays hidden unless a
+// test's stage adds it.
+class Forwarding : public Stage {
  public:
-  explicit Streaming(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
-  std::string name() const override { return "streaming"; }
+  explicit Forwarding(std::unique_ptr<Stage> up) : up_(std::move(up)) {}
   std::optional<Element> next() override { return up_->next(); }
   void reset(uint64_t epoch) override { up_->reset(epoch); }
   Shape example_shape() const override { return up_->example_shape(); }
@@ -32,21 +31,32 @@ class Streaming final : public Stage {
   void restore(const StageState& s) override { up_->restore(s); }
   void collect_stats(std::vector<StageStats>& out) const override { up_->collect_stats(out); }
 
- private:
+ protected:
   std::unique_ptr<Stage> up_;
+};
+
+// Hides its upstream's random access, so the stages after it run their streaming code (the reference the
+// random-access paths must equal).
+class Streaming final : public Forwarding {
+ public:
+  using Forwarding::Forwarding;
+  std::string name() const override { return "streaming"; }
 };
 
 struct PipelineOptions {
   std::string base_dir;
   int64_t global_batch = 0;
   uint64_t seed = 42;
-  std::string pipeline;  // "train" / "test" as in a run's [data.<which>]; "" outside one
+  std::string pipeline;                  // "train" / "test" as in a run's [data.<which>]; "" outside one
+  int64_t rows_begin = 0, rows_end = 0;  // StageContext's row share (0, 0: every row)
+  uint64_t decoded_budget = 0;           // [data] decoded_budget (0: sources stream)
 };
 
-// Builds `stages = [...]` (a TOML snippet) stage by stage, exactly as the host does.
-inline std::unique_ptr<Stage> build(const std::string& stages_toml, const PipelineOptions& o = {}) {
+// Builds the stages of `stages_toml` ("stages = [...]") one by one after `cur` (null: the first is a source), as
+// the host does.
+inline std::unique_ptr<Stage> add_stages(std::unique_ptr<Stage> cur, const std::string& stages_toml,
+                                         const PipelineOptions& o = {}) {
   Config cfg = Config::load_string(stages_toml, "pipeline.toml");
-  std::unique_ptr<Stage> cur;
   for (auto& s : cfg.root().table_array("stages")) {
     std::string type = s.get_string("type");
     StageContext ctx;
@@ -55,9 +65,17 @@ inline std::unique_ptr<Stage> build(const std::string& stages_toml, const Pipeli
     ctx.global_batch = o.global_batch;
     ctx.seed = o.seed;
     ctx.pipeline = o.pipeline;
+    ctx.rows_begin = o.rows_begin;
+    ctx.rows_end = o.rows_end;
+    ctx.decoded_budget = o.decoded_budget;
     cur = registry().stage(type)(s, std::move(ctx));
   }
   return cur;
+}
+
+// Builds `stages = [...]` (a TOML snippet) stage by stage, exactly as the host does.
+inline std::unique_ptr<Stage> build(const std::string& stages_toml, const PipelineOptions& o = {}) {
+  return add_stages(nullptr, stages_toml, o);
 }
 
 inline std::vector<Element> drain(Stage& s, size_t max = SIZE_MAX) {
