@@ -210,9 +210,12 @@ inline void bf16_to_f32(const bf16* s, float* d, int64_t n) {
   for (; i < n; ++i) d[i] = to_f32(s[i]);
 }
 inline void f32_to_bf16(const float* s, bf16* d, int64_t n) {
-  if (has_bf16_cvt()) return map8_io<true>(s, d, n, [](v8f v) { return v; });
+  const bool cvt = has_bf16_cvt();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store8(d + i, load8(s + i));
+  if (cvt)
+    for (; i + 8 <= n; i += 8) store8_as<true>(d + i, load8(s + i));
+  else
+    for (; i + 8 <= n; i += 8) store8(d + i, load8(s + i));
   for (; i < n; ++i) d[i] = from_f32<bf16>(s[i]);
 }
 
