@@ -9,6 +9,7 @@
 // with NaN kept, as kiln/half.hpp's float_to_bf16, on every path (AVX512_BF16's included).
 #pragma once
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -144,6 +145,18 @@ inline void map8_io2(const A* a, const B* b, Y* y, int64_t n, F f) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) store8_as<kCvt>(y + i, f(load8(a + i), load8(b + i)));
   if (i < n) store8_n(y + i, f(load8_n(a + i, n - i), load8_n(b + i, n - i)), n - i);
+}
+
+// a * b + c rounded once (vfmadd), for the reductions that must repeat exactly in another code path.
+inline v8f fma8(v8f a, v8f b, v8f c) {
+#ifdef __FMA__
+  return std::bit_cast<v8f>(
+      _mm256_fmadd_ps(std::bit_cast<__m256>(a), std::bit_cast<__m256>(b), std::bit_cast<__m256>(c)));
+#else
+  v8f r;
+  for (int k = 0; k < 8; ++k) r[k] = std::fma(a[k], b[k], c[k]);
+  return r;
+#endif
 }
 
 // 16 bf16 values in one load, as the even-indexed ones (p[0], p[2], ...) and the odd ones: one shift or mask per 8

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bf16_io.hpp"
+#include "bf16_rows.hpp"
 #include "cpu_kernel.hpp"
 #include "thread_pool.hpp"
 #include "vec_math.hpp"
@@ -110,43 +111,21 @@ void softmax_forward(const SoftmaxAttrs& a, const X* x, Y* y, ThreadPool& pool) 
   });
 }
 
-// dx = y (dy - <dy, y>) on bf16 storage converted in registers. The dot product runs in its own order (even and
-// odd elements apart where both inputs are bf16, load16_eo; else sum8_by4's), not the float32 kernel's.
-template <bool kCvt, class Y, class D, class X>
-void softmax_backward_row_io(const Y* y, const D* dy, X* dx, int64_t cols) {
-  float dot;
-  int64_t j;
-  if constexpr (std::is_same_v<Y, bf16> && std::is_same_v<D, bf16>) {
-    v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, ye, yo, de, dd;
-    for (j = 0; j + 32 <= cols; j += 32) {
-      load16_eo(y + j, &ye, &yo);
-      load16_eo(dy + j, &de, &dd);
-      a0 += de * ye;
-      a1 += dd * yo;
-      load16_eo(y + j + 16, &ye, &yo);
-      load16_eo(dy + j + 16, &de, &dd);
-      a2 += de * ye;
-      a3 += dd * yo;
-    }
-    for (; j + 16 <= cols; j += 16) {
-      load16_eo(y + j, &ye, &yo);
-      load16_eo(dy + j, &de, &dd);
-      a0 += de * ye;
-      a1 += dd * yo;
-    }
-    dot = hsum8_tree((a0 + a1) + (a2 + a3));
-  } else {
-    j = cols / 8 * 8;
-    dot = sum8_by4(j, [y, dy](int64_t k) { return load8(dy + k) * load8(y + k); });
-  }
-  for (; j < cols; ++j) dot += to_f32(dy[j]) * to_f32(y[j]);
-  map8_io2<kCvt>(y, dy, dx, cols, [dot](v8f yv, v8f dv) { return yv * (dv - dot); });
-}
-
 template <class Y, class D, class X>
 void softmax_backward(const SoftmaxAttrs& a, const Y* y, const D* dy, X* dx, ThreadPool& pool) {
   const int64_t cols = a.cols;
   if constexpr (!std::is_same_v<Y, float> || !std::is_same_v<D, float> || !std::is_same_v<X, float>) {
+#ifdef KILN_CPU_AVX512_ROWS
+    if constexpr (std::is_same_v<Y, bf16> && std::is_same_v<D, bf16> && std::is_same_v<X, bf16>) {
+      if (has_avx512_rows()) {  // bf16_rows.hpp: the same bits, 16 values a vector
+        parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
+          for (int64_t r = rb; r < re; ++r)
+            softmax_backward_row_avx512(y + r * cols, dy + r * cols, dx + r * cols, cols);
+        });
+        return;
+      }
+    }
+#endif
     with_bf16_cvt([&](auto cvt) {
       parallel_ranges(pool, a.rows, parts_for(a.rows * cols, pool), [&](int64_t rb, int64_t re) {
         for (int64_t r = rb; r < re; ++r)

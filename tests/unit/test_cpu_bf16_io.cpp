@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <type_traits>
 #include <vector>
 
@@ -18,6 +19,7 @@
 // tests/CMakeLists.txt compiles this file with the backend's -march (KILN_ARCH), so the header below takes the
 // code paths the backend runs.
 #include "../../kernels/cpu/bf16_io.hpp"
+#include "../../kernels/cpu/bf16_rows.hpp"
 
 namespace {
 
@@ -127,7 +129,68 @@ int64_t helper_errors() {
   return bad;
 }
 
+// softmax_backward_row_io<kCvt> against softmax_backward_row_avx512 on rows of every length class (below, at and
+// above 8, 16 and 32; ragged tails), a tenth of y subnormal-sized (their outputs take the integer rounding) and a
+// fifth exactly zero; returns the count of rows whose dx bits differ, plus the count of rows of mixed-size values
+// whose dot products (dot_bf16 against dot_bf16_avx512) differ.
+template <bool kCvt>
+int64_t softmax_backward_path_errors() {
+#ifdef KILN_CPU_AVX512_ROWS
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  int64_t bad = 0;
+  for (int64_t cols : {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 100, 257, 1000}) {
+    const int64_t rows = 40, n = rows * cols;
+    std::vector<bf16> y(n), dy(n), a(n), b(n);
+    // Rows like softmax's: y positive summing to about 1, dy near 1, so dy - <dy, y> cancels and the outputs show
+    // the dot product's last bits (a different summation order changes them).
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> p(static_cast<size_t>(cols));
+      float sum = 0.f;
+      for (auto& v : p) sum += v = std::abs(u(g)) + 0.01f;
+      for (int64_t i = 0; i < cols; ++i) {
+        const float yv = (i % 10 == 3 ? 1e-38f : 1.f) * p[static_cast<size_t>(i)] / sum;
+        y[r * cols + i] = bf16{kiln::float_to_bf16(i % 5 == 0 ? 0.f : yv)};
+        dy[r * cols + i] = bf16{kiln::float_to_bf16(1.f + std::round(u(g) * 4.f) / 128.f)};
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      kiln::cpu::softmax_backward_row_io<kCvt>(y.data() + r * cols, dy.data() + r * cols, a.data() + r * cols, cols);
+      kiln::cpu::softmax_backward_row_avx512(y.data() + r * cols, dy.data() + r * cols, b.data() + r * cols, cols);
+      bad += std::memcmp(a.data() + r * cols, b.data() + r * cols, static_cast<size_t>(cols) * sizeof(bf16)) != 0;
+      // The dot products themselves, on values of mixed sizes (where the order of the sum shows in the last bits).
+      std::vector<bf16> p(static_cast<size_t>(cols)), q(static_cast<size_t>(cols));
+      for (int64_t i = 0; i < cols; ++i) {
+        p[static_cast<size_t>(i)] = bf16{kiln::float_to_bf16(u(g) * std::ldexp(1.f, static_cast<int>(i % 17) - 8))};
+        q[static_cast<size_t>(i)] = bf16{kiln::float_to_bf16(u(g))};
+      }
+      const float d2 = kiln::cpu::dot_bf16(p.data(), q.data(), cols);
+      const float d5 = kiln::cpu::dot_bf16_avx512(p.data(), q.data(), cols);
+      bad += std::bit_cast<uint32_t>(d2) != std::bit_cast<uint32_t>(d5);
+    }
+  }
+  return bad;
+#else
+  return -1;
+#endif
+}
+
+bool avx512_rows() {
+#ifdef KILN_CPU_AVX512_ROWS
+  return kiln::cpu::has_avx512_rows();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
+
+TEST_CASE("bf16 softmax backward rows give the same bits through AVX2 and AVX-512", "[cpu][bf16][bf16_io]") {
+  if (!kAvx2) KILN_SKIP("built without AVX2 (KILN_ARCH empty): the cpu backend's portable paths, not these");
+  if (!avx512_rows()) KILN_SKIP("this CPU lacks AVX512F/BW/VL/DQ with AVX512_BF16");
+  CHECK(softmax_backward_path_errors<false>() == 0);
+  if (bf16_cvt()) CHECK(softmax_backward_path_errors<true>() == 0);
+}
 
 TEST_CASE("bf16 stores of the cpu row kernels round as float_to_bf16 on the AVX2 path", "[cpu][bf16][bf16_io]") {
   if (!kAvx2) KILN_SKIP("built without AVX2 (KILN_ARCH empty): the cpu backend's portable paths, not these");
