@@ -36,6 +36,10 @@ printf "%-22s %5s %12s %8s %12s %10s   %s\n" sample epoch input-bound% seconds e
 for ((r = 0; r < RUNS; r++)); do
   for n in $names; do
     cfg="$SAMPLE_DIR/$n.toml"
+    if [ "$n" = gpt2_small ] && [ ! -f "$SAMPLE_DIR/models/gpt2/model.safetensors" ]; then
+      echo "$n: not run: it needs GPT-2's weights and tokens, which do not ship (see the sample's header)"
+      continue
+    fi
     sets=()
     for o in $(overrides "$n"); do sets+=(--set "$o"); done
     mapfile -t ds < <(data_sets "$cfg")

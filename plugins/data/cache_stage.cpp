@@ -13,6 +13,7 @@
 // at the first reset() after every slot is filled. Elements stay the same in every mode.
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 
@@ -66,6 +67,22 @@ class CacheStage final : public Stage {
     stats_.wait_seconds += wait;
     ++stats_.elements;
     return e;
+  }
+
+  // A complete memory cache copies its examples straight into the batch's rows (no copy as an Element first).
+  void fill(std::span<const uint64_t> ks, float* x, float* y) override {
+    if (!complete_ || file_ || !random_access()) return Stage::fill(ks, x, y);
+    const auto xn = static_cast<size_t>(x_.numel()), yn = static_cast<size_t>(y_.numel());
+    for (size_t r = 0; r < ks.size(); ++r) {
+      if (ks[r] >= memory_.size())
+        throw Error("cache: element " + std::to_string(ks[r]) + " asked for, but the cache holds " +
+                    std::to_string(memory_.size()));
+      const Element& e = memory_[ks[r]];
+      std::memcpy(x + r * xn, e.x.data.data(), xn * sizeof(float));
+      std::memcpy(y + r * yn, e.y.data.data(), yn * sizeof(float));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.elements += ks.size();
   }
 
   void reset(uint64_t) override {

@@ -99,8 +99,10 @@ class MapStage final : public Stage, public OrderedReads {
       }
   }
 
-  // Whether next() reads ahead on worker threads (the batch stage then reads through next(), not fill()).
-  bool reads_ahead() const override { return indexed_ && workers_ > 1; }
+  // Whether next() reads ahead on worker threads (the batch stage then reads through next(), not fill()). Ops that
+  // all keep the shape cost less per example than handing it between threads: such a map's rows are filled in
+  // place by the batch stage's thread, and its workers serve only its own next() (no batch stage over it).
+  bool reads_ahead() const override { return indexed_ && workers_ > 1 && !in_place_; }
 
   std::optional<Element> next() override {
     if (workers_ == 1 && indexed_) return next_indexed_inline();

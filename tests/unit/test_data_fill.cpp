@@ -35,12 +35,13 @@ struct Built {
   Counting* counting = nullptr;  // right after the source
 };
 
-// `source` (one stage's TOML), then a Counting stage (or a Streaming one: the reference), then `stages`.
-Built pipeline(const std::string& source, const std::string& stages, bool streaming, uint64_t budget) {
+// `source` (one stage's TOML) and `before`, then a Counting stage (or a Streaming one: the reference), then `stages`.
+Built pipeline(const std::string& source, const std::string& stages, bool streaming, uint64_t budget,
+               const std::string& before = "") {
   PipelineOptions o;
   o.pipeline = "train";
   o.decoded_budget = budget;
-  std::unique_ptr<Stage> cur = build("stages = [" + source + "]", o);
+  std::unique_ptr<Stage> cur = build("stages = [" + source + (before.empty() ? "" : ", " + before) + "]", o);
   Built b;
   if (streaming) {
     cur = std::make_unique<Streaming>(std::move(cur));
@@ -133,5 +134,28 @@ TEST_CASE("a batch over maps whose workers read ahead collects their rows and eq
     CHECK(same(epoch(*got.stage, e), epoch(*want.stage, e)));
     CHECK(got.counting->fill_calls == 0);  // the workers read through at() on their own threads
     CHECK(got.counting->at_calls > 0);
+  }
+}
+
+TEST_CASE("a complete memory cache copies its examples into the batch rows, as the streaming cache delivers them",
+          "[data][fill][cache]") {
+  const std::filesystem::path dir = test::temp_dir("fill-cache");
+  const std::string src = write_idx(dir, 203, 4, 5);
+  // The ResNet sample's shape: scale and normalize once, cache, [counting], flip per epoch (workers = 2: in-place
+  // ops are filled in the batch's thread all the same), shuffle, batch.
+  const std::string before = kInPlaceMaps + ", {type = \"cache\"}";
+  const std::string after =
+      "{type = \"map\", workers = 2, ops = [{op = \"flip_horizontal\"}]}, {type = \"shuffle\", "
+      "buffer = 64}, {type = \"batch\"}";
+  Built got = pipeline(src, after, false, uint64_t{1} << 30, before);
+  Built want = pipeline(src, after, true, uint64_t{1} << 30, before);
+  // Epoch 0 fills the cache's slots (the default fill, through the cache's at()); from epoch 1 the complete cache
+  // copies its examples into the rows itself. Both must give the streaming pipeline's batches.
+  for (uint64_t e : {0u, 1u, 2u}) {
+    CAPTURE(e);
+    got.counting->at_calls = got.counting->fill_calls = 0;
+    CHECK(same(epoch(*got.stage, e), epoch(*want.stage, e)));
+    CHECK(got.counting->fill_calls == 26);  // the flip map's workers did not take the rows over
+    CHECK(got.counting->at_calls == 0);
   }
 }
