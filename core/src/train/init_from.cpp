@@ -285,22 +285,21 @@ ModelTensors model_tensors(const ModelSpec& m, const OptimizerSpec& opt) {
   return out;
 }
 
-}  // namespace
+// The rules that name each model tensor's file tensor: the config's map (exact names before patterns), the preset,
+// then the name itself; and the transpose and ignore patterns.
+struct NameRules {
+  std::vector<CompiledRule> rules;
+  std::vector<Pattern> transposed, ignored;
+  std::string prefix;  // a preset's prefix of the file's names ("transformer." in save_pretrained's GPT-2 files)
+};
 
-InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, const OptimizerSpec& opt) {
-  const auto [targets, params, shadows] = model_tensors(m, opt);
-
-  const std::string& path = spec.from;
-  const Source src(path);
-  const auto& have = src.shapes();
-  if (spec.ema && !src.checkpoint())
-    throw ConfigError(spec.where + ": [init] weights = \"ema\" applies to a Kiln checkpoint; " + path +
-                      " is a safetensors file (its tensors are what it holds)");
-
+NameRules name_rules(const InitSpec& spec, const std::map<std::string, Shape>& have) {
   // Patterns were checked when [init] was read; one built in code is refused here the same way.
   auto refuse = [&](const std::string& why) -> void { throw ConfigError(spec.where + ": a name pattern: " + why); };
+  NameRules out;
+  std::vector<CompiledRule>& rules = out.rules;
+  std::string& prefix = out.prefix;
   // Rules in order: the config's map (exact names before patterns), the preset, then the name itself.
-  std::vector<CompiledRule> rules;
   auto add = [&](const InitRule& r) {
     auto bad = [&](const std::string& why) { throw ConfigError(r.where + ": " + why); };
     rules.push_back(CompiledRule{r, compile(r.kiln, bad), compile(r.file, bad)});
@@ -310,7 +309,6 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
   for (const auto& r : spec.map)
     if (!compile(r.kiln, refuse).plain()) add(r);
   std::vector<std::string> ignore = spec.ignore;
-  std::string prefix;
   if (spec.preset == "gpt2") {
     // GPT2LMHeadModel.save_pretrained writes "transformer.h.0...", the original GPT-2 files "h.0...".
     if (have.count("transformer.wte.weight")) prefix = "transformer.";
@@ -323,9 +321,46 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
     ignore.push_back(prefix + "h.{i}.attn.bias");
     ignore.push_back(prefix + "h.{i}.attn.masked_bias");
   }
-  std::vector<Pattern> transposed, ignored;
-  for (const auto& t : spec.transpose) transposed.push_back(compile(t, refuse));
-  for (const auto& t : ignore) ignored.push_back(compile(t, refuse));
+  for (const auto& t : spec.transpose) out.transposed.push_back(compile(t, refuse));
+  for (const auto& t : ignore) out.ignored.push_back(compile(t, refuse));
+  return out;
+}
+
+// The one error listing every missing, unexpected and misshaped tensor (missing and unexpected only when strict).
+[[noreturn]] void refuse_mismatch(const InitSpec& spec, const std::string& head,
+                                  const std::vector<std::string>& missing, const std::vector<std::string>& unexpected,
+                                  const std::vector<std::string>& misshaped) {
+  std::ostringstream os;
+  os << head << " does not match the model (strict = " << (spec.strict ? "true" : "false")
+     << (spec.preset.empty() ? "" : ", preset = \"" + spec.preset + "\"") << "): " << missing.size() << " missing, "
+     << unexpected.size() << " unexpected, " << misshaped.size() << " misshaped";
+  if (spec.strict)
+    for (const auto& l : missing) os << "\n  missing (the model's, not in the file): " << l;
+  if (spec.strict)
+    for (const auto& l : unexpected) os << "\n  unexpected (in the file, used by no model tensor): " << l;
+  for (const auto& l : misshaped) os << "\n  misshaped: " << l;
+  os << "\n"
+     << (misshaped.empty() ? "strict = false loads the tensors that match and leaves the rest as the config "
+                             "initializes them; "
+                           : "")
+     << "[init] map, transpose and ignore say which file tensor is which (docs/weights.md)";
+  throw ConfigError(os.str());
+}
+
+}  // namespace
+
+InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, const OptimizerSpec& opt) {
+  const auto [targets, params, shadows] = model_tensors(m, opt);
+
+  const std::string& path = spec.from;
+  const Source src(path);
+  const auto& have = src.shapes();
+  if (spec.ema && !src.checkpoint())
+    throw ConfigError(spec.where + ": [init] weights = \"ema\" applies to a Kiln checkpoint; " + path +
+                      " is a safetensors file (its tensors are what it holds)");
+
+  const NameRules nr = name_rules(spec, have);
+  const std::string& prefix = nr.prefix;
 
   std::vector<Plan> plans;
   std::vector<std::string> missing, misshaped;
@@ -333,7 +368,7 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
   Bindings b;
   for (const auto& [name, shape] : targets) {
     Plan p{name, name, shape, false, false, "the same name"};
-    for (const auto& r : rules)
+    for (const auto& r : nr.rules)
       if (match(r.kiln, name, b)) {
         p.file = substitute(r.file, b);
         p.transpose = r.rule.transpose;
@@ -341,7 +376,7 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
         p.why = r.rule.where;
         break;
       }
-    for (const auto& t : transposed)
+    for (const auto& t : nr.transposed)
       if (match(t, name, b)) p.transpose = true;
     if (spec.ema && params.count(name)) p.file += "/ema";
     auto it = have.find(p.file);
@@ -391,29 +426,14 @@ InitialWeights load_initial_weights(const InitSpec& spec, const ModelSpec& m, co
     if (src.checkpoint() && name.find('/') != std::string::npos) continue;  // optimizer state, EMA: not weights
     if (spec.ema && used.count(name + "/ema")) continue;                    // the raw values of a loaded shadow
     bool skip = false;
-    for (const auto& p : ignored) skip = skip || match(p, name, b);
+    for (const auto& p : nr.ignored) skip = skip || match(p, name, b);
     if (!skip) unexpected.push_back("'" + name + "' " + shape.str());
   }
 
   const std::string head =
       (spec.where.empty() ? std::string("[init] from") : spec.where) + " = \"" + spec.from_as_set + "\" (" + path + ")";
-  if (!misshaped.empty() || (spec.strict && (!missing.empty() || !unexpected.empty()))) {
-    std::ostringstream os;
-    os << head << " does not match the model (strict = " << (spec.strict ? "true" : "false")
-       << (spec.preset.empty() ? "" : ", preset = \"" + spec.preset + "\"") << "): " << missing.size() << " missing, "
-       << unexpected.size() << " unexpected, " << misshaped.size() << " misshaped";
-    if (spec.strict)
-      for (const auto& l : missing) os << "\n  missing (the model's, not in the file): " << l;
-    if (spec.strict)
-      for (const auto& l : unexpected) os << "\n  unexpected (in the file, used by no model tensor): " << l;
-    for (const auto& l : misshaped) os << "\n  misshaped: " << l;
-    os << "\n"
-       << (misshaped.empty() ? "strict = false loads the tensors that match and leaves the rest as the config "
-                               "initializes them; "
-                             : "")
-       << "[init] map, transpose and ignore say which file tensor is which (docs/weights.md)";
-    throw ConfigError(os.str());
-  }
+  if (!misshaped.empty() || (spec.strict && (!missing.empty() || !unexpected.empty())))
+    refuse_mismatch(spec, head, missing, unexpected, misshaped);
   if (plans.empty())
     throw ConfigError(head + ": none of the model's " + std::to_string(targets.size()) +
                       " parameters and buffers is in the file (the names differ: see [init] map and preset, "
