@@ -1,7 +1,7 @@
-// The training loop: epochs, steps, their records and checkpoints (the set-up is training_run_setup.cpp).
+// The training loop: epochs, steps, their records and checkpoints (the set-up is trainer_setup.cpp).
 #include "kiln/trainer.hpp"
 
-#include "training_run.hpp"
+#include "trainer_impl.hpp"
 
 namespace kiln {
 namespace training {

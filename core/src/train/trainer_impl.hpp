@@ -1,5 +1,5 @@
 // The training run Trainer::run drives: its state and steps, shared by trainer.cpp (the epochs, steps and checkpoints)
-// and training_run_setup.cpp (what the run sets up before its first step). Private to the core.
+// and trainer_setup.cpp (what the run sets up before its first step). Private to the core.
 #pragma once
 #include <fcntl.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 // What a training run sets up before its first step: the data pipelines, the run directory, the initial weights,
 // the runner, the resume position, the run's files and logs, and early stopping.
-#include "training_run.hpp"
+#include "trainer_impl.hpp"
 
 namespace kiln::training {
 
