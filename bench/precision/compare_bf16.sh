@@ -4,10 +4,12 @@
 # up to 2x): each round times every row once, ROUNDS rounds (default 3), and each row's range and best are printed.
 #   bench/precision/compare_bf16.sh [build-dir]
 # Rows: the MLP sample at batch 512, the CNN sample at batch 256, the GPT sample (shakespeare_char) and the ResNet
-# sample at their own batch sizes (kiln_step_bench: a fixed batch, copy-in + forward + backward + update). PyTorch 2
-# (.venv-peers, bench/peers/setup_peers.sh) has step timers for the MLP and the CNN (bench/peers/torch2_step.py,
-# real Fashion-MNIST batches gathered each step, glibc's malloc thresholds raised, TORCH_THREADS 1 and 2 tried,
-# fastest kept); without .venv-peers only Kiln's rows run. The bf16 peak of this CPU comes from kiln_bf16_bench.
+# sample at their own batch sizes, 12 and 128 (kiln_step_bench: a fixed batch, copy-in + forward + backward + update).
+# PyTorch 2 (.venv-peers, bench/peers/setup_peers.sh) times the same four models at the same batch sizes
+# (bench/peers/torch2_step.py: real data drawn each step, Fashion-MNIST batches gathered, for the ResNet each image
+# flipped with probability 1/2 as the sample's pipeline does, random windows of tiny Shakespeare for the GPT; each
+# sample's optimizer, schedule and clipping; glibc's malloc thresholds raised, TORCH_THREADS 1 and 2 tried, fastest
+# kept); without .venv-peers only Kiln's rows run. The bf16 peak of this CPU comes from kiln_bf16_bench.
 # Environment: ROUNDS, ROWS="mlp cnn gpt resnet", KILN_BENCH_LOCK=0 (bench/common.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +35,14 @@ kiln_args() {
     resnet) echo "resnet_fashion_mnist" ;;
   esac
 }
+torch_batch() {
+  case $1 in
+    mlp) echo 512 ;;
+    cnn) echo 256 ;;
+    gpt) echo 12 ;;
+    resnet) echo 128 ;;
+  esac
+}
 torch_row() {  # kind batch [--amp=bf16]: the faster of 1 and 2 threads
   local best=""
   for t in 1 2; do
@@ -52,8 +62,8 @@ for r in $(seq 1 "$ROUNDS"); do
     read -r -a a <<<"$(kiln_args "$row")"
     all["$row kiln-f32"]+=" $(kiln_row "${a[@]}")"
     all["$row kiln-bf16"]+=" $(kiln_row "${a[@]}" --set "$BF")"
-    if [ "$have_torch" = 1 ] && { [ "$row" = mlp ] || [ "$row" = cnn ]; }; then
-      batch=$([ "$row" = mlp ] && echo 512 || echo 256)
+    if [ "$have_torch" = 1 ]; then
+      batch=$(torch_batch "$row")
       all["$row torch-f32"]+=" $(torch_row "$row" "$batch")"
       all["$row torch-bf16"]+=" $(torch_row "$row" "$batch" --amp=bf16)"
     fi
