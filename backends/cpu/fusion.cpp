@@ -163,6 +163,28 @@ void pool_prologue(const void* ctx, int64_t n0, int64_t n1) {
   const auto& p = *static_cast<const PoolPrologue*>(ctx);
   max_pool_backward_planes(*p.a, p.x, p.y, p.dy, p.dx, true, p.sums, n0 * p.a->c, n1 * p.a->c);
 }
+// The same on bf16 storage (2x2 stride-2 pools: no workspace).
+struct PoolPrologueBf16 {
+  const PoolAttrs* a;
+  const uint16_t *x, *y, *dy;
+  uint16_t* dx;
+  float* sums;
+};
+void pool_prologue_bf16(const void* ctx, int64_t n0, int64_t n1) {
+  const auto& p = *static_cast<const PoolPrologueBf16*>(ctx);
+  max_pool_backward_planes_bf16(*p.a, p.x, p.y, p.dy, p.dx, true, p.sums, n0 * p.a->c, n1 * p.a->c);
+}
+// Every buffer of calls [0, n) is bf16, but backward filter's dw (its out[0]), which may be float32 too.
+bool all_bf16(std::span<const OpCall> c, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    for (const auto& v : c[i].in)
+      if (v.dtype != DType::bf16 && !(c[i].kind == OpKind::BiasGrad)) return false;
+    for (const auto& v : c[i].out)
+      if (v.dtype != DType::bf16 && c[i].kind != OpKind::Conv2dBackwardFilter && c[i].kind != OpKind::BiasGrad)
+        return false;
+  }
+  return true;
+}
 
 // batch norm forward, relu: the normalization pass also writes the ReLU's output. The ReLU reads the batch norm's
 // y and writes over it (in place) or into a buffer apart from everything the batch norm reads or writes.
@@ -244,6 +266,41 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
                            c.workspace.block ? c.workspace.bytes / 4 : 0, pool_, &ep))
         return 0;
       return k;
+    }
+    // The backward runs of float32's (below): the pool's planes as each slice's prologue, the pair in one pass.
+    auto pool_prologue_of16 = [&](const OpCall& c) {
+      const auto& a = std::get<PoolAttrs>(c.attrs);
+      plane_sums_.resize(static_cast<size_t>(a.n * a.c));
+      return PoolPrologueBf16{&a, b16(c.in[0]), b16(c.in[1]), b16(c.in[2]), b16(c.out[0]), plane_sums_.data()};
+    };
+    auto pair16 = [&](const OpCall& d, const OpCall& f, const ConvPrologue* pro) {
+      return dnnl_conv_typed_backward_pair(std::get<ConvAttrs>(d.attrs), {f.in[0].dtype, f.in[1].dtype, f.out[0].dtype},
+                                           d.in[0].raw(), d.in[1].raw(), f.in[0].raw(), d.out[0].raw(), f.out[0].raw(),
+                                           f.workspace.host(), f.workspace.bytes / sizeof(float), pool_, pro);
+    };
+    auto pool_fits = [&](const OpCall& c) {
+      return max_pool_bf16_workspace_bytes(std::get<PoolAttrs>(c.attrs), pool_.size()) == 0;
+    };
+    if (pool_relu_bias_conv_pair_run(calls) && all_bf16(calls, 5) && pool_fits(calls[0])) {
+      const PoolPrologueBf16 pp = pool_prologue_of16(calls[0]);
+      const ConvPrologue pro{pool_prologue_bf16, &pp};
+      if (pair16(calls[3], calls[4], &pro)) {
+        bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+        return 5;
+      }
+    }
+    if (conv_pair_run(calls, 0) && all_bf16(calls, 2) && pair16(calls[0], calls[1], nullptr)) return 2;
+    if (pool_relu_bias_conv_run(calls) && all_bf16(calls, 4) && pool_fits(calls[0])) {
+      const OpCall& v = calls[3];
+      const PoolPrologueBf16 pp = pool_prologue_of16(calls[0]);
+      const ConvPrologue pro{pool_prologue_bf16, &pp};
+      const std::array<DType, 3> types{v.in[0].dtype, v.in[1].dtype, v.out[0].dtype};
+      if (dnnl_conv_typed(v.kind, std::get<ConvAttrs>(v.attrs), types, v.in[0].raw(), v.in[1].raw(), v.out[0].raw(),
+                          v.workspace.block ? v.workspace.host() : nullptr,
+                          v.workspace.block ? v.workspace.bytes / sizeof(float) : 0, pool_, nullptr, &pro)) {
+        bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
+        return 4;
+      }
     }
     if (pool_relu_bias_run(calls) || pool_relu_run(calls)) {
       const OpCall& c = calls[0];

@@ -19,12 +19,15 @@
 // forward pass and backward data, 1-4e-6 on the filter gradient, against 1e-7-level for direct (bench/results/
 // cpu_ops.md). Their scratchpad is 6-9 MiB per thread at these shapes, in the workspace like the rest.
 //
-// bf16 storage (a bfloat16 layer's convolutions, dnnl_conv_typed): the same slices, reorders and workspace, with
+// bf16 storage (a bfloat16 layer's convolutions, dnnl_conv_typed): the same slices, reorders (those between plain
+// NCHW and 16-channel blocks by blocked16 below) and workspace, with
 // bf16 x, w and dy (and y or dx bf16 or float32 as the call's buffer says); oneDNN's jit_bf16:avx512_core_bf16
 // kernels (vdpbf16ps, float32 accumulation) where the CPU has AVX512_BF16. Backward filter always has its
 // primitives write float32 partials, summed in group order and rounded to a bf16 dw once. No Winograd (oneDNN's is
 // float32 only); pointwise convolutions and single-channel inputs go to oneDNN too, since the alternative would be
-// the float32 im2col path behind conversions of every buffer.
+// the float32 im2col path behind conversions of every buffer. A fused bf16 conv + bias + ReLU (+ max pool) has
+// oneDNN add the bias to the float32 sums (y rounded once) and brings each image back from the blocks with the ReLU
+// applied, then pools it while it is in cache; the backward pair and the pool's prologue run as in float32.
 //
 // KILN_CPU_DNNL=0 turns it off (the im2col + OpenBLAS path, to measure it or rule it out).
 #include "conv_dnnl.hpp"
@@ -46,6 +49,12 @@
 
 #include "kiln/half.hpp"
 #include "one_omp_thread.hpp"
+#include "pool.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KILN_CONV_AVX2_REORDER 1
+#endif
 
 namespace kiln::cpu {
 namespace {
@@ -67,6 +76,102 @@ dnnl::engine& engine() {
 
 size_t round_floats(size_t bytes) { return (bytes + 63) / 64 * 16; }  // floats, 64-byte multiples
 
+// oneDNN 2.6 reorders bf16 between plain NCHW and its 16-channel blocks (aBcd16b) with its generic jit:uni kernel:
+// on the CNN sample at batch 256 those reorders took about 10 of a bf16 step's 25 ms over its 2 threads, more than
+// the float32 step's (jit:blk). Both directions are 16 x 16 transposes of 16-bit values, done here instead: the
+// bytes are only moved, so the result is oneDNN's bit for bit.
+enum class Fast : uint8_t { none, to_blocked16, from_blocked16 };
+
+#ifdef KILN_CONV_AVX2_REORDER
+
+// A 16 x 16 block of 16-bit values: row i of dst is column i of src (strides in elements).
+// With Relu, each value stored is ActivationForward's ReLU of it on the bf16 bits (v < 0 ? +0 : v): a number below
+// zero (as int16: -32767 to -128, sign set, magnitude neither 0 nor NaN) becomes +0; -0 and NaN pass.
+template <bool Relu>
+__attribute__((target("avx2"))) __m256i relu_bits(__m256i v) {
+  if (!Relu) return v;
+  const __m256i neg = _mm256_and_si256(_mm256_cmpgt_epi16(v, _mm256_set1_epi16(-32768)),
+                                       _mm256_cmpgt_epi16(_mm256_set1_epi16(-127), v));
+  return _mm256_andnot_si256(neg, v);
+}
+template <bool Relu>
+__attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds) {
+  __m256i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ss));
+  // Within each 128-bit lane: an 8 x 8 transpose of rows 0-7 and of rows 8-15 (the low lane holds columns 0-7,
+  // the high lane columns 8-15).
+  for (int h = 0; h < 16; h += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[h + 2 * i] = _mm256_unpacklo_epi16(r[h + 2 * i], r[h + 2 * i + 1]);
+      t[h + 2 * i + 1] = _mm256_unpackhi_epi16(r[h + 2 * i], r[h + 2 * i + 1]);
+    }
+    // t[h+0]: columns 0-3 of rows 0,1; t[h+1]: columns 4-7 of rows 0,1; t[h+2], t[h+3]: rows 2,3; ...
+    __m256i u[8];
+    for (int i = 0; i < 2; ++i) {
+      const int a = h + 4 * i;                                   // rows 4i .. 4i+3 of this half
+      u[4 * i + 0] = _mm256_unpacklo_epi32(t[a], t[a + 2]);      // columns 0,1
+      u[4 * i + 1] = _mm256_unpackhi_epi32(t[a], t[a + 2]);      // columns 2,3
+      u[4 * i + 2] = _mm256_unpacklo_epi32(t[a + 1], t[a + 3]);  // columns 4,5
+      u[4 * i + 3] = _mm256_unpackhi_epi32(t[a + 1], t[a + 3]);  // columns 6,7
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[h + 2 * c] = _mm256_unpacklo_epi64(u[c], u[4 + c]);      // column 2c: 8 rows
+      r[h + 2 * c + 1] = _mm256_unpackhi_epi64(u[c], u[4 + c]);  // column 2c+1
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c * ds),
+                        relu_bits<Relu>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (c + 8) * ds),
+                        relu_bits<Relu>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31)));
+  }
+}
+bool has_avx2() {
+  static const bool on = __builtin_cpu_supports("avx2");
+  return on;
+}
+#endif
+
+// The dims of a plain 4-d tensor: n, channels (a multiple of 16), and the pixels of one channel.
+struct Dims16 {
+  int64_t n = 0, c = 0, hw = 0;
+};
+
+// Plain NCHW to 16-channel blocks, or back: both layouts put channel block b of image i at the same offset
+// ((i * c + 16 b) * hw), so each block is one transpose of 16 rows. With relu (from_blocked16 only), the ReLU of
+// each value is stored (relu_bits).
+uint16_t relu_bf16_bits(uint16_t h) {
+  const uint16_t mag = h & 0x7fffu;
+  return (h & 0x8000u) && mag != 0 && mag <= 0x7f80u ? uint16_t{0} : h;
+}
+void blocked16(Fast dir, const Dims16& d, const uint16_t* from, uint16_t* to, bool relu = false) {
+  const int64_t hw = d.hw;
+  for (int64_t blk = 0; blk < d.n * d.c / 16; ++blk) {
+    const uint16_t* s = from + blk * 16 * hw;
+    uint16_t* t = to + blk * 16 * hw;
+    int64_t p = 0;
+#ifdef KILN_CONV_AVX2_REORDER
+    if (has_avx2()) {
+      for (; p + 16 <= hw; p += 16) {
+        if (dir == Fast::to_blocked16)
+          transpose16x16_u16<false>(s + p, hw, t + p * 16, 16);
+        else if (relu)
+          transpose16x16_u16<true>(s + p * 16, 16, t + p, hw);
+        else
+          transpose16x16_u16<false>(s + p * 16, 16, t + p, hw);
+      }
+    }
+#endif
+    for (; p < hw; ++p)
+      for (int64_t j = 0; j < 16; ++j) {
+        if (dir == Fast::to_blocked16)
+          t[p * 16 + j] = s[j * hw + p];
+        else
+          t[j * hw + p] = relu ? relu_bf16_bits(s[p * 16 + j]) : s[p * 16 + j];
+      }
+  }
+}
+
 // The primitive for one op kind and one slice size, with the layouts it chose.
 struct Prim {
   dnnl::primitive prim;
@@ -76,6 +181,9 @@ struct Prim {
   bool reorder[3] = {false, false, false};
   dnnl::reorder to_chosen[2];  // for in0 and in1
   dnnl::reorder to_user;       // for out
+  // in0, in1, out: reordered by blocked16 instead of oneDNN (bf16 plain <-> 16-channel blocks), with their dims.
+  Fast fast[3] = {Fast::none, Fast::none, Fast::none};
+  Dims16 dims16[3];
   memory::desc scratch_md;
   size_t scratch_floats = 0;
   int args[3] = {0, 0, 0};  // DNNL_ARG_* of in0, in1, out
@@ -180,12 +288,21 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
                    p->impl.c_str());
     if (p->impl.find("ref") != std::string::npos) return nullptr;  // oneDNN's reference loops: im2col is faster
     p->scratch_floats = round_floats(p->scratch_md.get_size());
-    for (int i = 0; i < 3; ++i) p->reorder[i] = p->chosen[i] != p->user[i];
+    for (int i = 0; i < 3; ++i) {
+      p->reorder[i] = p->chosen[i] != p->user[i];
+      const memory::dims d = p->user[i].dims();
+      if (p->reorder[i] && p->user[i].data_type() == Dt::bf16 && d.size() == 4 && d[1] % 16 == 0 &&
+          p->user[i] == memory::desc(d, Dt::bf16, Tag::abcd) &&
+          p->chosen[i] == memory::desc(d, Dt::bf16, Tag::aBcd16b)) {
+        p->fast[i] = i < 2 ? Fast::to_blocked16 : Fast::from_blocked16;
+        p->dims16[i] = {d[0], d[1], d[2] * d[3]};
+      }
+    }
     for (int i = 0; i < 2; ++i)
       if (p->reorder[i])
         p->to_chosen[i] = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user[i], eng, p->chosen[i]));
     if (p->reorder[2]) p->to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->chosen[2], eng, p->user[2]));
-    if (kind == OpKind::Conv2dForward && post.bias && p->reorder[2]) {
+    if (kind == OpKind::Conv2dForward && post.bias && p->reorder[2] && ty.f32()) {
       const auto& blk = p->chosen[2].data;
       if (blk.format_kind != dnnl_blocked || blk.offset0 != 0) return nullptr;
       p->chosen_stride_n = blk.format_desc.blocking.strides[0];
@@ -345,7 +462,9 @@ size_t workspace_floats(const Plan& p, int threads) {
 // itself.
 memory chosen_arg(const Prim& q, int i, void* user, float* buf, dnnl::stream& s) {
   memory m(q.chosen[i], engine(), q.reorder[i] ? buf : user);
-  if (q.reorder[i]) {
+  if (q.fast[i] != Fast::none) {
+    blocked16(q.fast[i], q.dims16[i], static_cast<const uint16_t*>(user), reinterpret_cast<uint16_t*>(buf));
+  } else if (q.reorder[i]) {
     memory src(q.user[i], engine(), user);
     q.to_chosen[i].execute(s, src, m);
   }
@@ -356,7 +475,11 @@ memory chosen_out(const Prim& q, void* user, float* buf) {
   return memory(q.chosen[2], engine(), q.reorder[2] ? buf : user);
 }
 void out_to_user(const Prim& q, memory& chosen, void* user, dnnl::stream& s) {
-  if (q.reorder[2]) {
+  if (q.fast[2] != Fast::none) {
+    s.wait();  // the primitive's output is complete
+    blocked16(q.fast[2], q.dims16[2], static_cast<const uint16_t*>(chosen.get_data_handle()),
+              static_cast<uint16_t*>(user));
+  } else if (q.reorder[2]) {
     memory dst(q.user[2], engine(), user);
     q.to_user.execute(s, chosen, dst);
   }
@@ -445,10 +568,27 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, c
       memory out_chosen = chosen_out(q, user_out, bufs[2]);
       args.emplace(q.args[2], out_chosen);
       if (bias_done)
-        args.emplace(DNNL_ARG_BIAS, memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep->bias)));
+        args.emplace(DNNL_ARG_BIAS,
+                     memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep ? ep->bias : ep16->bias)));
       if (q.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(q.scratch_md, eng, bufs[3]));
       q.prim.execute(s, args);
-      if (bias_done && q.reorder[2]) {
+      if (bias_done && ep16) {
+        // bf16 with the bias added by oneDNN: each image back from the slice's blocks (q.fast[2], checked by
+        // dnnl_conv_typed) into y, with the ReLU on the way where it writes y in place, then the pool.
+        s.wait();
+        const uint16_t* blocked = reinterpret_cast<const uint16_t*>(bufs[2]);
+        auto* y = static_cast<uint16_t*>(out);
+        const bool relu_in_place = ep16->relu_out == y;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t img = b + i;
+          blocked16(Fast::from_blocked16, Dims16{1, a.k, a.oh * a.ow}, blocked + i * out_img, y + img * out_img,
+                    relu_in_place);
+          if (ep16->relu_out && !relu_in_place)
+            conv_epilogue_bf16(a, ConvEpilogueBf16{nullptr, ep16->relu_out, nullptr, nullptr}, y, img, img + 1);
+          if (ep16->relu_out && ep16->pool && ep16->pool_out)
+            max_pool_planes_bf16(*ep16->pool, ep16->relu_out, ep16->pool_out, img * a.k, (img + 1) * a.k);
+        }
+      } else if (bias_done && q.reorder[2]) {
         // A group of images at a time back into the plain layout, each group's epilogue while it is in cache.
         for (int64_t i = 0; i < n;) {
           const int64_t g = n - i >= q.group ? q.group : 1;
@@ -491,9 +631,12 @@ struct PairPlan {
   }
 };
 
-std::optional<PairPlan> pair_plan(const ConvAttrs& a, int threads, bool winograd) {
-  auto d = plan_for(OpKind::Conv2dBackwardData, a, threads, winograd);
-  auto f = plan_for(OpKind::Conv2dBackwardFilter, a, threads, winograd);
+// ftypes: backward filter's (x, dy, dw); float32 for a float32 pair. A bf16 pair reads bf16 dy, w and x, writes a
+// bf16 dx, and dw in ftypes[2].
+std::optional<PairPlan> pair_plan(const ConvAttrs& a, int threads, bool winograd, Types ftypes = {}) {
+  const Types dtypes = ftypes.f32() ? Types{} : Types{{ftypes.t[1], ftypes.t[1], ftypes.t[1]}};
+  auto d = plan_for(OpKind::Conv2dBackwardData, a, threads, winograd, {}, dtypes);
+  auto f = plan_for(OpKind::Conv2dBackwardFilter, a, threads, winograd, {}, ftypes);
   if (!d || !f || d->slices != f->slices || d->groups != f->groups || d->n_big != f->n_big || d->n_small != f->n_small)
     return std::nullopt;
   // dy in one layout for both, at both slice sizes.
@@ -510,20 +653,26 @@ std::optional<PairPlan> pair_plan(const ConvAttrs& a, int threads, bool winograd
   return q;
 }
 
-void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const float* w, const float* x, float* dx,
-              float* dw, float* ws, ThreadPool& pool, const ConvPrologue* pro) {
+// The pair, in float32 or bf16 (q's plans say which: element sizes from their types; a bf16 dw has every group's
+// partial in the workspace, summed and rounded once, as backward filter alone does).
+void run_pair(const ConvAttrs& a, const PairPlan& q, const void* dy, const void* w, const void* x, void* dx, void* dw,
+              float* ws, ThreadPool& pool, const ConvPrologue* pro) {
   auto& eng = engine();
   const OneOmpThread one;
   const Plan &pd = q.data, &pf = q.filter;
   const void* w_chosen = shared_weights(pd, w, ws);
+  const int64_t es = static_cast<int64_t>(dtype_size(pd.types.t[0]));  // dy, w, x and dx: one type
   const int64_t x_img = a.c * a.h * a.w, y_img = a.k * a.oh * a.ow, wsize = a.k * a.c * a.r * a.s;
   float* partial_base = ws + pd.shared + static_cast<size_t>(pool.size()) * q.slot_total;
+  auto at = [](const void* p, int64_t bytes) { return const_cast<char*>(static_cast<const char*>(p)) + bytes; };
   pool.run(pf.groups, [&](int64_t grp, int slot) {
     const OneOmpThread one_here;
     float* b0 = ws + pd.shared + static_cast<size_t>(slot) * q.slot_total;
     float* buf[6];
     for (int i = 0; i < 6; ++i) buf[i] = b0, b0 += q.slot[i];
-    float* group_dw = grp == 0 ? dw : partial_base + static_cast<size_t>(grp - 1) * static_cast<size_t>(wsize);
+    float* group_dw = pf.dw_to_bf16 ? partial_base + static_cast<size_t>(grp) * static_cast<size_t>(wsize)
+                      : grp == 0    ? static_cast<float*>(dw)
+                                    : partial_base + static_cast<size_t>(grp - 1) * static_cast<size_t>(wsize);
     const int64_t t0 = pf.slices * grp / pf.groups, t1 = pf.slices * (grp + 1) / pf.groups;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = slice_begin(a, pf.slices, t), n = slice_begin(a, pf.slices, t + 1) - b;
@@ -531,24 +680,24 @@ void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const floa
       const Prim& fq = n == pf.n_big ? *pf.big : *pf.small;
       if (pro) (*pro)(b, b + n);
       dnnl::stream s(eng);
-      memory dy_mem = chosen_arg(dq, 0, const_cast<float*>(dy + b * y_img), buf[1], s);
+      memory dy_mem = chosen_arg(dq, 0, at(dy, b * y_img * es), buf[1], s);
       // Backward data: dx of this slice.
       {
         std::unordered_map<int, memory> args;
         args.emplace(DNNL_ARG_DIFF_DST, dy_mem);
         args.emplace(DNNL_ARG_WEIGHTS, memory(dq.chosen[1], eng, const_cast<void*>(w_chosen)));
-        memory dx_mem = chosen_out(dq, dx + b * x_img, buf[2]);
+        memory dx_mem = chosen_out(dq, at(dx, b * x_img * es), buf[2]);
         args.emplace(DNNL_ARG_DIFF_SRC, dx_mem);
         if (dq.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(dq.scratch_md, eng, buf[4]));
         dq.prim.execute(s, args);
-        out_to_user(dq, dx_mem, dx + b * x_img, s);
+        out_to_user(dq, dx_mem, at(dx, b * x_img * es), s);
       }
       // Backward filter from the same dy: the group's first slice into the group's partial, the others into a slot
       // buffer added to it.
       {
         float* user_out = t == t0 ? group_dw : buf[5];
         std::unordered_map<int, memory> args;
-        args.emplace(DNNL_ARG_SRC, chosen_arg(fq, 0, const_cast<float*>(x + b * x_img), buf[0], s));
+        args.emplace(DNNL_ARG_SRC, chosen_arg(fq, 0, at(x, b * x_img * es), buf[0], s));
         args.emplace(DNNL_ARG_DIFF_DST, memory(fq.chosen[1], eng, dy_mem.get_data_handle()));
         memory dw_mem = chosen_out(fq, user_out, buf[3]);
         args.emplace(DNNL_ARG_DIFF_WEIGHTS, dw_mem);
@@ -561,7 +710,10 @@ void run_pair(const ConvAttrs& a, const PairPlan& q, const float* dy, const floa
         for (int64_t i = 0; i < wsize; ++i) group_dw[i] += buf[5][i];
     }
   });
-  sum_partials(pf, wsize, dw, partial_base, pool);
+  if (pf.dw_to_bf16)
+    sum_partials_bf16(pf, wsize, static_cast<uint16_t*>(dw), partial_base, pool);
+  else
+    sum_partials(pf, wsize, static_cast<float*>(dw), partial_base, pool);
 }
 
 }  // namespace
@@ -581,16 +733,46 @@ bool dnnl_conv_typed_workspace(OpKind kind, const ConvAttrs& a, const std::array
   const auto p = plan_for(kind, a, threads, false, {}, Types{types});
   if (!p) return false;
   floats = workspace_floats(*p, threads);
+  // Backward filter's workspace also holds the pair, as in float32, where that room stays below what float32 copies
+  // of x, dy and dw would take (a bf16 convolution never asks more than converting it would; at small batches the
+  // pair's per-thread blocked copies do). Without the room the pair is not fused.
+  if (kind == OpKind::Conv2dBackwardFilter && types[0] == DType::bf16 && types[1] == DType::bf16)
+    if (const auto q = pair_plan(a, threads, false, Types{types})) {
+      const auto copies = static_cast<size_t>(a.n * (a.c * a.h * a.w + a.k * a.oh * a.ow) + a.k * a.c * a.r * a.s);
+
+      if (q->floats(threads) < copies) floats = std::max(floats, q->floats(threads));
+    }
   return true;
 }
 
 bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, const void* in0,
                      const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool,
-                     const ConvEpilogueBf16* ep) {
+                     const ConvEpilogueBf16* ep, const ConvPrologue* pro) {
   const auto p = plan_for(kind, a, pool.size(), false, {}, Types{types});
   if (!p || ws_floats < workspace_floats(*p, pool.size())) return false;
   if (kind != OpKind::Conv2dForward || types[2] != DType::bf16) ep = nullptr;
-  run_plan(kind, a, *p, in0, in1, out, ws, pool, nullptr, false, nullptr, ep);
+  if (kind == OpKind::Conv2dForward) pro = nullptr;
+  if (ep && ep->bias) {
+    // The primitives with the bias (added to the float32 sums, rounded to bf16 once), where every slice's output
+    // comes back by blocked16 and they fit the workspace the op was given (sized without them).
+    const auto q = plan_for(kind, a, pool.size(), false, Post{true}, Types{types});
+    if (q && q->big->fast[2] == Fast::from_blocked16 && q->small->fast[2] == Fast::from_blocked16 &&
+        workspace_floats(*q, pool.size()) <= ws_floats) {
+      run_plan(kind, a, *q, in0, in1, out, ws, pool, nullptr, true, nullptr, ep);
+      return true;
+    }
+  }
+  run_plan(kind, a, *p, in0, in1, out, ws, pool, nullptr, false, pro, ep);
+  return true;
+}
+
+bool dnnl_conv_typed_backward_pair(const ConvAttrs& a, const std::array<DType, 3>& ftypes, const void* dy,
+                                   const void* w, const void* x, void* dx, void* dw, float* ws, size_t ws_floats,
+                                   ThreadPool& pool, const ConvPrologue* pro) {
+  if (ftypes[0] != DType::bf16 || ftypes[1] != DType::bf16) return false;
+  const auto q = pair_plan(a, pool.size(), false, Types{ftypes});
+  if (!q || ws_floats < q->floats(pool.size())) return false;
+  run_pair(a, *q, dy, w, x, dx, dw, ws, pool, pro);
   return true;
 }
 
@@ -640,7 +822,11 @@ bool dnnl_conv_backward_pair(const ConvAttrs&, const float*, const float*, const
 }
 bool dnnl_conv_typed_workspace(OpKind, const ConvAttrs&, const std::array<DType, 3>&, int, size_t&) { return false; }
 bool dnnl_conv_typed(OpKind, const ConvAttrs&, const std::array<DType, 3>&, const void*, const void*, void*, float*,
-                     size_t, ThreadPool&, const ConvEpilogueBf16*) {
+                     size_t, ThreadPool&, const ConvEpilogueBf16*, const ConvPrologue*) {
+  return false;
+}
+bool dnnl_conv_typed_backward_pair(const ConvAttrs&, const std::array<DType, 3>&, const void*, const void*, const void*,
+                                   void*, void*, float*, size_t, ThreadPool&, const ConvPrologue*) {
   return false;
 }
 }  // namespace kiln::cpu

@@ -32,7 +32,13 @@ bool dnnl_conv_typed_workspace(OpKind kind, const ConvAttrs& a, const std::array
 // with the conv call's workspace.
 bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>& types, const void* in0,
                      const void* in1, void* out, float* ws, size_t ws_floats, ThreadPool& pool,
-                     const ConvEpilogueBf16* ep = nullptr);
+                     const ConvEpilogueBf16* ep = nullptr, const ConvPrologue* pro = nullptr);
+// dnnl_conv_backward_pair on bf16 storage: dy, w, x and dx bf16, dw in ftypes[2] (bf16 or float32); ftypes are the
+// backward filter call's (x, dy, dw). In backward filter's workspace (dnnl_conv_typed_workspace sizes it to hold the
+// pair); dx and dw bit for bit the two ops'.
+bool dnnl_conv_typed_backward_pair(const ConvAttrs& a, const std::array<DType, 3>& ftypes, const void* dy,
+                                   const void* w, const void* x, void* dx, void* dw, float* ws, size_t ws_floats,
+                                   ThreadPool& pool, const ConvPrologue* pro);
 bool dnnl_conv_backward_pair(const ConvAttrs& a, const float* dy, const float* w, const float* x, float* dx, float* dw,
                              float* ws, size_t ws_floats, ThreadPool& pool, bool winograd, const ConvPrologue* pro);
 

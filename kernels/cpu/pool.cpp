@@ -41,12 +41,17 @@ inline __m256 load_first(const uint16_t* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) t[i] = p[i];
   return widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
 }
+// Every value a max pool stores is one of its bf16 inputs (a maximum, a gradient, or +0), exact in bf16: its
+// upper 16 bits are its bf16 bits, so no rounding (which would give the same bits) is spent on it.
+inline __m128i bf16_bits_of_exact(__m256 v) {
+  const __m256i s = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
 inline void store_first(uint16_t* p, int64_t n, __m256 v) {
-  alignas(32) float f[8];
-  _mm256_store_ps(f, v);
-  if (n >= 8) return bf16io::narrow(f, p, 8);
+  const __m128i h = bf16_bits_of_exact(v);
+  if (n >= 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
   alignas(16) uint16_t t[8];
-  bf16io::narrow(f, t, 8);
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
   for (int64_t i = 0; i < n; ++i) p[i] = t[i];
 }
 // The first n of 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of
@@ -457,6 +462,11 @@ void run_pool_bf16(const OpCall& c, ThreadPool& pool) {
 
 void max_pool_planes_bf16(const PoolAttrs& a, const uint16_t* x, uint16_t* y, int64_t pb, int64_t pe) {
   max_pool_planes_t(a, x, y, pb, pe);
+}
+
+void max_pool_backward_planes_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy,
+                                   uint16_t* dx, bool relu_grad, float* plane_sums, int64_t pb, int64_t pe) {
+  max_pool_backward_planes_t(a, x, y, dy, dx, relu_grad, plane_sums, pb, pe);
 }
 
 size_t max_pool_bf16_workspace_bytes(const PoolAttrs& a, int threads) {

@@ -24,6 +24,9 @@ void max_pool_backward_planes(const PoolAttrs& a, const float* x, const float* y
 // max_pool_planes on bf16 planes (any geometry; a maximum of bf16 values is exact).
 void max_pool_planes_bf16(const PoolAttrs& a, const uint16_t* x, uint16_t* y, int64_t pb, int64_t pe);
 size_t max_pool_bf16_workspace_bytes(const PoolAttrs& a, int threads);
+// max_pool_backward_bf16's planes [pb, pe) on the calling thread, where it needs no workspace (2x2 stride 2).
+void max_pool_backward_planes_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy,
+                                   uint16_t* dx, bool relu_grad, float* plane_sums, int64_t pb, int64_t pe);
 void max_pool_backward_bf16(const PoolAttrs& a, const uint16_t* x, const uint16_t* y, const uint16_t* dy, uint16_t* dx,
                             float* ws, ThreadPool& pool, bool relu_grad = false, float* plane_sums = nullptr);
 

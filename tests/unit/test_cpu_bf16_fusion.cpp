@@ -1,0 +1,219 @@
+// The cpu backend's fused runs on bf16 storage (fusion.cpp's 16-bit entry points, conv_dnnl.cpp's typed paths):
+// - forward: a bf16 layer's conv + bias + ReLU (+ 2x2 max pool) in one call, oneDNN adding the bias to its float32
+//   sums (one rounding to bf16 where the unfused ops round twice) and each image coming back from oneDNN's 16-channel
+//   blocks with the ReLU applied on the way;
+// - backward: the max pool's backward (with the ReLU's gradient and the bias gradient) as the prologue of each slice
+//   of the backward convolution after it, and backward data and filter of one convolution in one pass: bit for bit
+//   the ops run one by one.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "cpu_test_support.hpp"
+#include "kiln/half.hpp"
+#include "kiln/ops.hpp"
+
+using namespace kiln;
+using namespace kiln::test::cpu;
+
+namespace {
+
+// Buffer i of the arena as n bf16 values.
+BufferView b16(const Arena& arena, size_t i, int64_t n) {
+  BufferView v = arena.view(i);
+  v.bytes = static_cast<size_t>(n) * 2;
+  v.dtype = DType::bf16;
+  return v;
+}
+void put16(Device& d, const BufferView& v, const Vec& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = float_to_bf16(x[i]);
+  d.copy_from_host(h.data(), v);
+}
+Vec read16(Device& d, const BufferView& v) {
+  std::vector<uint16_t> h(v.bytes / 2);
+  d.copy_to_host(v, h.data());
+  Vec r(h.size());
+  for (size_t i = 0; i < h.size(); ++i) r[i] = bf16_to_float(h[i]);
+  return r;
+}
+void poison(Device& d, const BufferView& v) {
+  const std::vector<uint8_t> nan(v.bytes, 0xff);  // NaN in bf16 and float32 alike
+  d.copy_from_host(nan.data(), v);
+}
+BufferView with_workspace(Device& d, OpCall& c, Block*& block) {
+  const size_t ws = d.workspace_bytes(c);
+  block = ws ? d.allocate_block(ws) : nullptr;
+  c.workspace = BufferView{block, 0, ws};
+  return c.workspace;
+}
+
+}  // namespace
+
+TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, within one bf16 rounding of the ops one by one",
+          "[cpu][fusion][bf16]") {
+#ifndef KILN_CPU_HAS_DNNL
+  KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev): no bf16 convolution to fuse");
+#else
+  struct G {
+    const char* name;
+    ConvAttrs a;
+  };
+  // 16 channels in (blocked input) and 1 (a first layer: plain input); 32 filters (two 16-channel blocks out); 13
+  // images give two threads slices of unequal sizes; 20x20 outputs leave 400 % 16 = 0, 14x14 a ragged 196.
+  const G geoms[] = {{"13x16x20x20.k32", ConvAttrs{13, 16, 20, 20, 32, 3, 3, 1, 1, 1, 1, 20, 20}},
+                     {"9x1x14x14.k32", ConvAttrs{9, 1, 14, 14, 32, 3, 3, 1, 1, 1, 1, 14, 14}}};
+  for (int threads : {1, 2})
+    for (const G& g : geoms)
+      for (bool in_place : {true, false}) {
+        CAPTURE(threads, g.name, in_place);
+        auto cpu = open_cpu(threads);
+        Device& d = *cpu.device;
+        const ConvAttrs& a = g.a;
+        const int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+        const PoolAttrs pa{a.n, a.k, a.oh, a.ow, 2, 2, 2, 2, 0, 0, a.oh / 2, a.ow / 2};
+        const int64_t np = a.n * a.k * pa.oh * pa.ow;
+        std::mt19937 gen(11);
+        // 0 x, 1 w, 2 bias (float32), 3 y, 4 the ReLU's output where not in place, 5 the pool's output
+        Arena arena(d, {nx, nw, a.k, ny, ny, np});
+        const BufferView x = b16(arena, 0, nx), w = b16(arena, 1, nw), y = b16(arena, 3, ny);
+        const BufferView r = in_place ? y : b16(arena, 4, ny), p = b16(arena, 5, np);
+        const BufferView& bias = arena.view(2);
+        put16(d, x, random_vec(nx, gen));
+        put16(d, w, random_vec(nw, gen));
+        const Vec bv = random_vec(a.k, gen, -0.5f, 0.5f);
+        d.copy_from_host(bv.data(), bias);
+        std::vector<OpCall> calls{{OpKind::Conv2dForward, a, {x, w}, {y}, {}},
+                                  {OpKind::BiasAdd, BiasAttrs{a.n, a.k, a.oh * a.ow}, {y, bias}, {y}, {}},
+                                  {OpKind::ActivationForward, ActivationAttrs{Activation::relu, ny}, {y}, {r}, {}},
+                                  {OpKind::MaxPoolForward, pa, {r}, {p}, {}}};
+        Block* wb = nullptr;
+        with_workspace(d, calls[0], wb);
+        for (const OpCall& c : calls) d.run(c);
+        const Vec uy = read16(d, y), ur = read16(d, r), up = read16(d, p);
+        for (const BufferView& v : {y, r, p}) poison(d, v);
+        CHECK(fused_runner(d).run_fused(calls) == 4);
+        const Vec fy = read16(d, y), fr = read16(d, r), fp = read16(d, p);
+
+        // y: the unfused ops round the convolution's sum to bf16 and then y + bias again; the fused one rounds the sum
+        // plus the bias once. They differ by at most those roundings: 2^-8 of the sum, which is at most |y| plus the
+        // largest bias, and half a bf16 step of y. A wrong channel, image or pixel (a layout mix-up) is off by the
+        // values' own size.
+        double scale = 0;
+        for (float v : uy) scale = std::max(scale, std::abs(double(v)));
+        size_t bad = 0, differ = 0;
+        for (size_t i = 0; i < uy.size(); ++i) {
+          const double bound = std::ldexp(1.0, -7) * std::abs(double(uy[i])) + std::ldexp(1.0, -8) * (0.5 + scale);
+          if (!(std::abs(double(fy[i]) - double(uy[i])) <= bound)) ++bad;
+          if (fy[i] != uy[i]) ++differ;
+        }
+        INFO(bad << " of " << uy.size() << " outside the bound, " << differ << " differ at all");
+        CHECK(bad == 0);
+        // In place, y is the ReLU's output; apart, y keeps the negatives and the ReLU's output is exactly ReLU(y).
+        const auto negatives = std::count_if(fy.begin(), fy.end(), [](float v) { return v < 0.f; });
+        if (in_place) {
+          CHECK(negatives == 0);
+        } else {
+          CHECK(negatives > 0);
+          bad = 0;
+          for (size_t i = 0; i < fr.size(); ++i)
+            if (fr[i] != (fy[i] < 0.f ? 0.f : fy[i])) ++bad;
+          CHECK(bad == 0);
+        }
+        CHECK(std::none_of(fr.begin(), fr.end(), [](float v) { return v < 0.f || std::isnan(v); }));
+        // The pool's output is exactly the maxima of the fused ReLU's output.
+        bad = 0;
+        for (int64_t pl = 0; pl < a.n * a.k; ++pl)
+          for (int64_t oy = 0; oy < pa.oh; ++oy)
+            for (int64_t ox = 0; ox < pa.ow; ++ox) {
+              const float* rp = fr.data() + pl * a.oh * a.ow;
+              const float m = std::max({rp[2 * oy * a.ow + 2 * ox], rp[2 * oy * a.ow + 2 * ox + 1],
+                                        rp[(2 * oy + 1) * a.ow + 2 * ox], rp[(2 * oy + 1) * a.ow + 2 * ox + 1]});
+              if (fp[static_cast<size_t>((pl * pa.oh + oy) * pa.ow + ox)] != m) ++bad;
+            }
+        CHECK(bad == 0);
+        CHECK(max_rel_diff(fp, up) < 0.02);
+        if (wb) d.free_block(wb);
+      }
+#endif
+}
+
+TEST_CASE("cpu fuses the bf16 max-pool backward into the backward convolutions after it, bit for bit",
+          "[cpu][fusion][bf16]") {
+#ifndef KILN_CPU_HAS_DNNL
+  KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev): no bf16 convolution to fuse");
+#else
+  // 24 images: every thread count here gives slices of equal sizes, so the pair's room (its per-thread blocked
+  // copies) stays below the float32 copies' that bounds it (conv_dnnl.cpp).
+  const ConvAttrs ca{24, 16, 32, 24, 16, 3, 3, 1, 1, 1, 1, 32, 24};
+  const PoolAttrs pa{ca.n, ca.k, ca.oh, ca.ow, 2, 2, 2, 2, 0, 0, ca.oh / 2, ca.ow / 2};
+  const int64_t nx = pa.n * pa.c * pa.h * pa.w, ny = pa.n * pa.c * pa.oh * pa.ow;
+  const int64_t nw = ca.k * ca.c * ca.r * ca.s, ncx = ca.n * ca.c * ca.h * ca.w;
+  for (int threads : {1, 2, 3})
+    for (DType dw_type : {DType::bf16, DType::f32}) {
+      CAPTURE(threads, dw_type == DType::bf16);
+      auto cpu = open_cpu(threads);
+      Device& d = *cpu.device;
+      std::mt19937 gen(8);
+      std::uniform_int_distribution<int> small(-3, 2);
+      Vec px(static_cast<size_t>(nx));
+      for (auto& v : px) v = std::max(0.f, static_cast<float>(small(gen)));  // a ReLU's output: ties at 0
+      // 0 pool x, 1 pool y, 2 pool dy, 3 dx (the convolution's dy), 4 db, 5 w, 6 conv x, 7 conv dx, 8 dw
+      Arena arena(d, {nx, ny, ny, nx, pa.c, nw, ncx, ncx, nw});
+      const BufferView v0 = b16(arena, 0, nx), v1 = b16(arena, 1, ny), v2 = b16(arena, 2, ny), v3 = b16(arena, 3, nx);
+      const BufferView v5 = b16(arena, 5, nw), v6 = b16(arena, 6, ncx), v7 = b16(arena, 7, ncx);
+      const BufferView& db = arena.view(4);
+      BufferView dw = dw_type == DType::bf16 ? b16(arena, 8, nw) : arena.view(8);
+      put16(d, v0, px);
+      put16(d, v2, random_vec(ny, gen));
+      put16(d, v5, random_vec(nw, gen));
+      put16(d, v6, random_vec(ncx, gen));
+      d.run(OpCall{OpKind::MaxPoolForward, pa, {v0}, {v1}, {}});
+      OpCall data{OpKind::Conv2dBackwardData, ca, {v3, v5}, {v7}, {}};
+      OpCall filter{OpKind::Conv2dBackwardFilter, ca, {v6, v3}, {dw}, {}};
+      const size_t ws = std::max(d.workspace_bytes(data), d.workspace_bytes(filter));
+      Block* wb = d.allocate_block(ws);
+      REQUIRE(wb);
+      data.workspace = BufferView{wb, 0, d.workspace_bytes(data)};
+      filter.workspace = BufferView{wb, 0, d.workspace_bytes(filter)};
+      const std::vector<OpCall> calls{
+          {OpKind::MaxPoolBackward, pa, {v0, v1, v2}, {v3}, {}},
+          {OpKind::ActivationBackward, ActivationAttrs{Activation::relu, nx}, {v0, v3}, {v3}, {}},
+          {OpKind::BiasGrad, BiasAttrs{pa.n, pa.c, pa.h * pa.w}, {v3}, {db}, {}},
+          data,
+          filter};
+      for (const OpCall& c : calls) d.run(c);
+      auto raw = [&](const BufferView& v) {
+        std::vector<uint8_t> h(v.bytes);
+        d.copy_to_host(v, h.data());
+        return h;
+      };
+      const auto want_dx = raw(v3), want_db = raw(db), want_cdx = raw(v7), want_dw = raw(dw);
+      CHECK(std::any_of(want_dw.begin(), want_dw.end(), [](uint8_t b) { return b != 0; }));
+      CHECK(std::any_of(want_cdx.begin(), want_cdx.end(), [](uint8_t b) { return b != 0; }));
+
+      for (const BufferView& v : {v3, db, v7, dw}) poison(d, v);
+      CHECK(fused_runner(d).run_fused(calls) == 5);
+      CHECK(raw(v3) == want_dx);
+      CHECK(raw(db) == want_db);
+      CHECK(raw(v7) == want_cdx);
+      CHECK(raw(dw) == want_dw);
+
+      // The pair alone, dy already there.
+      for (const BufferView& v : {v7, dw}) poison(d, v);
+      CHECK(fused_runner(d).run_fused(std::vector<OpCall>{data, filter}) == 2);
+      CHECK(raw(v7) == want_cdx);
+      CHECK(raw(dw) == want_dw);
+
+      // The pool's backward before backward filter alone (a first layer's, whose input needs no gradient).
+      for (const BufferView& v : {v3, db, dw}) poison(d, v);
+      CHECK(fused_runner(d).run_fused(std::vector<OpCall>{calls[0], calls[1], calls[2], filter}) == 4);
+      CHECK(raw(v3) == want_dx);
+      CHECK(raw(db) == want_db);
+      CHECK(raw(dw) == want_dw);
+      d.free_block(wb);
+    }
+#endif
+}
