@@ -267,6 +267,29 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
         return 0;
       return k;
     }
+    // Batch norm with the ReLU next to it, forward and backward: the bf16 activations (x, y, the ReLU's buffers)
+    // bf16, the statistics and parameters float32, as the unfused bf16 kernels take them.
+    auto bf16_at = [](const OpCall& c, std::initializer_list<size_t> ins, std::initializer_list<size_t> outs) {
+      for (size_t i : ins)
+        if (c.in[i].dtype != DType::bf16) return false;
+      for (size_t i : outs)
+        if (c.out[i].dtype != DType::bf16) return false;
+      return true;
+    };
+    if (bn_relu_run(calls) && bf16_at(calls[0], {0}, {0}) && bf16_at(calls[1], {0}, {0})) {
+      const OpCall& c = calls[0];
+      batch_norm_forward_bf16(std::get<BatchNormAttrs>(c.attrs), b16(c.in[0]), c.in[1].host(), c.in[2].host(),
+                              b16(c.out[0]), c.out[1].host(), c.out[2].host(), c.out[3].host(), c.out[4].host(), pool_,
+                              b16(calls[1].out[0]));
+      return 2;
+    }
+    if (relu_bn_run(calls) && bf16_at(calls[0], {0, 1}, {0}) && bf16_at(calls[1], {0, 4}, {0})) {
+      const OpCall &r = calls[0], &c = calls[1];
+      batch_norm_backward_relu_bf16(std::get<BatchNormAttrs>(c.attrs), b16(c.in[0]), c.in[1].host(), c.in[2].host(),
+                                    c.in[3].host(), ReluInFrontT<uint16_t>{b16(r.in[0]), b16(r.in[1])}, b16(r.out[0]),
+                                    b16(c.out[0]), c.out[1].host(), c.out[2].host(), pool_);
+      return 2;
+    }
     // The backward runs of float32's (below): the pool's planes as each slice's prologue, the pair in one pass.
     auto pool_prologue_of16 = [&](const OpCall& c) {
       const auto& a = std::get<PoolAttrs>(c.attrs);

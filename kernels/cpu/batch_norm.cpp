@@ -83,9 +83,13 @@ void channel_sums_backward(const T* dy, const ReluInFrontT<T>* relu, T* dy_out, 
         T* dyr = dy_out + off;
 #pragma omp simd reduction(+ : p, q)
         for (int64_t i = i0; i < i1; ++i) {
-          const float d = load(dzr[i]);  // loaded unconditionally so the select vectorizes, as ActivationBackward does
-          const float g = load(yr[i]) > 0.f ? d : 0.f;
-          store(dyr + i, g);  // exact in bf16 too: g is dz or 0
+          // dz's own bits or +0, selected in the storage type (a bf16 store would round, which gives these bits
+          // too but does not vectorize); dz is loaded unconditionally so the select vectorizes, as
+          // ActivationBackward does.
+          const T d = dzr[i];
+          const T gb = load(yr[i]) > 0.f ? d : T{};
+          dyr[i] = gb;
+          const float g = load(gb);
           p += g;
           q += g * (load(xr[i]) - mu) * r;
         }
@@ -101,6 +105,21 @@ void channel_sums_backward(const T* dy, const ReluInFrontT<T>* relu, T* dy_out, 
       sdy += p;
       sdyx += q;
     }
+  }
+}
+
+// z = ReLU(y) for a fused ActivationForward relu, from y as stored (z may be y): exactly what the unfused op computes
+// from that y (v < 0 ? 0 : v, NaN passing through). On bf16 bits: a number below zero (sign set, magnitude neither
+// 0 nor NaN) becomes +0; -0 and NaN pass.
+void relu_of_stored(const float* y, float* z, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) z[i] = y[i] < 0.f ? 0.f : y[i];
+}
+void relu_of_stored(const uint16_t* y, uint16_t* z, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = y[i], mag = h & 0x7fffu;
+    z[i] = (h & 0x8000u) && mag != 0 && mag <= 0x7f80u ? uint16_t{0} : h;
   }
 }
 
@@ -159,34 +178,16 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
         for (int64_t o = 0; o < N; ++o) {
           const T* xr = x + (o * C + cb) * I;
           T* yr = y + (o * C + cb) * I;
-          if (relu_out) {
-            T* zr = relu_out + (o * C + cb) * I;
-#pragma omp simd
-            for (int64_t j = 0; j < L; ++j) {
-              const float v = load(xr[j]) * scale[j] + shift[j];
-              store(yr + j, v);
-              store(zr + j, v < 0.f ? 0.f : v);  // as ActivationForward relu: NaN passes through
-            }
-          } else {
-            bf16io::store_all(yr, L, [&](int64_t j) { return load(xr[j]) * scale[j] + shift[j]; });
-          }
+          bf16io::store_all(yr, L, [&](int64_t j) { return load(xr[j]) * scale[j] + shift[j]; });
+          if (relu_out) relu_of_stored(yr, relu_out + (o * C + cb) * I, L);
         }
       } else {
         const float sc = rstd[cb] * gamma[cb], sh = beta[cb] - mean[cb] * sc;
         for (int64_t o = 0; o < N; ++o) {
           const T* xr = x + (o * C + cb) * I;
           T* yr = y + (o * C + cb) * I;
-          if (relu_out) {
-            T* zr = relu_out + (o * C + cb) * I;
-#pragma omp simd
-            for (int64_t i = 0; i < I; ++i) {
-              const float v = load(xr[i]) * sc + sh;
-              store(yr + i, v);
-              store(zr + i, v < 0.f ? 0.f : v);
-            }
-          } else {
-            bf16io::store_all(yr, I, [&](int64_t i) { return load(xr[i]) * sc + sh; });
-          }
+          bf16io::store_all(yr, I, [&](int64_t i) { return load(xr[i]) * sc + sh; });
+          if (relu_out) relu_of_stored(yr, relu_out + (o * C + cb) * I, I);
         }
       }
     }

@@ -217,3 +217,82 @@ TEST_CASE("cpu fuses the bf16 max-pool backward into the backward convolutions a
     }
 #endif
 }
+
+TEST_CASE("cpu fuses bf16 batch norm with the ReLU next to it, forward and backward, bit for bit",
+          "[cpu][fusion][bf16][batch_norm]") {
+  auto cpu = open_cpu(2);
+  Device& d = *cpu.device;
+  for (const BatchNormAttrs a : {BatchNormAttrs{4, 3, 20}, BatchNormAttrs{6, 5, 3}}) {  // long runs, short runs
+    const bool long_runs = a.inner >= 16;
+    CAPTURE(a.inner);
+    const int64_t count = a.n * a.c * a.inner;
+    std::mt19937 gen(9);
+    const Vec x = random_vec(count, gen, -2.f, 3.f), gamma = random_vec(a.c, gen, 0.5f, 1.5f),
+              beta = random_vec(a.c, gen, -0.5f, 0.5f), dz = random_vec(count, gen);
+    // 0 x, 1 gamma, 2 beta, 3 y, 4 mean, 5 rstd, 6 running mean, 7 running var, 8 z, 9 dy, 10 dx, 11 dgamma,
+    // 12 dbeta, 13 dz; the activations (0, 3, 8, 9, 10, 13) bf16
+    Arena ar(d, {count, a.c, a.c, count, a.c, a.c, a.c, a.c, count, count, count, a.c, a.c, count});
+    auto v = [&](int i) {
+      for (int h : {0, 3, 8, 9, 10, 13})
+        if (i == h) return b16(ar, static_cast<size_t>(i), count);
+      return ar.view(static_cast<size_t>(i));
+    };
+    put16(d, v(0), x);
+    d.copy_from_host(gamma.data(), v(1));
+    d.copy_from_host(beta.data(), v(2));
+    const Vec zeros(static_cast<size_t>(a.c), 0.f), ones(static_cast<size_t>(a.c), 1.f);
+    const ActivationAttrs relu{Activation::relu, count};
+    auto raw = [&](const BufferView& b) {
+      std::vector<uint8_t> h(b.bytes);
+      d.copy_to_host(b, h.data());
+      return h;
+    };
+    for (bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      const BufferView z = in_place ? v(3) : v(8);
+      const std::vector<OpCall> fwd{
+          {OpKind::BatchNormForward, a, {v(0), v(1), v(2)}, {v(3), v(4), v(5), v(6), v(7)}, {}},
+          {OpKind::ActivationForward, relu, {v(3)}, {z}, {}}};
+      auto run_fwd = [&](bool fused) {
+        d.copy_from_host(zeros.data(), v(6));
+        d.copy_from_host(ones.data(), v(7));
+        poison(d, v(3));
+        poison(d, z);
+        if (fused) {
+          CHECK(fused_runner(d).run_fused(fwd) == 2);
+        } else {
+          for (const OpCall& c : fwd) d.run(c);
+        }
+        std::vector<std::vector<uint8_t>> r;
+        for (int i : {3, 4, 5, 6, 7}) r.push_back(raw(v(i)));
+        r.push_back(raw(z));
+        return r;
+      };
+      const auto unfused = run_fwd(false), fused = run_fwd(true);
+      for (size_t i = 0; i < unfused.size(); ++i) CHECK(fused[i] == unfused[i]);
+      const Vec zf = read16(d, z), yf = read16(d, v(3));
+      CHECK(std::count_if(zf.begin(), zf.end(), [](float f) { return f == 0.f; }) > 0);  // the ReLU ran
+      if (!in_place) CHECK(std::count_if(yf.begin(), yf.end(), [](float f) { return f < 0.f; }) > 0);
+
+      // Backward: the ReLU's gradient over dz (in place) or into dy, the batch norm's dx over dy or its own buffer.
+      const auto zv = raw(z);
+      const BufferView dy = in_place ? v(13) : v(9), dx = in_place ? dy : v(10);
+      const std::vector<OpCall> bwd{
+          {OpKind::ActivationBackward, relu, {z, v(13)}, {dy}, {}},
+          {OpKind::BatchNormBackward, a, {v(0), v(1), v(4), v(5), dy}, {dx, v(11), v(12)}, {}}};
+      auto run_bwd = [&](bool fused) {
+        put16(d, v(13), dz);
+        d.copy_from_host(zv.data(), z);
+        size_t k = 0;
+        if (fused) k = fused_runner(d).run_fused(bwd);
+        if (k == 0)
+          for (const OpCall& c : bwd) d.run(c);
+        return std::make_pair(k, std::vector<std::vector<uint8_t>>{raw(dy), raw(dx), raw(v(11)), raw(v(12))});
+      };
+      const auto [k0, bu] = run_bwd(false);
+      const auto [k, bf] = run_bwd(true);
+      CHECK(k == (long_runs ? 2u : 0u));  // short runs (inner < 16) are not fused
+      for (size_t i = 0; i < bu.size(); ++i) CHECK(bf[i] == bu[i]);
+    }
+  }
+}
