@@ -55,10 +55,20 @@ void permute(const PermuteAttrs& a, const E* x, E* y, ThreadPool& pool) {
       src += idx[i] * ystep[i];
     }
     for (int64_t row = rb; row < re; ++row) {
-      if (run)
-        std::memcpy(y + row * len, x + src, static_cast<size_t>(len) * sizeof(E));
-      else
+      if (run) {
+        // Attention's runs are a head's 32-128 values: a call to memcpy per run cost more than the copy (the GPT
+        // sample's permutes moved 4 GB/s); an inline loop vectorizes.
+        E* yr = y + row * len;
+        const E* xr = x + src;
+        if (len <= 256) {
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) yr[j] = xr[j];
+        } else {
+          std::memcpy(yr, xr, static_cast<size_t>(len) * sizeof(E));
+        }
+      } else {
         y[row] = x[src];
+      }
       for (int i = outer_rank - 1; i >= 0; --i) {  // next row of y
         src += ystep[i];
         if (++idx[i] < ydims[i]) break;
