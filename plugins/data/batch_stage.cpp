@@ -162,6 +162,18 @@ class BatchStage final : public Stage {
     up_reads_ = o && o->reads_ahead() && o->read_in_order(std::move(list), 0);
   }
 
+  // The rows the next batch (starting at epoch position p) will fill, as a hint to the upstream (ReadHints): the
+  // trainer's step runs between the two batches, while the bytes come into the cache.
+  void hint_next_batch(int64_t p) {
+    const int64_t count = std::min(size_, epoch_size_ - p);
+    if (count <= 0 || (drop_ && count < size_)) return;
+    const bool share = rows_end_ > 0 && count == size_;
+    hint_.clear();
+    for (int64_t r = share ? rows_begin_ : 0; r < (share ? rows_end_ : count); ++r)
+      hint_.push_back(static_cast<uint64_t>(p + r));
+    hint_reads(*up_, hint_);
+  }
+
   bool upstream_reads_ahead() const {
     const auto* o = dynamic_cast<const OrderedReads*>(up_.get());
     return o && o->reads_ahead();
@@ -188,6 +200,7 @@ class BatchStage final : public Stage {
       std::vector<uint64_t> ks(static_cast<size_t>(last - first));
       for (size_t i = 0; i < ks.size(); ++i) ks[i] = static_cast<uint64_t>(at + first) + i;
       up_->fill(ks, x + static_cast<size_t>(first) * xn, y + static_cast<size_t>(first) * yn);
+      hint_next_batch(at + count);
     }
     for (int64_t r = first; r < last && up_reads_; ++r) {
       std::optional<Element> e;
@@ -221,8 +234,9 @@ class BatchStage final : public Stage {
   bool indexed_ = false;
   int64_t epoch_size_ = 0;
   StageState start_state_;
-  bool by_at_ = false;     // reading by position: every row through fill() unless up_reads_, or a share of them
-  bool up_reads_ = false;  // ...through the upstream's next(), which reads those positions ahead (read_in_order)
+  bool by_at_ = false;          // reading by position: every row through fill() unless up_reads_, or a share of them
+  bool up_reads_ = false;       // ...through the upstream's next(), which reads those positions ahead (read_in_order)
+  std::vector<uint64_t> hint_;  // the next batch's rows (hint_next_batch)
   StageStats stats_;
 };
 

@@ -196,6 +196,9 @@ ReadingPlan plan_reading(uint64_t decoded_bytes, uint64_t budget) {
 void bytes_to_floats(const uint8_t* bytes, size_t n, float* out) {
   for (size_t i = 0; i < n; ++i) out[i] = bytes[i];
 }
+void bytes_to_floats_scaled(const uint8_t* bytes, size_t n, float factor, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(bytes[i]) * factor;
+}
 
 Element byte_example(const uint8_t* pixels, const Shape& shape, float label) {
   Element e;

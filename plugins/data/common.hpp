@@ -124,6 +124,8 @@ ReadingPlan plan_reading(uint64_t decoded_bytes, uint64_t budget);
 Element byte_example(const uint8_t* pixels, const Shape& shape, float label);
 // Pixel bytes 0..255 as floats (byte_example's x, and a source's fill()).
 void bytes_to_floats(const uint8_t* bytes, size_t n, float* out);
+// The same times `factor` in the same pass: float(byte) * factor, the bits of bytes_to_floats then a scale op.
+void bytes_to_floats_scaled(const uint8_t* bytes, size_t n, float factor, float* out);
 
 // The counters of a source that next() and at() (from any thread) update; collect_stats reports them.
 struct SourceCounters {

@@ -4,12 +4,14 @@
 // read (a pipeline only built, as `kiln plan` does, pays nothing), and serves every epoch from memory; otherwise it
 // streams one example at a time, inflating a gzip file again every epoch.
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <optional>
 
 #include "byte_reader.hpp"
 #include "common.hpp"
+#include "ordered_reads.hpp"
 #include "stages.hpp"
 
 namespace kiln::data {
@@ -41,7 +43,7 @@ void check_length(ByteReader& r, uint64_t expected, const std::string& layout) {
            (found < expected ? " (truncated file?)" : " (trailing data)"));
 }
 
-class IdxSource final : public Stage {
+class IdxSource final : public Stage, public ReadHints, public ScaledFill {
  public:
   IdxSource(const std::string& images, const std::string& labels, int64_t limit, uint64_t budget)
       : images_(images, "idx", &counters_.bytes), labels_(labels, "idx", &counters_.bytes) {
@@ -133,13 +135,7 @@ class IdxSource final : public Stage {
       if (k >= size_ || !random_access()) return Stage::fill(ks, x, y);  // at() says what is wrong
     const uint64_t n = rows_ * cols_;
     if (plan_.decoded) {
-      decode();
-      for (size_t r = 0; r < kPrefetchRows; ++r) prefetch_image(ks, r);
-      for (size_t r = 0; r < ks.size(); ++r) {
-        prefetch_image(ks, r + kPrefetchRows);
-        bytes_to_floats(images_all_.data() + ks[r] * n, n, x + r * n);
-        y[r] = static_cast<float>(labels_all_[ks[r]]);
-      }
+      fill_decoded(ks, x, y, nullptr);
     } else {
       std::vector<unsigned char> px(n);
       for (size_t r = 0; r < ks.size(); ++r) {
@@ -151,6 +147,24 @@ class IdxSource final : public Stage {
       }
     }
     counters_.elements.fetch_add(ks.size(), std::memory_order_relaxed);
+  }
+
+  // A scale map's rows: converted and scaled in one pass, from memory only (streaming, the map scales).
+  bool fill_scaled(std::span<const uint64_t> ks, float* x, float* y, float factor) override {
+    if (!plan_.decoded) return false;
+    for (uint64_t k : ks)
+      if (k >= size_) return false;  // fill() says what is wrong
+    fill_decoded(ks, x, y, &factor);
+    counters_.elements.fetch_add(ks.size(), std::memory_order_relaxed);
+    return true;
+  }
+
+  // The next batch's bytes start coming into the cache while the trainer's step runs (its fill() then finds them
+  // there): from memory only, once decoded.
+  void will_read(std::span<const uint64_t> ks) override {
+    if (!plan_.decoded || !decoded_.load(std::memory_order_acquire)) return;
+    for (size_t r = 0; r < ks.size(); ++r)
+      if (ks[r] < size_) prefetch_image(ks, r);
   }
 
   StageState save() const override { return save_position(name(), pos_); }
@@ -179,7 +193,23 @@ class IdxSource final : public Stage {
       labels_.read_exact(lb.data(), lb.size(), "labels 0.." + std::to_string(size_ - 1));
       images_all_ = std::move(px);
       labels_all_ = std::move(lb);
+      decoded_.store(true, std::memory_order_release);
     });
+  }
+  // Decoded rows into x and y (times *factor where given); the next rows' bytes are fetched while one converts.
+  void fill_decoded(std::span<const uint64_t> ks, float* x, float* y, const float* factor) {
+    decode();
+    const uint64_t n = rows_ * cols_;
+    for (size_t r = 0; r < kPrefetchRows; ++r) prefetch_image(ks, r);
+    for (size_t r = 0; r < ks.size(); ++r) {
+      prefetch_image(ks, r + kPrefetchRows);
+      const unsigned char* px = images_all_.data() + ks[r] * n;
+      if (factor)
+        bytes_to_floats_scaled(px, n, *factor, x + r * n);
+      else
+        bytes_to_floats(px, n, x + r * n);
+      y[r] = static_cast<float>(labels_all_[ks[r]]);
+    }
   }
   void prefetch_image(std::span<const uint64_t> ks, size_t r) const {
     if (r >= ks.size()) return;
@@ -198,6 +228,7 @@ class IdxSource final : public Stage {
   std::vector<unsigned char> pixels_;
   ReadingPlan plan_;
   std::once_flag decoded_once_;
+  std::atomic<bool> decoded_{false};  // decode() has finished (will_read, on the batch stage's thread)
   std::vector<unsigned char> images_all_, labels_all_;  // the decoded examples (decoded mode, after decode())
 };
 

@@ -16,6 +16,7 @@ class ScaleOp final : public MapOp {
     const auto n = static_cast<size_t>(x_out.numel());
     for (size_t i = 0; i < n; ++i) x[i] *= f_;
   }
+  std::optional<float> pure_scale() const override { return f_; }
 
  private:
   float f_;

@@ -2,6 +2,7 @@
 // and transforms one example (batch == 0) in place; random ops draw only from the rng they are given.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common.hpp"
@@ -21,6 +22,8 @@ class MapOp {
     (void)x, (void)y, (void)rng;
     throw Error("map op " + name() + " changes the example's shape and cannot transform it in place");
   }
+  // The factor of an op that only multiplies x by a constant (scale); nothing for every other op.
+  virtual std::optional<float> pure_scale() const { return std::nullopt; }
   Shape x_out, y_out;  // shapes after the op
 };
 

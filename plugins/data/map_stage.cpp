@@ -30,7 +30,7 @@ namespace {
 constexpr uint64_t kChunk = 16;       // elements a worker pulls at once
 constexpr uint64_t kChunksAhead = 4;  // chunks per worker that may be pulled ahead of the consumer
 
-class MapStage final : public Stage, public OrderedReads {
+class MapStage final : public Stage, public OrderedReads, public ReadHints {
  public:
   MapStage(std::string name, std::unique_ptr<Stage> up, std::vector<std::unique_ptr<MapOp>> ops, size_t workers,
            uint64_t seed)
@@ -90,6 +90,9 @@ class MapStage final : public Stage, public OrderedReads {
       if (k >= size_)
         throw Error("data stage '" + name_ + "': element " + std::to_string(k) + " asked for, but the epoch has " +
                     std::to_string(size_));
+    if (ops_.size() == 1)
+      if (const auto f = ops_[0]->pure_scale())
+        if (auto* s = dynamic_cast<ScaledFill*>(up_.get()); s && s->fill_scaled(ks, x, y, *f)) return;
     up_->fill(ks, x, y);
     const auto xn = static_cast<size_t>(in_x_.numel()), yn = static_cast<size_t>(in_y_.numel());
     for (size_t r = 0; r < ks.size(); ++r)
@@ -97,6 +100,11 @@ class MapStage final : public Stage, public OrderedReads {
         CounterRng rng(hash_key(seed_, epoch_, ks[r], i));
         ops_[i]->apply_row(x + r * xn, y + r * yn, rng);
       }
+  }
+
+  // Rows this map's fill() will be asked for are the upstream's same rows.
+  void will_read(std::span<const uint64_t> ks) override {
+    if (indexed_ && in_place_) hint_reads(*up_, ks);
   }
 
   // Whether next() reads ahead on worker threads (the batch stage then reads through next(), not fill()). Ops that

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kiln/data.hpp"
@@ -25,5 +26,29 @@ class OrderedReads {
 };
 
 inline OrderedReads* ordered_reads(Stage& s) { return dynamic_cast<OrderedReads*>(&s); }
+
+// A hint that fill() will soon be asked for examples ks of the epoch: the batch stage gives the next batch's rows
+// right after filling one, so a decoded source starts bringing their bytes into the cache while the trainer's step
+// runs (a shuffled epoch reads them from anywhere in a set larger than the cache), and stages that map positions
+// (a shuffle, an in-place map) pass it on. It never changes what is read. Stages of this plugin only.
+class ReadHints {
+ public:
+  virtual ~ReadHints() = default;
+  virtual void will_read(std::span<const uint64_t> ks) = 0;
+};
+
+inline void hint_reads(Stage& s, std::span<const uint64_t> ks) {
+  if (auto* h = dynamic_cast<ReadHints*>(&s)) h->will_read(ks);
+}
+
+// fill() with every x value multiplied by `factor` (rounded once, as the scale op's x * factor): a map whose only op
+// is a scale asks its upstream for this, so a source that converts bytes scales them in the same pass instead of the
+// map making a second pass over the batch. False (nothing written) where the upstream cannot; the map then fills and
+// scales as usual. Stages of this plugin only.
+class ScaledFill {
+ public:
+  virtual ~ScaledFill() = default;
+  virtual bool fill_scaled(std::span<const uint64_t> ks, float* x, float* y, float factor) = 0;
+};
 
 }  // namespace kiln::data

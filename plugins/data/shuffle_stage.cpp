@@ -19,7 +19,7 @@
 namespace kiln::data {
 namespace {
 
-class ShuffleStage final : public Stage, public OrderedReads {
+class ShuffleStage final : public Stage, public OrderedReads, public ReadHints {
  public:
   ShuffleStage(std::unique_ptr<Stage> up, size_t buffer, uint64_t seed)
       : up_(std::move(up)), cap_(buffer), seed_(seed) {}
@@ -66,6 +66,14 @@ class ShuffleStage final : public Stage, public OrderedReads {
     std::vector<uint64_t> up(ks.size());
     for (size_t i = 0; i < ks.size(); ++i) up[i] = upstream_index(ks[i]);
     up_->fill(up, x, y);
+  }
+
+  void will_read(std::span<const uint64_t> ks) override {
+    if (!indexed_) return;
+    hint_.clear();
+    for (uint64_t k : ks)
+      if (k < order_->size()) hint_.push_back((*order_)[k]);
+    hint_reads(*up_, hint_);
   }
 
   StageState save() const override {
@@ -205,6 +213,7 @@ class ShuffleStage final : public Stage, public OrderedReads {
   Positions reads_;        // read_in_order's positions composed with order_; null: the whole order
   uint64_t read_at_ = 0;
   std::vector<Element> buf_;
+  std::vector<uint64_t> hint_;  // will_read's positions in the upstream
   StageStats stats_;
 };
 

@@ -87,6 +87,39 @@ TEST_CASE("a batch over a decoded idx source and in-place maps fills its rows wi
   }
 }
 
+// The Fashion-MNIST samples' pipeline with the scale right after the source (no counting stage between them): the
+// decoded source converts and scales each row in one pass (the map asks it to). The batches must be bit for bit the
+// streaming pipeline's, where the scale map multiplies each converted example by the factor.
+TEST_CASE("a scale right after a decoded idx source scales in the source's pass, bit for bit", "[data][fill]") {
+  const std::filesystem::path dir = test::temp_dir("fill-scaled");
+  const std::string src = write_idx(dir, 203, 4, 5);
+  for (const std::string& factor : {std::string("0.00392156862745098"), std::string("-3.7")}) {
+    CAPTURE(factor);
+    const std::string scale = "{type = \"scale\", factor = " + factor + "}";
+    Built got = pipeline(src, "{type = \"shuffle\", buffer = 64}, {type = \"batch\"}", false, uint64_t{1} << 30, scale);
+    Built want =
+        pipeline(src, scale + ", {type = \"shuffle\", buffer = 64}, {type = \"batch\"}", true, uint64_t{1} << 30);
+    for (uint64_t e : {0u, 1u}) {
+      CAPTURE(e);
+      auto g = epoch(*got.stage, e), w = epoch(*want.stage, e);
+      REQUIRE(w.size() == 26);
+      CHECK(same(g, w));
+      CHECK(got.counting->fill_calls == 26 * (e + 1));  // the rows were filled, not read example by example
+    }
+    // Resumed mid-epoch, the rest of the epoch is the same too.
+    got.stage->reset(1);
+    (void)got.stage->next();
+    const StageState st = got.stage->save();
+    Built again =
+        pipeline(src, "{type = \"shuffle\", buffer = 64}, {type = \"batch\"}", false, uint64_t{1} << 30, scale);
+    again.stage->restore(st);
+    std::vector<Element> rest, want_rest = epoch(*want.stage, 1);
+    while (auto b = again.stage->next()) rest.push_back(std::move(*b));
+    REQUIRE(rest.size() == 25);
+    CHECK(same(rest, std::vector<Element>(want_rest.begin() + 1, want_rest.end())));
+  }
+}
+
 TEST_CASE("fill of every stage writes exactly what at() gives, row by row", "[data][fill]") {
   const std::filesystem::path dir = test::temp_dir("fill-rows");
   const std::string src = write_idx(dir, 50, 4, 5);
