@@ -24,8 +24,7 @@ struct ConvEpilogue {
 // unfused BiasAdd, ActivationForward (NaN passes through) and MaxPoolForward.
 void conv_epilogue(const ConvAttrs& a, const ConvEpilogue& ep, bool add_bias, float* y, int64_t n0, int64_t n1);
 // The same for a bf16 layer (y, relu_out, pool_out bf16; bias float32): the unfused bf16 ops' arithmetic (y + bias
-// rounded to bf16 once, as BiasAdd on bf16 storage; the ReLU and the max pool are exact on bf16 values). Where
-// oneDNN's output comes in 16-channel blocks, conv_dnnl.cpp has oneDNN add the bias before its one rounding instead.
+// rounded to bf16 once, as BiasAdd on bf16 storage; the ReLU and the max pool are exact on bf16 values).
 struct ConvEpilogueBf16 {
   const float* bias = nullptr;
   uint16_t* relu_out = nullptr;

@@ -25,9 +25,9 @@
 // kernels (vdpbf16ps, float32 accumulation) where the CPU has AVX512_BF16. Backward filter always has its
 // primitives write float32 partials, summed in group order and rounded to a bf16 dw once. No Winograd (oneDNN's is
 // float32 only); pointwise convolutions and single-channel inputs go to oneDNN too, since the alternative would be
-// the float32 im2col path behind conversions of every buffer. A fused bf16 conv + bias + ReLU (+ max pool) has
-// oneDNN add the bias to the float32 sums (y rounded once) and brings each image back from the blocks with the ReLU
-// applied, then pools it while it is in cache; the backward pair and the pool's prologue run as in float32.
+// the float32 im2col path behind conversions of every buffer. A fused bf16 conv + bias + ReLU (+ max pool) brings
+// each image back from the blocks with the bias and the ReLU applied as the ops apply them (the same bits), then pools
+// it while it is in cache; the backward pair and the pool's prologue run as in float32.
 //
 // KILN_CPU_DNNL=0 turns it off (the im2col + OpenBLAS path, to measure it or rule it out).
 #include "conv_dnnl.hpp"
@@ -84,18 +84,56 @@ enum class Fast : uint8_t { none, to_blocked16, from_blocked16 };
 
 #ifdef KILN_CONV_AVX2_REORDER
 
-// A 16 x 16 block of 16-bit values: row i of dst is column i of src (strides in elements).
-// With Relu, each value stored is ActivationForward's ReLU of it on the bf16 bits (v < 0 ? +0 : v): a number below
-// zero (as int16: -32767 to -128, sign set, magnitude neither 0 nor NaN) becomes +0; -0 and NaN pass.
-template <bool Relu>
+// A 16 x 16 block of 16-bit values: row i of dst is column i of src (strides in elements). With Bias, row i of dst
+// holds bf16 values and gets bias[i] added as BiasAdd on bf16 storage adds it (in float32, rounded to bf16 once:
+// kiln/half.hpp's float_to_bf16, NaN kept quiet); with Relu, ActivationForward's ReLU follows on the bf16 bits
+// (v < 0 ? +0 : v): a number below zero (as int16: -32767 to -128, sign set, magnitude neither 0 nor NaN) becomes
+// +0; -0 and NaN pass. So a fused conv + bias + ReLU stores the unfused ops' bits.
 __attribute__((target("avx2"))) __m256i relu_bits(__m256i v) {
-  if (!Relu) return v;
   const __m256i neg = _mm256_and_si256(_mm256_cmpgt_epi16(v, _mm256_set1_epi16(-32768)),
                                        _mm256_cmpgt_epi16(_mm256_set1_epi16(-127), v));
   return _mm256_andnot_si256(neg, v);
 }
-template <bool Relu>
-__attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds) {
+__attribute__((target("avx2"))) __m256i round_to_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x), h = _mm256_srli_epi32(u, 16);
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(h, _mm256_set1_epi32(1))), 16);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(h, _mm256_set1_epi32(0x40)), nan);
+}
+// Where the CPU has AVX512_BF16 (Cvt), vcvtneps2bf16 rounds 8 floats in one instruction, to the same bits but for
+// subnormal inputs, which it flushes: a vector holding one takes round_to_bf16. Inline asm, so the file stays an AVX2
+// build.
+bool has_bf16_cvt() {
+  static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+  return on;
+}
+template <bool Cvt>
+__attribute__((target("avx2"))) __m128i round8_to_bf16(__m256 x) {
+  if constexpr (Cvt) {
+    // No lane subnormal: with a = |x|'s bits, a lane is subnormal where a - 0x800000 < 0 <= a - 1.
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+    if (_mm256_testc_ps(_mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(1))),
+                        _mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(0x800000))))) {
+      __m128i r;
+      asm("vcvtneps2bf16y %1, %0" : "=x"(r) : "x"(x));
+      return r;
+    }
+  }
+  const __m256i r = round_to_bf16(x);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+template <bool Cvt>
+__attribute__((target("avx2"))) __m256i add_bias_bf16(__m256i v, float b) {
+  const __m256 bb = _mm256_set1_ps(b);
+  const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+  const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+  return _mm256_set_m128i(round8_to_bf16<Cvt>(_mm256_add_ps(hi, bb)), round8_to_bf16<Cvt>(_mm256_add_ps(lo, bb)));
+}
+template <bool Bias, bool Relu, bool Cvt = false>
+__attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
+                                                        const float* bias = nullptr) {
   __m256i r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ss));
   // Within each 128-bit lane: an 8 x 8 transpose of rows 0-7 and of rows 8-15 (the low lane holds columns 0-7,
@@ -119,11 +157,14 @@ __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int
       r[h + 2 * c + 1] = _mm256_unpackhi_epi64(u[c], u[4 + c]);  // column 2c+1
     }
   }
+  auto out = [&](__m256i v, int row) {
+    if constexpr (Bias) v = add_bias_bf16<Cvt>(v, bias[row]);
+    if constexpr (Relu) v = relu_bits(v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + row * ds), v);
+  };
   for (int c = 0; c < 8; ++c) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c * ds),
-                        relu_bits<Relu>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (c + 8) * ds),
-                        relu_bits<Relu>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31)));
+    out(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), c);
+    out(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), c + 8);
   }
 }
 bool has_avx2() {
@@ -138,36 +179,48 @@ struct Dims16 {
 };
 
 // Plain NCHW to 16-channel blocks, or back: both layouts put channel block b of image i at the same offset
-// ((i * c + 16 b) * hw), so each block is one transpose of 16 rows. With relu (from_blocked16 only), the ReLU of
-// each value is stored (relu_bits).
+// ((i * c + 16 b) * hw), so each block is one transpose of 16 rows. Coming back (from_blocked16) into a bf16 layer's
+// y, the bias (one float32 per channel, or null) and the ReLU may be applied on the way, as transpose16x16_u16 says.
 uint16_t relu_bf16_bits(uint16_t h) {
   const uint16_t mag = h & 0x7fffu;
   return (h & 0x8000u) && mag != 0 && mag <= 0x7f80u ? uint16_t{0} : h;
 }
-void blocked16(Fast dir, const Dims16& d, const uint16_t* from, uint16_t* to, bool relu = false) {
-  const int64_t hw = d.hw;
-  for (int64_t blk = 0; blk < d.n * d.c / 16; ++blk) {
+void blocked16(Fast dir, const Dims16& d, const uint16_t* from, uint16_t* to, const float* bias = nullptr,
+               bool relu = false) {
+  const int64_t hw = d.hw, blocks = d.c / 16;
+  for (int64_t blk = 0; blk < d.n * blocks; ++blk) {
     const uint16_t* s = from + blk * 16 * hw;
     uint16_t* t = to + blk * 16 * hw;
+    const float* b = bias ? bias + 16 * (blk % blocks) : nullptr;
     int64_t p = 0;
 #ifdef KILN_CONV_AVX2_REORDER
     if (has_avx2()) {
+      const bool cvt = b && has_bf16_cvt();
       for (; p + 16 <= hw; p += 16) {
         if (dir == Fast::to_blocked16)
-          transpose16x16_u16<false>(s + p, hw, t + p * 16, 16);
+          transpose16x16_u16<false, false>(s + p, hw, t + p * 16, 16);
+        else if (b && relu)
+          cvt ? transpose16x16_u16<true, true, true>(s + p * 16, 16, t + p, hw, b)
+              : transpose16x16_u16<true, true>(s + p * 16, 16, t + p, hw, b);
+        else if (b)
+          cvt ? transpose16x16_u16<true, false, true>(s + p * 16, 16, t + p, hw, b)
+              : transpose16x16_u16<true, false>(s + p * 16, 16, t + p, hw, b);
         else if (relu)
-          transpose16x16_u16<true>(s + p * 16, 16, t + p, hw);
+          transpose16x16_u16<false, true>(s + p * 16, 16, t + p, hw);
         else
-          transpose16x16_u16<false>(s + p * 16, 16, t + p, hw);
+          transpose16x16_u16<false, false>(s + p * 16, 16, t + p, hw);
       }
     }
 #endif
     for (; p < hw; ++p)
       for (int64_t j = 0; j < 16; ++j) {
-        if (dir == Fast::to_blocked16)
+        if (dir == Fast::to_blocked16) {
           t[p * 16 + j] = s[j * hw + p];
-        else
-          t[j * hw + p] = relu ? relu_bf16_bits(s[p * 16 + j]) : s[p * 16 + j];
+          continue;
+        }
+        uint16_t v = s[p * 16 + j];
+        if (b) v = float_to_bf16(bf16_to_float(v) + b[j]);
+        t[j * hw + p] = relu ? relu_bf16_bits(v) : v;
       }
   }
 }
@@ -568,13 +621,12 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, c
       memory out_chosen = chosen_out(q, user_out, bufs[2]);
       args.emplace(q.args[2], out_chosen);
       if (bias_done)
-        args.emplace(DNNL_ARG_BIAS,
-                     memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep ? ep->bias : ep16->bias)));
+        args.emplace(DNNL_ARG_BIAS, memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep->bias)));
       if (q.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(q.scratch_md, eng, bufs[3]));
       q.prim.execute(s, args);
-      if (bias_done && ep16) {
-        // bf16 with the bias added by oneDNN: each image back from the slice's blocks (q.fast[2], checked by
-        // dnnl_conv_typed) into y, with the ReLU on the way where it writes y in place, then the pool.
+      if (ep16 && q.fast[2] == Fast::from_blocked16) {
+        // A bf16 layer's fused forward: each image back from the slice's blocks into y with the bias and (where it
+        // writes y in place) the ReLU on the way, then the pool, while the image is in cache.
         s.wait();
         const uint16_t* blocked = reinterpret_cast<const uint16_t*>(bufs[2]);
         auto* y = static_cast<uint16_t*>(out);
@@ -582,7 +634,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, c
         for (int64_t i = 0; i < n; ++i) {
           const int64_t img = b + i;
           blocked16(Fast::from_blocked16, Dims16{1, a.k, a.oh * a.ow}, blocked + i * out_img, y + img * out_img,
-                    relu_in_place);
+                    ep16->bias, relu_in_place);
           if (ep16->relu_out && !relu_in_place)
             conv_epilogue_bf16(a, ConvEpilogueBf16{nullptr, ep16->relu_out, nullptr, nullptr}, y, img, img + 1);
           if (ep16->relu_out && ep16->pool && ep16->pool_out)
@@ -752,16 +804,6 @@ bool dnnl_conv_typed(OpKind kind, const ConvAttrs& a, const std::array<DType, 3>
   if (!p || ws_floats < workspace_floats(*p, pool.size())) return false;
   if (kind != OpKind::Conv2dForward || types[2] != DType::bf16) ep = nullptr;
   if (kind == OpKind::Conv2dForward) pro = nullptr;
-  if (ep && ep->bias) {
-    // The primitives with the bias (added to the float32 sums, rounded to bf16 once), where every slice's output
-    // comes back by blocked16 and they fit the workspace the op was given (sized without them).
-    const auto q = plan_for(kind, a, pool.size(), false, Post{true}, Types{types});
-    if (q && q->big->fast[2] == Fast::from_blocked16 && q->small->fast[2] == Fast::from_blocked16 &&
-        workspace_floats(*q, pool.size()) <= ws_floats) {
-      run_plan(kind, a, *q, in0, in1, out, ws, pool, nullptr, true, nullptr, ep);
-      return true;
-    }
-  }
   run_plan(kind, a, *p, in0, in1, out, ws, pool, nullptr, false, pro, ep);
   return true;
 }

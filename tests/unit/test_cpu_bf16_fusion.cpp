@@ -1,7 +1,6 @@
 // The cpu backend's fused runs on bf16 storage (fusion.cpp's 16-bit entry points, conv_dnnl.cpp's typed paths):
-// - forward: a bf16 layer's conv + bias + ReLU (+ 2x2 max pool) in one call, oneDNN adding the bias to its float32
-//   sums (one rounding to bf16 where the unfused ops round twice) and each image coming back from oneDNN's 16-channel
-//   blocks with the ReLU applied on the way;
+// - forward: a bf16 layer's conv + bias + ReLU (+ 2x2 max pool) in one call, each image coming back from oneDNN's
+//   16-channel blocks with the bias and the ReLU applied on the way;
 // - backward: the max pool's backward (with the ReLU's gradient and the bias gradient) as the prologue of each slice
 //   of the backward convolution after it, and backward data and filter of one convolution in one pass: bit for bit
 //   the ops run one by one.
@@ -52,8 +51,7 @@ BufferView with_workspace(Device& d, OpCall& c, Block*& block) {
 
 }  // namespace
 
-TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, within one bf16 rounding of the ops one by one",
-          "[cpu][fusion][bf16]") {
+TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, bit for bit the ops one by one", "[cpu][fusion][bf16]") {
 #ifndef KILN_CPU_HAS_DNNL
   KILN_SKIP("the cpu plugin was built without oneDNN (KILN_WITH_DNNL, libdnnl-dev): no bf16 convolution to fuse");
 #else
@@ -97,19 +95,12 @@ TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, within one bf16 round
         CHECK(fused_runner(d).run_fused(calls) == 4);
         const Vec fy = read16(d, y), fr = read16(d, r), fp = read16(d, p);
 
-        // y: the unfused ops round the convolution's sum to bf16 and then y + bias again; the fused one rounds the sum
-        // plus the bias once. They differ by at most those roundings: 2^-8 of the sum, which is at most |y| plus the
-        // largest bias, and half a bf16 step of y. A wrong channel, image or pixel (a layout mix-up) is off by the
-        // values' own size.
-        double scale = 0;
-        for (float v : uy) scale = std::max(scale, std::abs(double(v)));
-        size_t bad = 0, differ = 0;
-        for (size_t i = 0; i < uy.size(); ++i) {
-          const double bound = std::ldexp(1.0, -7) * std::abs(double(uy[i])) + std::ldexp(1.0, -8) * (0.5 + scale);
-          if (!(std::abs(double(fy[i]) - double(uy[i])) <= bound)) ++bad;
-          if (fy[i] != uy[i]) ++differ;
-        }
-        INFO(bad << " of " << uy.size() << " outside the bound, " << differ << " differ at all");
+        // y: the bias added and rounded, and the ReLU applied, as the unfused ops do: bit for bit. A wrong channel,
+        // image or pixel (a layout mix-up) or a bias added before the convolution's sum is rounded changes bits.
+        size_t bad = 0;
+        for (size_t i = 0; i < uy.size(); ++i)
+          if (std::memcmp(&fy[i], &uy[i], sizeof(float)) != 0) ++bad;
+        INFO(bad << " of " << uy.size() << " differ");
         CHECK(bad == 0);
         // In place, y is the ReLU's output; apart, y keeps the negatives and the ReLU's output is exactly ReLU(y).
         const auto negatives = std::count_if(fy.begin(), fy.end(), [](float v) { return v < 0.f; });
@@ -134,7 +125,8 @@ TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, within one bf16 round
               if (fp[static_cast<size_t>((pl * pa.oh + oy) * pa.ow + ox)] != m) ++bad;
             }
         CHECK(bad == 0);
-        CHECK(max_rel_diff(fp, up) < 0.02);
+        CHECK(fp == up);
+        CHECK(fr == ur);
         if (wb) d.free_block(wb);
       }
 #endif
