@@ -4,6 +4,7 @@
 #include "bias.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "bf16_io.hpp"
 #include "cpu_kernel.hpp"
@@ -16,10 +17,32 @@
 namespace kiln::cpu {
 namespace {
 
+// A dense layer's bias on bf16 activations (float32 bias), converting in registers (bf16_io.hpp's load8 and
+// store8_as) instead of staging tiles: x + b in float32, rounded once, the staged path's bits.
+template <bool kCvt>
+void bias_add_rows_bf16(const bf16* x, const float* b, bf16* y, int64_t ob, int64_t oe, int64_t C) {
+  for (int64_t o = ob; o < oe; ++o) {
+    const bf16* xr = x + o * C;
+    bf16* yr = y + o * C;
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) store8_as<kCvt>(yr + c, load8(xr + c) + load8(b + c));
+    if (c < C) store8_n(yr + c, load8_n(xr + c, C - c) + load8_n(b + c, C - c), C - c);
+  }
+}
+
 template <class X, class B, class Y>
 void bias_add(const BiasAttrs& a, const X* x, const B* b, Y* y, ThreadPool& pool) {
   const int64_t C = a.channels, I = a.inner;
   const int64_t t = parts_for(a.outer * C * I, pool);
+  if constexpr (std::is_same_v<X, bf16> && std::is_same_v<B, float> && std::is_same_v<Y, bf16>) {
+    if (I == 1) {
+      with_bf16_cvt([&](auto cvt) {
+        parallel_ranges(pool, a.outer, t,
+                        [&](int64_t ob, int64_t oe) { bias_add_rows_bf16<decltype(cvt)::value>(x, b, y, ob, oe, C); });
+      });
+      return;
+    }
+  }
   if (I == 1) {  // dense: (outer, channels)
     parallel_ranges(pool, a.outer, t, [&](int64_t ob, int64_t oe) {
       alignas(64) float bx[kTile], bb[kTile], by[kTile];
@@ -64,10 +87,22 @@ void bias_grad(const BiasAttrs& a, const D* dy, B* db, ThreadPool& pool) {
       for (int64_t bl = bb; bl < be; ++bl) {
         const int64_t c0 = bl * kBlock, c1 = std::min(C, c0 + kBlock);
         float acc[kBlock] = {};
-        for (int64_t o = 0; o < O; ++o) {
-          const float* row = f32_in(dy + o * C + c0, c1 - c0, row_buf);
+        if constexpr (std::is_same_v<D, bf16>) {
+          // Each column's rows added in order, as below, with the bf16 rows widened in registers.
+          v8f va[kBlock / 8] = {};
+          const int64_t w = c1 - c0, full = w / 8 * 8;
+          for (int64_t o = 0; o < O; ++o) {
+            const bf16* row = dy + o * C + c0;
+            for (int64_t k = 0; k < full; k += 8) va[k / 8] += load8(row + k);
+            if (full < w) va[full / 8] += load8_n(row + full, w - full);
+          }
+          for (int64_t k = 0; k < w; ++k) acc[k] = va[k / 8][k % 8];
+        } else {
+          for (int64_t o = 0; o < O; ++o) {
+            const float* row = f32_in(dy + o * C + c0, c1 - c0, row_buf);
 #pragma omp simd
-          for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += row[c];
+            for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += row[c];
+          }
         }
         for (int64_t c = c0; c < c1; ++c) db[c] = from_f32<B>(acc[c - c0]);
       }
