@@ -131,6 +131,14 @@ __attribute__((target("avx2"))) __m256i add_bias_bf16(__m256i v, float b) {
   const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
   return _mm256_set_m128i(round8_to_bf16<Cvt>(_mm256_add_ps(hi, bb)), round8_to_bf16<Cvt>(_mm256_add_ps(lo, bb)));
 }
+// Row `row` of a transposed block, with the bias and the ReLU as transpose16x16_u16 says. (A function rather than a
+// lambda: a lambda does not take its enclosing function's target attribute, and the portable build has no AVX2.)
+template <bool Bias, bool Relu, bool Cvt>
+__attribute__((target("avx2"))) void store_row(__m256i v, uint16_t* dst, const float* bias, int row) {
+  if constexpr (Bias) v = add_bias_bf16<Cvt>(v, bias[row]);
+  if constexpr (Relu) v = relu_bits(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+}
 template <bool Bias, bool Relu, bool Cvt = false>
 __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
                                                         const float* bias = nullptr) {
@@ -157,14 +165,9 @@ __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int
       r[h + 2 * c + 1] = _mm256_unpackhi_epi64(u[c], u[4 + c]);  // column 2c+1
     }
   }
-  auto out = [&](__m256i v, int row) {
-    if constexpr (Bias) v = add_bias_bf16<Cvt>(v, bias[row]);
-    if constexpr (Relu) v = relu_bits(v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + row * ds), v);
-  };
   for (int c = 0; c < 8; ++c) {
-    out(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), c);
-    out(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), c + 8);
+    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), dst + c * ds, bias, c);
+    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), dst + (c + 8) * ds, bias, c + 8);
   }
 }
 bool has_avx2() {
