@@ -47,14 +47,10 @@
 #include <string>
 #include <unordered_map>
 
+#include "blocked16.hpp"
 #include "kiln/half.hpp"
 #include "one_omp_thread.hpp"
 #include "pool.hpp"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define KILN_CONV_AVX2_REORDER 1
-#endif
 
 namespace kiln::cpu {
 namespace {
@@ -76,158 +72,6 @@ dnnl::engine& engine() {
 
 size_t round_floats(size_t bytes) { return (bytes + 63) / 64 * 16; }  // floats, 64-byte multiples
 
-// oneDNN 2.6 reorders bf16 between plain NCHW and its 16-channel blocks (aBcd16b) with its generic jit:uni kernel:
-// on the CNN sample at batch 256 those reorders took about 10 of a bf16 step's 25 ms over its 2 threads, more than
-// the float32 step's (jit:blk). Both directions are 16 x 16 transposes of 16-bit values, done here instead: the
-// bytes are only moved, so the result is oneDNN's bit for bit.
-enum class Fast : uint8_t { none, to_blocked16, from_blocked16 };
-
-#ifdef KILN_CONV_AVX2_REORDER
-
-// A 16 x 16 block of 16-bit values: row i of dst is column i of src (strides in elements). With Bias, row i of dst
-// holds bf16 values and gets bias[i] added as BiasAdd on bf16 storage adds it (in float32, rounded to bf16 once:
-// kiln/half.hpp's float_to_bf16, NaN kept quiet); with Relu, ActivationForward's ReLU follows on the bf16 bits
-// (v < 0 ? +0 : v): a number below zero (as int16: -32767 to -128, sign set, magnitude neither 0 nor NaN) becomes
-// +0; -0 and NaN pass. So a fused conv + bias + ReLU stores the unfused ops' bits.
-__attribute__((target("avx2"))) __m256i relu_bits(__m256i v) {
-  const __m256i neg = _mm256_and_si256(_mm256_cmpgt_epi16(v, _mm256_set1_epi16(-32768)),
-                                       _mm256_cmpgt_epi16(_mm256_set1_epi16(-127), v));
-  return _mm256_andnot_si256(neg, v);
-}
-__attribute__((target("avx2"))) __m256i round_to_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x), h = _mm256_srli_epi32(u, 16);
-  const __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(h, _mm256_set1_epi32(1))), 16);
-  const __m256i nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(r, _mm256_or_si256(h, _mm256_set1_epi32(0x40)), nan);
-}
-// Where the CPU has AVX512_BF16 (Cvt), vcvtneps2bf16 rounds 8 floats in one instruction, to the same bits but for
-// subnormal inputs, which it flushes: a vector holding one takes round_to_bf16. Inline asm, so the file stays an AVX2
-// build.
-bool has_bf16_cvt() {
-  static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
-  return on;
-}
-template <bool Cvt>
-__attribute__((target("avx2"))) __m128i round8_to_bf16(__m256 x) {
-  if constexpr (Cvt) {
-    // No lane subnormal: with a = |x|'s bits, a lane is subnormal where a - 0x800000 < 0 <= a - 1.
-    const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
-    if (_mm256_testc_ps(_mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(1))),
-                        _mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(0x800000))))) {
-      __m128i r;
-      asm("vcvtneps2bf16y %1, %0" : "=x"(r) : "x"(x));
-      return r;
-    }
-  }
-  const __m256i r = round_to_bf16(x);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-template <bool Cvt>
-__attribute__((target("avx2"))) __m256i add_bias_bf16(__m256i v, float b) {
-  const __m256 bb = _mm256_set1_ps(b);
-  const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
-  const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
-  return _mm256_set_m128i(round8_to_bf16<Cvt>(_mm256_add_ps(hi, bb)), round8_to_bf16<Cvt>(_mm256_add_ps(lo, bb)));
-}
-// Row `row` of a transposed block, with the bias and the ReLU as transpose16x16_u16 says. (A function rather than a
-// lambda: a lambda does not take its enclosing function's target attribute, and the portable build has no AVX2.)
-template <bool Bias, bool Relu, bool Cvt>
-__attribute__((target("avx2"))) void store_row(__m256i v, uint16_t* dst, const float* bias, int row) {
-  if constexpr (Bias) v = add_bias_bf16<Cvt>(v, bias[row]);
-  if constexpr (Relu) v = relu_bits(v);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
-}
-template <bool Bias, bool Relu, bool Cvt = false>
-__attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
-                                                        const float* bias = nullptr) {
-  __m256i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ss));
-  // Within each 128-bit lane: an 8 x 8 transpose of rows 0-7 and of rows 8-15 (the low lane holds columns 0-7,
-  // the high lane columns 8-15).
-  for (int h = 0; h < 16; h += 8) {
-    for (int i = 0; i < 4; ++i) {
-      t[h + 2 * i] = _mm256_unpacklo_epi16(r[h + 2 * i], r[h + 2 * i + 1]);
-      t[h + 2 * i + 1] = _mm256_unpackhi_epi16(r[h + 2 * i], r[h + 2 * i + 1]);
-    }
-    // t[h+0]: columns 0-3 of rows 0,1; t[h+1]: columns 4-7 of rows 0,1; t[h+2], t[h+3]: rows 2,3; ...
-    __m256i u[8];
-    for (int i = 0; i < 2; ++i) {
-      const int a = h + 4 * i;                                   // rows 4i .. 4i+3 of this half
-      u[4 * i + 0] = _mm256_unpacklo_epi32(t[a], t[a + 2]);      // columns 0,1
-      u[4 * i + 1] = _mm256_unpackhi_epi32(t[a], t[a + 2]);      // columns 2,3
-      u[4 * i + 2] = _mm256_unpacklo_epi32(t[a + 1], t[a + 3]);  // columns 4,5
-      u[4 * i + 3] = _mm256_unpackhi_epi32(t[a + 1], t[a + 3]);  // columns 6,7
-    }
-    for (int c = 0; c < 4; ++c) {
-      r[h + 2 * c] = _mm256_unpacklo_epi64(u[c], u[4 + c]);      // column 2c: 8 rows
-      r[h + 2 * c + 1] = _mm256_unpackhi_epi64(u[c], u[4 + c]);  // column 2c+1
-    }
-  }
-  for (int c = 0; c < 8; ++c) {
-    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), dst + c * ds, bias, c);
-    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), dst + (c + 8) * ds, bias, c + 8);
-  }
-}
-bool has_avx2() {
-  static const bool on = __builtin_cpu_supports("avx2");
-  return on;
-}
-#endif
-
-// The dims of a plain 4-d tensor: n, channels (a multiple of 16), and the pixels of one channel.
-struct Dims16 {
-  int64_t n = 0, c = 0, hw = 0;
-};
-
-// Plain NCHW to 16-channel blocks, or back: both layouts put channel block b of image i at the same offset
-// ((i * c + 16 b) * hw), so each block is one transpose of 16 rows. Coming back (from_blocked16) into a bf16 layer's
-// y, the bias (one float32 per channel, or null) and the ReLU may be applied on the way, as transpose16x16_u16 says.
-uint16_t relu_bf16_bits(uint16_t h) {
-  const uint16_t mag = h & 0x7fffu;
-  return (h & 0x8000u) && mag != 0 && mag <= 0x7f80u ? uint16_t{0} : h;
-}
-void blocked16(Fast dir, const Dims16& d, const uint16_t* from, uint16_t* to, const float* bias = nullptr,
-               bool relu = false) {
-  const int64_t hw = d.hw, blocks = d.c / 16;
-  for (int64_t blk = 0; blk < d.n * blocks; ++blk) {
-    const uint16_t* s = from + blk * 16 * hw;
-    uint16_t* t = to + blk * 16 * hw;
-    const float* b = bias ? bias + 16 * (blk % blocks) : nullptr;
-    int64_t p = 0;
-#ifdef KILN_CONV_AVX2_REORDER
-    if (has_avx2()) {
-      const bool cvt = b && has_bf16_cvt();
-      for (; p + 16 <= hw; p += 16) {
-        if (dir == Fast::to_blocked16)
-          transpose16x16_u16<false, false>(s + p, hw, t + p * 16, 16);
-        else if (b && relu)
-          cvt ? transpose16x16_u16<true, true, true>(s + p * 16, 16, t + p, hw, b)
-              : transpose16x16_u16<true, true>(s + p * 16, 16, t + p, hw, b);
-        else if (b)
-          cvt ? transpose16x16_u16<true, false, true>(s + p * 16, 16, t + p, hw, b)
-              : transpose16x16_u16<true, false>(s + p * 16, 16, t + p, hw, b);
-        else if (relu)
-          transpose16x16_u16<false, true>(s + p * 16, 16, t + p, hw);
-        else
-          transpose16x16_u16<false, false>(s + p * 16, 16, t + p, hw);
-      }
-    }
-#endif
-    for (; p < hw; ++p)
-      for (int64_t j = 0; j < 16; ++j) {
-        if (dir == Fast::to_blocked16) {
-          t[p * 16 + j] = s[j * hw + p];
-          continue;
-        }
-        uint16_t v = s[p * 16 + j];
-        if (b) v = float_to_bf16(bf16_to_float(v) + b[j]);
-        t[j * hw + p] = relu ? relu_bf16_bits(v) : v;
-      }
-  }
-}
-
 // The primitive for one op kind and one slice size, with the layouts it chose.
 struct Prim {
   dnnl::primitive prim;
@@ -238,7 +82,7 @@ struct Prim {
   dnnl::reorder to_chosen[2];  // for in0 and in1
   dnnl::reorder to_user;       // for out
   // in0, in1, out: reordered by blocked16 instead of oneDNN (bf16 plain <-> 16-channel blocks), with their dims.
-  Fast fast[3] = {Fast::none, Fast::none, Fast::none};
+  Reorder16 fast[3] = {Reorder16::none, Reorder16::none, Reorder16::none};
   Dims16 dims16[3];
   memory::desc scratch_md;
   size_t scratch_floats = 0;
@@ -350,7 +194,7 @@ std::unique_ptr<Prim> build(OpKind kind, const ConvAttrs& a, dnnl::algorithm alg
       if (p->reorder[i] && p->user[i].data_type() == Dt::bf16 && d.size() == 4 && d[1] % 16 == 0 &&
           p->user[i] == memory::desc(d, Dt::bf16, Tag::abcd) &&
           p->chosen[i] == memory::desc(d, Dt::bf16, Tag::aBcd16b)) {
-        p->fast[i] = i < 2 ? Fast::to_blocked16 : Fast::from_blocked16;
+        p->fast[i] = i < 2 ? Reorder16::to_blocked : Reorder16::from_blocked;
         p->dims16[i] = {d[0], d[1], d[2] * d[3]};
       }
     }
@@ -518,7 +362,7 @@ size_t workspace_floats(const Plan& p, int threads) {
 // itself.
 memory chosen_arg(const Prim& q, int i, void* user, float* buf, dnnl::stream& s) {
   memory m(q.chosen[i], engine(), q.reorder[i] ? buf : user);
-  if (q.fast[i] != Fast::none) {
+  if (q.fast[i] != Reorder16::none) {
     blocked16(q.fast[i], q.dims16[i], static_cast<const uint16_t*>(user), reinterpret_cast<uint16_t*>(buf));
   } else if (q.reorder[i]) {
     memory src(q.user[i], engine(), user);
@@ -531,7 +375,7 @@ memory chosen_out(const Prim& q, void* user, float* buf) {
   return memory(q.chosen[2], engine(), q.reorder[2] ? buf : user);
 }
 void out_to_user(const Prim& q, memory& chosen, void* user, dnnl::stream& s) {
-  if (q.fast[2] != Fast::none) {
+  if (q.fast[2] != Reorder16::none) {
     s.wait();  // the primitive's output is complete
     blocked16(q.fast[2], q.dims16[2], static_cast<const uint16_t*>(chosen.get_data_handle()),
               static_cast<uint16_t*>(user));
@@ -627,7 +471,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, c
         args.emplace(DNNL_ARG_BIAS, memory(memory::desc({a.k}, Dt::f32, Tag::x), eng, const_cast<float*>(ep->bias)));
       if (q.scratch_floats) args.emplace(DNNL_ARG_SCRATCHPAD, memory(q.scratch_md, eng, bufs[3]));
       q.prim.execute(s, args);
-      if (ep16 && q.fast[2] == Fast::from_blocked16) {
+      if (ep16 && q.fast[2] == Reorder16::from_blocked) {
         // A bf16 layer's fused forward: each image back from the slice's blocks into y with the bias and (where it
         // writes y in place) the ReLU on the way, then the pool, while the image is in cache.
         s.wait();
@@ -636,7 +480,7 @@ void run_plan(OpKind kind, const ConvAttrs& a, const Plan& p, const void* in0, c
         const bool relu_in_place = ep16->relu_out == y;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t img = b + i;
-          blocked16(Fast::from_blocked16, Dims16{1, a.k, a.oh * a.ow}, blocked + i * out_img, y + img * out_img,
+          blocked16(Reorder16::from_blocked, Dims16{1, a.k, a.oh * a.ow}, blocked + i * out_img, y + img * out_img,
                     ep16->bias, relu_in_place);
           if (ep16->relu_out && !relu_in_place)
             conv_epilogue_bf16(a, ConvEpilogueBf16{nullptr, ep16->relu_out, nullptr, nullptr}, y, img, img + 1);

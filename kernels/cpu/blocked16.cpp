@@ -1,0 +1,153 @@
+// The bf16 layout transposes of conv_dnnl.cpp (blocked16.hpp).
+#include "blocked16.hpp"
+
+#include "kiln/half.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KILN_CONV_AVX2_REORDER 1
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+#ifdef KILN_CONV_AVX2_REORDER
+
+// A 16 x 16 block of 16-bit values: row i of dst is column i of src (strides in elements). With Bias, row i of dst
+// holds bf16 values and gets bias[i] added as BiasAdd on bf16 storage adds it (in float32, rounded to bf16 once:
+// kiln/half.hpp's float_to_bf16, NaN kept quiet); with Relu, ActivationForward's ReLU follows on the bf16 bits
+// (v < 0 ? +0 : v): a number below zero (as int16: -32767 to -128, sign set, magnitude neither 0 nor NaN) becomes
+// +0; -0 and NaN pass. So a fused conv + bias + ReLU stores the unfused ops' bits.
+__attribute__((target("avx2"))) __m256i relu_bits(__m256i v) {
+  const __m256i neg = _mm256_and_si256(_mm256_cmpgt_epi16(v, _mm256_set1_epi16(-32768)),
+                                       _mm256_cmpgt_epi16(_mm256_set1_epi16(-127), v));
+  return _mm256_andnot_si256(neg, v);
+}
+__attribute__((target("avx2"))) __m256i round_to_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x), h = _mm256_srli_epi32(u, 16);
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(h, _mm256_set1_epi32(1))), 16);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(h, _mm256_set1_epi32(0x40)), nan);
+}
+// Where the CPU has AVX512_BF16 (Cvt), vcvtneps2bf16 rounds 8 floats in one instruction, to the same bits but for
+// subnormal inputs, which it flushes: a vector holding one takes round_to_bf16. Inline asm, so the file stays an AVX2
+// build.
+bool has_bf16_cvt() {
+  static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+  return on;
+}
+template <bool Cvt>
+__attribute__((target("avx2"))) __m128i round8_to_bf16(__m256 x) {
+  if constexpr (Cvt) {
+    // No lane subnormal: with a = |x|'s bits, a lane is subnormal where a - 0x800000 < 0 <= a - 1.
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+    if (_mm256_testc_ps(_mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(1))),
+                        _mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(0x800000))))) {
+      __m128i r;
+      asm("vcvtneps2bf16y %1, %0" : "=x"(r) : "x"(x));
+      return r;
+    }
+  }
+  const __m256i r = round_to_bf16(x);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+template <bool Cvt>
+__attribute__((target("avx2"))) __m256i add_bias_bf16(__m256i v, float b) {
+  const __m256 bb = _mm256_set1_ps(b);
+  const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+  const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+  return _mm256_set_m128i(round8_to_bf16<Cvt>(_mm256_add_ps(hi, bb)), round8_to_bf16<Cvt>(_mm256_add_ps(lo, bb)));
+}
+// Row `row` of a transposed block, with the bias and the ReLU as transpose16x16_u16 says. (A function rather than a
+// lambda: a lambda does not take its enclosing function's target attribute, and the portable build has no AVX2.)
+template <bool Bias, bool Relu, bool Cvt>
+__attribute__((target("avx2"))) void store_row(__m256i v, uint16_t* dst, const float* bias, int row) {
+  if constexpr (Bias) v = add_bias_bf16<Cvt>(v, bias[row]);
+  if constexpr (Relu) v = relu_bits(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+}
+template <bool Bias, bool Relu, bool Cvt = false>
+__attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
+                                                        const float* bias = nullptr) {
+  __m256i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ss));
+  // Within each 128-bit lane: an 8 x 8 transpose of rows 0-7 and of rows 8-15 (the low lane holds columns 0-7,
+  // the high lane columns 8-15).
+  for (int h = 0; h < 16; h += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[h + 2 * i] = _mm256_unpacklo_epi16(r[h + 2 * i], r[h + 2 * i + 1]);
+      t[h + 2 * i + 1] = _mm256_unpackhi_epi16(r[h + 2 * i], r[h + 2 * i + 1]);
+    }
+    // t[h+0]: columns 0-3 of rows 0,1; t[h+1]: columns 4-7 of rows 0,1; t[h+2], t[h+3]: rows 2,3; ...
+    __m256i u[8];
+    for (int i = 0; i < 2; ++i) {
+      const int a = h + 4 * i;                                   // rows 4i .. 4i+3 of this half
+      u[4 * i + 0] = _mm256_unpacklo_epi32(t[a], t[a + 2]);      // columns 0,1
+      u[4 * i + 1] = _mm256_unpackhi_epi32(t[a], t[a + 2]);      // columns 2,3
+      u[4 * i + 2] = _mm256_unpacklo_epi32(t[a + 1], t[a + 3]);  // columns 4,5
+      u[4 * i + 3] = _mm256_unpackhi_epi32(t[a + 1], t[a + 3]);  // columns 6,7
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[h + 2 * c] = _mm256_unpacklo_epi64(u[c], u[4 + c]);      // column 2c: 8 rows
+      r[h + 2 * c + 1] = _mm256_unpackhi_epi64(u[c], u[4 + c]);  // column 2c+1
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), dst + c * ds, bias, c);
+    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), dst + (c + 8) * ds, bias, c + 8);
+  }
+}
+bool has_avx2() {
+  static const bool on = __builtin_cpu_supports("avx2");
+  return on;
+}
+#endif
+
+uint16_t relu_bf16_bits(uint16_t h) {
+  const uint16_t mag = h & 0x7fffu;
+  return (h & 0x8000u) && mag != 0 && mag <= 0x7f80u ? uint16_t{0} : h;
+}
+}  // namespace
+
+void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* to, const float* bias, bool relu) {
+  const int64_t hw = d.hw, blocks = d.c / 16;
+  for (int64_t blk = 0; blk < d.n * blocks; ++blk) {
+    const uint16_t* s = from + blk * 16 * hw;
+    uint16_t* t = to + blk * 16 * hw;
+    const float* b = bias ? bias + 16 * (blk % blocks) : nullptr;
+    int64_t p = 0;
+#ifdef KILN_CONV_AVX2_REORDER
+    if (has_avx2()) {
+      const bool cvt = b && has_bf16_cvt();
+      for (; p + 16 <= hw; p += 16) {
+        if (dir == Reorder16::to_blocked)
+          transpose16x16_u16<false, false>(s + p, hw, t + p * 16, 16);
+        else if (b && relu)
+          cvt ? transpose16x16_u16<true, true, true>(s + p * 16, 16, t + p, hw, b)
+              : transpose16x16_u16<true, true>(s + p * 16, 16, t + p, hw, b);
+        else if (b)
+          cvt ? transpose16x16_u16<true, false, true>(s + p * 16, 16, t + p, hw, b)
+              : transpose16x16_u16<true, false>(s + p * 16, 16, t + p, hw, b);
+        else if (relu)
+          transpose16x16_u16<false, true>(s + p * 16, 16, t + p, hw);
+        else
+          transpose16x16_u16<false, false>(s + p * 16, 16, t + p, hw);
+      }
+    }
+#endif
+    for (; p < hw; ++p)
+      for (int64_t j = 0; j < 16; ++j) {
+        if (dir == Reorder16::to_blocked) {
+          t[p * 16 + j] = s[j * hw + p];
+          continue;
+        }
+        uint16_t v = s[p * 16 + j];
+        if (b) v = float_to_bf16(bf16_to_float(v) + b[j]);
+        t[j * hw + p] = relu ? relu_bf16_bits(v) : v;
+      }
+  }
+}
+
+}  // namespace kiln::cpu
