@@ -225,6 +225,102 @@ bool relu_bn_run(std::span<const OpCall> c) {
          disjoint(dbeta, {&ry, &dz, &dy, &x});
 }
 
+// 16-bit runs: the bf16 entry points of float32's fusions (conv + bias + ReLU (+ max pool); batch norm + ReLU,
+// forward and backward; max-pool + ReLU backward (+ the conv's bias gradient (+ the backward convolution reading it,
+// or its backward pair)); a backward pair alone), bit for bit the bf16 ops; any other 16-bit run is not fused
+// (dispatch.cpp converts its calls).
+size_t run_fused_bf16(std::span<const OpCall> calls, ThreadPool& threads, std::vector<float>& plane_sums) {
+  const BufferView *y = nullptr, *relu_out = nullptr;
+  const OpCall* pool = nullptr;
+  auto b16 = [](const BufferView& v) { return static_cast<uint16_t*>(v.raw()); };
+  if (const size_t k = conv_run(calls, y, relu_out, pool)) {
+    const OpCall& c = calls[0];
+    if (c.in[0].dtype != DType::bf16 || c.in[1].dtype != DType::bf16 || y->dtype != DType::bf16 ||
+        (relu_out && relu_out->dtype != DType::bf16) || (pool && pool->out[0].dtype != DType::bf16) ||
+        calls[1].in[1].dtype != DType::f32)
+      return 0;
+    const ConvEpilogueBf16 ep{calls[1].in[1].host(), relu_out ? b16(*relu_out) : nullptr,
+                              pool ? &std::get<PoolAttrs>(pool->attrs) : nullptr, pool ? b16(pool->out[0]) : nullptr};
+    if (!dnnl_conv_typed(OpKind::Conv2dForward, std::get<ConvAttrs>(c.attrs), {DType::bf16, DType::bf16, DType::bf16},
+                         c.in[0].raw(), c.in[1].raw(), y->raw(), c.workspace.block ? c.workspace.host() : nullptr,
+                         c.workspace.block ? c.workspace.bytes / 4 : 0, threads, &ep))
+      return 0;
+    return k;
+  }
+  // Batch norm with the ReLU next to it, forward and backward: the bf16 activations (x, y, the ReLU's buffers)
+  // bf16, the statistics and parameters float32, as the unfused bf16 kernels take them.
+  auto bf16_at = [](const OpCall& c, std::initializer_list<size_t> ins, std::initializer_list<size_t> outs) {
+    for (size_t i : ins)
+      if (c.in[i].dtype != DType::bf16) return false;
+    for (size_t i : outs)
+      if (c.out[i].dtype != DType::bf16) return false;
+    return true;
+  };
+  if (bn_relu_run(calls) && bf16_at(calls[0], {0}, {0}) && bf16_at(calls[1], {0}, {0})) {
+    const OpCall& c = calls[0];
+    batch_norm_forward_bf16(std::get<BatchNormAttrs>(c.attrs), b16(c.in[0]), c.in[1].host(), c.in[2].host(),
+                            b16(c.out[0]), c.out[1].host(), c.out[2].host(), c.out[3].host(), c.out[4].host(), threads,
+                            b16(calls[1].out[0]));
+    return 2;
+  }
+  if (relu_bn_run(calls) && bf16_at(calls[0], {0, 1}, {0}) && bf16_at(calls[1], {0, 4}, {0})) {
+    const OpCall &r = calls[0], &c = calls[1];
+    batch_norm_backward_relu_bf16(std::get<BatchNormAttrs>(c.attrs), b16(c.in[0]), c.in[1].host(), c.in[2].host(),
+                                  c.in[3].host(), ReluInFrontT<uint16_t>{b16(r.in[0]), b16(r.in[1])}, b16(r.out[0]),
+                                  b16(c.out[0]), c.out[1].host(), c.out[2].host(), threads);
+    return 2;
+  }
+  // The backward runs of float32's (below): the pool's planes as each slice's prologue, the pair in one pass.
+  auto pool_prologue_of16 = [&](const OpCall& c) {
+    const auto& a = std::get<PoolAttrs>(c.attrs);
+    plane_sums.resize(static_cast<size_t>(a.n * a.c));
+    return PoolPrologueBf16{&a, b16(c.in[0]), b16(c.in[1]), b16(c.in[2]), b16(c.out[0]), plane_sums.data()};
+  };
+  auto pair16 = [&](const OpCall& d, const OpCall& f, const ConvPrologue* pro) {
+    return dnnl_conv_typed_backward_pair(std::get<ConvAttrs>(d.attrs), {f.in[0].dtype, f.in[1].dtype, f.out[0].dtype},
+                                         d.in[0].raw(), d.in[1].raw(), f.in[0].raw(), d.out[0].raw(), f.out[0].raw(),
+                                         f.workspace.host(), f.workspace.bytes / sizeof(float), threads, pro);
+  };
+  auto pool_fits = [&](const OpCall& c) {
+    return max_pool_bf16_workspace_bytes(std::get<PoolAttrs>(c.attrs), threads.size()) == 0;
+  };
+  if (pool_relu_bias_conv_pair_run(calls) && all_bf16(calls, 5) && pool_fits(calls[0])) {
+    const PoolPrologueBf16 pp = pool_prologue_of16(calls[0]);
+    const ConvPrologue pro{pool_prologue_bf16, &pp};
+    if (pair16(calls[3], calls[4], &pro)) {
+      bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums.data(), calls[2].out[0].host());
+      return 5;
+    }
+  }
+  if (conv_pair_run(calls, 0) && all_bf16(calls, 2) && pair16(calls[0], calls[1], nullptr)) return 2;
+  if (pool_relu_bias_conv_run(calls) && all_bf16(calls, 4) && pool_fits(calls[0])) {
+    const OpCall& v = calls[3];
+    const PoolPrologueBf16 pp = pool_prologue_of16(calls[0]);
+    const ConvPrologue pro{pool_prologue_bf16, &pp};
+    const std::array<DType, 3> types{v.in[0].dtype, v.in[1].dtype, v.out[0].dtype};
+    if (dnnl_conv_typed(v.kind, std::get<ConvAttrs>(v.attrs), types, v.in[0].raw(), v.in[1].raw(), v.out[0].raw(),
+                        v.workspace.block ? v.workspace.host() : nullptr,
+                        v.workspace.block ? v.workspace.bytes / sizeof(float) : 0, threads, nullptr, &pro)) {
+      bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums.data(), calls[2].out[0].host());
+      return 4;
+    }
+  }
+  if (pool_relu_bias_run(calls) || pool_relu_run(calls)) {
+    const OpCall& c = calls[0];
+    for (const auto* v : {&c.in[0], &c.in[1], &c.in[2], &c.out[0]})
+      if (v->dtype != DType::bf16) return 0;
+    const auto& a = std::get<PoolAttrs>(c.attrs);
+    if (max_pool_bf16_workspace_bytes(a, threads.size()) != 0) return 0;
+    const bool bias = pool_relu_bias_run(calls);
+    if (bias) plane_sums.resize(static_cast<size_t>(a.n * a.c));
+    max_pool_backward_bf16(a, b16(c.in[0]), b16(c.in[1]), b16(c.in[2]), b16(c.out[0]), nullptr, threads, true,
+                           bias ? plane_sums.data() : nullptr);
+    if (bias) bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums.data(), calls[2].out[0].host());
+    return bias ? 3 : 2;
+  }
+  return 0;
+}
+
 bool fusion_enabled() {
   const char* e = std::getenv("KILN_CPU_FUSION");
   return !(e && std::strcmp(e, "0") == 0);
@@ -247,100 +343,7 @@ size_t CpuDevice::run_fused(std::span<const OpCall> calls) {
     for (const auto& v : calls[i].out)
       if (v.dtype != DType::f32) low = true;
   }
-  // 16-bit runs: the bf16 entry points of the same fusions (conv + bias + ReLU (+ max pool); max-pool + ReLU
-  // backward (+ the conv's bias gradient)); any other 16-bit run is not fused (dispatch.cpp converts its calls).
-  if (low) {
-    const BufferView *y = nullptr, *relu_out = nullptr;
-    const OpCall* pool = nullptr;
-    auto b16 = [](const BufferView& v) { return static_cast<uint16_t*>(v.raw()); };
-    if (const size_t k = conv_run(calls, y, relu_out, pool)) {
-      const OpCall& c = calls[0];
-      if (c.in[0].dtype != DType::bf16 || c.in[1].dtype != DType::bf16 || y->dtype != DType::bf16 ||
-          (relu_out && relu_out->dtype != DType::bf16) || (pool && pool->out[0].dtype != DType::bf16) ||
-          calls[1].in[1].dtype != DType::f32)
-        return 0;
-      const ConvEpilogueBf16 ep{calls[1].in[1].host(), relu_out ? b16(*relu_out) : nullptr,
-                                pool ? &std::get<PoolAttrs>(pool->attrs) : nullptr, pool ? b16(pool->out[0]) : nullptr};
-      if (!dnnl_conv_typed(OpKind::Conv2dForward, std::get<ConvAttrs>(c.attrs), {DType::bf16, DType::bf16, DType::bf16},
-                           c.in[0].raw(), c.in[1].raw(), y->raw(), c.workspace.block ? c.workspace.host() : nullptr,
-                           c.workspace.block ? c.workspace.bytes / 4 : 0, pool_, &ep))
-        return 0;
-      return k;
-    }
-    // Batch norm with the ReLU next to it, forward and backward: the bf16 activations (x, y, the ReLU's buffers)
-    // bf16, the statistics and parameters float32, as the unfused bf16 kernels take them.
-    auto bf16_at = [](const OpCall& c, std::initializer_list<size_t> ins, std::initializer_list<size_t> outs) {
-      for (size_t i : ins)
-        if (c.in[i].dtype != DType::bf16) return false;
-      for (size_t i : outs)
-        if (c.out[i].dtype != DType::bf16) return false;
-      return true;
-    };
-    if (bn_relu_run(calls) && bf16_at(calls[0], {0}, {0}) && bf16_at(calls[1], {0}, {0})) {
-      const OpCall& c = calls[0];
-      batch_norm_forward_bf16(std::get<BatchNormAttrs>(c.attrs), b16(c.in[0]), c.in[1].host(), c.in[2].host(),
-                              b16(c.out[0]), c.out[1].host(), c.out[2].host(), c.out[3].host(), c.out[4].host(), pool_,
-                              b16(calls[1].out[0]));
-      return 2;
-    }
-    if (relu_bn_run(calls) && bf16_at(calls[0], {0, 1}, {0}) && bf16_at(calls[1], {0, 4}, {0})) {
-      const OpCall &r = calls[0], &c = calls[1];
-      batch_norm_backward_relu_bf16(std::get<BatchNormAttrs>(c.attrs), b16(c.in[0]), c.in[1].host(), c.in[2].host(),
-                                    c.in[3].host(), ReluInFrontT<uint16_t>{b16(r.in[0]), b16(r.in[1])}, b16(r.out[0]),
-                                    b16(c.out[0]), c.out[1].host(), c.out[2].host(), pool_);
-      return 2;
-    }
-    // The backward runs of float32's (below): the pool's planes as each slice's prologue, the pair in one pass.
-    auto pool_prologue_of16 = [&](const OpCall& c) {
-      const auto& a = std::get<PoolAttrs>(c.attrs);
-      plane_sums_.resize(static_cast<size_t>(a.n * a.c));
-      return PoolPrologueBf16{&a, b16(c.in[0]), b16(c.in[1]), b16(c.in[2]), b16(c.out[0]), plane_sums_.data()};
-    };
-    auto pair16 = [&](const OpCall& d, const OpCall& f, const ConvPrologue* pro) {
-      return dnnl_conv_typed_backward_pair(std::get<ConvAttrs>(d.attrs), {f.in[0].dtype, f.in[1].dtype, f.out[0].dtype},
-                                           d.in[0].raw(), d.in[1].raw(), f.in[0].raw(), d.out[0].raw(), f.out[0].raw(),
-                                           f.workspace.host(), f.workspace.bytes / sizeof(float), pool_, pro);
-    };
-    auto pool_fits = [&](const OpCall& c) {
-      return max_pool_bf16_workspace_bytes(std::get<PoolAttrs>(c.attrs), pool_.size()) == 0;
-    };
-    if (pool_relu_bias_conv_pair_run(calls) && all_bf16(calls, 5) && pool_fits(calls[0])) {
-      const PoolPrologueBf16 pp = pool_prologue_of16(calls[0]);
-      const ConvPrologue pro{pool_prologue_bf16, &pp};
-      if (pair16(calls[3], calls[4], &pro)) {
-        bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
-        return 5;
-      }
-    }
-    if (conv_pair_run(calls, 0) && all_bf16(calls, 2) && pair16(calls[0], calls[1], nullptr)) return 2;
-    if (pool_relu_bias_conv_run(calls) && all_bf16(calls, 4) && pool_fits(calls[0])) {
-      const OpCall& v = calls[3];
-      const PoolPrologueBf16 pp = pool_prologue_of16(calls[0]);
-      const ConvPrologue pro{pool_prologue_bf16, &pp};
-      const std::array<DType, 3> types{v.in[0].dtype, v.in[1].dtype, v.out[0].dtype};
-      if (dnnl_conv_typed(v.kind, std::get<ConvAttrs>(v.attrs), types, v.in[0].raw(), v.in[1].raw(), v.out[0].raw(),
-                          v.workspace.block ? v.workspace.host() : nullptr,
-                          v.workspace.block ? v.workspace.bytes / sizeof(float) : 0, pool_, nullptr, &pro)) {
-        bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
-        return 4;
-      }
-    }
-    if (pool_relu_bias_run(calls) || pool_relu_run(calls)) {
-      const OpCall& c = calls[0];
-      for (const auto* v : {&c.in[0], &c.in[1], &c.in[2], &c.out[0]})
-        if (v->dtype != DType::bf16) return 0;
-      const auto& a = std::get<PoolAttrs>(c.attrs);
-      if (max_pool_bf16_workspace_bytes(a, pool_.size()) != 0) return 0;
-      const bool bias = pool_relu_bias_run(calls);
-      if (bias) plane_sums_.resize(static_cast<size_t>(a.n * a.c));
-      max_pool_backward_bf16(a, b16(c.in[0]), b16(c.in[1]), b16(c.in[2]), b16(c.out[0]), nullptr, pool_, true,
-                             bias ? plane_sums_.data() : nullptr);
-      if (bias)
-        bias_grad_from_plane_sums(std::get<BiasAttrs>(calls[2].attrs), plane_sums_.data(), calls[2].out[0].host());
-      return bias ? 3 : 2;
-    }
-    return 0;
-  }
+  if (low) return run_fused_bf16(calls, pool_, plane_sums_);
   const BufferView *y = nullptr, *relu_out = nullptr;
   const OpCall* pool = nullptr;
   if (const size_t k = conv_run(calls, y, relu_out, pool)) {
