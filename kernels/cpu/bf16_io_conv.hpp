@@ -7,8 +7,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#ifdef __AVX2__
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#define KILN_BF16_NARROW8 1
 #endif
 
 namespace kiln::cpu::bf16io {
@@ -34,13 +35,14 @@ inline void widen(const uint16_t* src, float* dst, int64_t n) {
 // so the 8-lane version is written out: the same rounding and NaN rule, then a saturating pack (every lane already
 // fits in 16 bits) and a cross-lane permute to put the 8 results in order. Where the CPU has AVX512_BF16 (with VL),
 // vcvtneps2bf16 rounds 8 floats in one instruction to the same bits, but flushes subnormal inputs: a vector holding
-// one takes the integer rounding (inline asm, so the file stays an AVX2 build).
-#ifdef __AVX2__
+// one takes the integer rounding (inline asm, so the file stays an AVX2 build). narrow8 carries the avx2 target
+// itself, so a portable build's AVX2 paths chosen at run time (blocked16.cpp) call it too.
+#ifdef KILN_BF16_NARROW8
 inline bool has_bf16_cvt8() {
   static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
   return on;
 }
-inline __m128i narrow8(__m256 x, bool cvt) {
+__attribute__((target("avx2"))) inline __m128i narrow8(__m256 x, bool cvt) {
   const __m256i u = _mm256_castps_si256(x);
   if (cvt) {
     // No lane subnormal: with a = |x|'s bits, a lane is subnormal where a - 0x800000 < 0 <= a - 1.

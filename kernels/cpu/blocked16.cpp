@@ -1,6 +1,7 @@
 // The bf16 layout transposes of conv_dnnl.cpp (blocked16.hpp).
 #include "blocked16.hpp"
 
+#include "bf16_io_conv.hpp"
 #include "kiln/half.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -23,54 +24,24 @@ __attribute__((target("avx2"))) __m256i relu_bits(__m256i v) {
                                        _mm256_cmpgt_epi16(_mm256_set1_epi16(-127), v));
   return _mm256_andnot_si256(neg, v);
 }
-__attribute__((target("avx2"))) __m256i round_to_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x), h = _mm256_srli_epi32(u, 16);
-  const __m256i r = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(h, _mm256_set1_epi32(1))), 16);
-  const __m256i nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(r, _mm256_or_si256(h, _mm256_set1_epi32(0x40)), nan);
-}
-// Where the CPU has AVX512_BF16 (Cvt), vcvtneps2bf16 rounds 8 floats in one instruction, to the same bits but for
-// subnormal inputs, which it flushes: a vector holding one takes round_to_bf16. Inline asm, so the file stays an AVX2
-// build.
-bool has_bf16_cvt() {
-  static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
-  return on;
-}
-template <bool Cvt>
-__attribute__((target("avx2"))) __m128i round8_to_bf16(__m256 x) {
-  if constexpr (Cvt) {
-    // No lane subnormal: with a = |x|'s bits, a lane is subnormal where a - 0x800000 < 0 <= a - 1.
-    const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
-    if (_mm256_testc_ps(_mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(1))),
-                        _mm256_castsi256_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(0x800000))))) {
-      __m128i r;
-      asm("vcvtneps2bf16y %1, %0" : "=x"(r) : "x"(x));
-      return r;
-    }
-  }
-  const __m256i r = round_to_bf16(x);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-template <bool Cvt>
-__attribute__((target("avx2"))) __m256i add_bias_bf16(__m256i v, float b) {
+// bf16 v + b, rounded by narrow8 (bf16_io_conv.hpp: vcvtneps2bf16 with cvt, where AVX512_BF16 has it).
+__attribute__((target("avx2"))) __m256i add_bias_bf16(__m256i v, float b, bool cvt) {
   const __m256 bb = _mm256_set1_ps(b);
   const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
   const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
-  return _mm256_set_m128i(round8_to_bf16<Cvt>(_mm256_add_ps(hi, bb)), round8_to_bf16<Cvt>(_mm256_add_ps(lo, bb)));
+  return _mm256_set_m128i(bf16io::narrow8(_mm256_add_ps(hi, bb), cvt), bf16io::narrow8(_mm256_add_ps(lo, bb), cvt));
 }
 // Row `row` of a transposed block, with the bias and the ReLU as transpose16x16_u16 says. (A function rather than a
 // lambda: a lambda does not take its enclosing function's target attribute, and the portable build has no AVX2.)
-template <bool Bias, bool Relu, bool Cvt>
-__attribute__((target("avx2"))) void store_row(__m256i v, uint16_t* dst, const float* bias, int row) {
-  if constexpr (Bias) v = add_bias_bf16<Cvt>(v, bias[row]);
+template <bool Bias, bool Relu>
+__attribute__((target("avx2"))) void store_row(__m256i v, uint16_t* dst, const float* bias, int row, bool cvt) {
+  if constexpr (Bias) v = add_bias_bf16(v, bias[row], cvt);
   if constexpr (Relu) v = relu_bits(v);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
 }
-template <bool Bias, bool Relu, bool Cvt = false>
+template <bool Bias, bool Relu>
 __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
-                                                        const float* bias = nullptr) {
+                                                        const float* bias = nullptr, bool cvt = false) {
   __m256i r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ss));
   // Within each 128-bit lane: an 8 x 8 transpose of rows 0-7 and of rows 8-15 (the low lane holds columns 0-7,
@@ -95,8 +66,8 @@ __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int
     }
   }
   for (int c = 0; c < 8; ++c) {
-    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), dst + c * ds, bias, c);
-    store_row<Bias, Relu, Cvt>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), dst + (c + 8) * ds, bias, c + 8);
+    store_row<Bias, Relu>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x20), dst + c * ds, bias, c, cvt);
+    store_row<Bias, Relu>(_mm256_permute2x128_si256(r[c], r[8 + c], 0x31), dst + (c + 8) * ds, bias, c + 8, cvt);
   }
 }
 bool has_avx2() {
@@ -120,16 +91,14 @@ void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* t
     int64_t p = 0;
 #ifdef KILN_CONV_AVX2_REORDER
     if (has_avx2()) {
-      const bool cvt = b && has_bf16_cvt();
+      const bool cvt = b && bf16io::has_bf16_cvt8();
       for (; p + 16 <= hw; p += 16) {
         if (dir == Reorder16::to_blocked)
           transpose16x16_u16<false, false>(s + p, hw, t + p * 16, 16);
         else if (b && relu)
-          cvt ? transpose16x16_u16<true, true, true>(s + p * 16, 16, t + p, hw, b)
-              : transpose16x16_u16<true, true>(s + p * 16, 16, t + p, hw, b);
+          transpose16x16_u16<true, true>(s + p * 16, 16, t + p, hw, b, cvt);
         else if (b)
-          cvt ? transpose16x16_u16<true, false, true>(s + p * 16, 16, t + p, hw, b)
-              : transpose16x16_u16<true, false>(s + p * 16, 16, t + p, hw, b);
+          transpose16x16_u16<true, false>(s + p * 16, 16, t + p, hw, b, cvt);
         else if (relu)
           transpose16x16_u16<false, true>(s + p * 16, 16, t + p, hw);
         else
