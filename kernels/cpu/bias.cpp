@@ -17,6 +17,50 @@
 namespace kiln::cpu {
 namespace {
 
+// 32 running sums (four vectors' worth: one vector's adds wait on each other, four overlap), then the rest, then
+// the 32 in a fixed order: the result depends on count only, not on threads or alignment. Planes are short (196
+// values for a 14x14 image), so the sums live in registers, not in an array zeroed per call. bf16 planes are widened
+// in registers: the same adds in the same order as on their float32 copies.
+template <class T>
+float plane_sum_t(const T* p, int64_t count) {
+#ifdef __AVX2__
+  const auto ld = [p](int64_t i) -> __m256 {
+    if constexpr (std::is_same_v<T, float>)
+      return _mm256_loadu_ps(p + i);
+    else
+      return load8(p + i);
+  };
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    a0 = _mm256_add_ps(a0, ld(i));
+    a1 = _mm256_add_ps(a1, ld(i + 8));
+    a2 = _mm256_add_ps(a2, ld(i + 16));
+    a3 = _mm256_add_ps(a3, ld(i + 24));
+  }
+  if (i + 8 <= count) a0 = _mm256_add_ps(a0, ld(i)), i += 8;
+  if (i + 8 <= count) a1 = _mm256_add_ps(a1, ld(i)), i += 8;
+  if (i + 8 <= count) a2 = _mm256_add_ps(a2, ld(i)), i += 8;
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float s = _mm_cvtss_f32(h);
+  for (; i < count; ++i) s += to_f32(p[i]);
+  return s;
+#else
+  float acc[32] = {};
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32)
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) acc[j] += to_f32(p[i + j]);
+  for (int j = 0; i < count; ++i, ++j) acc[j] += to_f32(p[i]);
+  for (int w = 16; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+#endif
+}
+
 // A dense layer's bias on bf16 activations (float32 bias), converting in registers (bf16_io.hpp's load8 and
 // store8_as) instead of staging tiles: x + b in float32, rounded once, the staged path's bits.
 template <bool kCvt>
@@ -110,19 +154,9 @@ void bias_grad(const BiasAttrs& a, const D* dy, B* db, ThreadPool& pool) {
     return;
   }
   parallel_ranges(pool, C, t, [&](int64_t cb, int64_t ce) {
-    alignas(64) float plane[kTile];
     for (int64_t c = cb; c < ce; ++c) {
       double total = 0;
-      for (int64_t o = 0; o < O; ++o) {
-        if constexpr (std::is_same_v<D, float>) {
-          total += bias_plane_sum(dy + (o * C + c) * I, I);
-        } else {
-          for (int64_t i0 = 0; i0 < I; i0 += kTile) {
-            const int64_t n = std::min(kTile, I - i0);
-            total += bias_plane_sum(f32_in(dy + (o * C + c) * I + i0, n, plane), n);
-          }
-        }
-      }
+      for (int64_t o = 0; o < O; ++o) total += plane_sum_t(dy + (o * C + c) * I, I);
       db[c] = from_f32<B>(static_cast<float>(total));
     }
   });
@@ -130,41 +164,8 @@ void bias_grad(const BiasAttrs& a, const D* dy, B* db, ThreadPool& pool) {
 
 }  // namespace
 
-// 32 running sums (four vectors' worth: one vector's adds wait on each other, four overlap), then the rest, then
-// the 32 in a fixed order: the result depends on count only, not on threads or alignment. Planes are short (196
-// floats for a 14x14 image), so the sums live in registers, not in an array zeroed per call.
-float bias_plane_sum(const float* p, int64_t count) {
-#ifdef __AVX2__
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= count; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-  }
-  if (i + 8 <= count) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i)), i += 8;
-  if (i + 8 <= count) a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i)), i += 8;
-  if (i + 8 <= count) a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i)), i += 8;
-  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float s = _mm_cvtss_f32(h);
-  for (; i < count; ++i) s += p[i];
-  return s;
-#else
-  float acc[32] = {};
-  int64_t i = 0;
-  for (; i + 32 <= count; i += 32)
-#pragma omp simd
-    for (int j = 0; j < 32; ++j) acc[j] += p[i + j];
-  for (int j = 0; i < count; ++i, ++j) acc[j] += p[i];
-  for (int w = 16; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  return acc[0];
-#endif
-}
+float bias_plane_sum(const float* p, int64_t count) { return plane_sum_t(p, count); }
+float bias_plane_sum(const uint16_t* p, int64_t count) { return plane_sum_t(reinterpret_cast<const bf16*>(p), count); }
 
 void bias_grad_from_plane_sums(const BiasAttrs& a, const float* sums, float* db) {
   const int64_t C = a.channels, O = a.outer;

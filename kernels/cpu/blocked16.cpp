@@ -1,6 +1,8 @@
 // The bf16 layout transposes of conv_dnnl.cpp (blocked16.hpp).
 #include "blocked16.hpp"
 
+#include <algorithm>
+
 #include "bf16_io_conv.hpp"
 #include "kiln/half.hpp"
 
@@ -116,6 +118,20 @@ void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* t
         if (b) v = float_to_bf16(bf16_to_float(v) + b[j]);
         t[j * hw + p] = relu ? relu_bf16_bits(v) : v;
       }
+  }
+}
+
+void transpose16_cols(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* y, int64_t cb, int64_t ce) {
+  for (int64_t c0 = cb; c0 < ce; c0 += 16) {
+    const int64_t c1 = std::min(ce, c0 + 16);
+    int64_t r0 = 0;
+#ifdef KILN_CONV_AVX2_REORDER
+    if (c1 - c0 == 16 && has_avx2())
+      for (; r0 + 16 <= rows; r0 += 16)
+        transpose16x16_u16<false, false>(x + r0 * cols + c0, cols, y + c0 * rows + r0, rows);
+#endif
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t r = r0; r < rows; ++r) y[c * rows + r] = x[r * cols + c];
   }
 }
 

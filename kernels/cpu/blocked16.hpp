@@ -24,4 +24,8 @@ struct Dims16 {
 void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* to, const float* bias = nullptr,
                bool relu = false);
 
+// Columns [cb, ce) of x (rows, cols) into rows [cb, ce) of y (cols, rows), 16-bit values: the same 16 x 16 transposes
+// where a tile is whole, the edges one value at a time (gemm.cpp's copy of a transposed bf16 operand).
+void transpose16_cols(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* y, int64_t cb, int64_t ce);
+
 }  // namespace kiln::cpu

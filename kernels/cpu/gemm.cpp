@@ -16,6 +16,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "blocked16.hpp"
 #include "one_omp_thread.hpp"
 #endif
 
@@ -240,17 +241,12 @@ GemmAttrs untransposed(const GemmAttrs& a) {
   return u;
 }
 
-// x (rows, cols) -> y (cols, rows), 16-bit values, in 32x32 blocks, column blocks of y's rows spread over the pool.
+// x (rows, cols) -> y (cols, rows), 16-bit values, column blocks of 16 (y's rows) spread over the pool.
 void transpose16(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* y, ThreadPool& pool) {
-  constexpr int64_t kB = 32;
+  constexpr int64_t kB = 16;
   const int64_t cblocks = (cols + kB - 1) / kB;
   parallel_ranges(pool, cblocks, parts_for(rows * cols, pool), [&](int64_t cb, int64_t ce) {
-    for (int64_t c0 = cb * kB; c0 < std::min(cols, ce * kB); c0 += kB)
-      for (int64_t r0 = 0; r0 < rows; r0 += kB) {
-        const int64_t c1 = std::min(cols, c0 + kB), r1 = std::min(rows, r0 + kB);
-        for (int64_t c = c0; c < c1; ++c)
-          for (int64_t r = r0; r < r1; ++r) y[c * rows + r] = x[r * cols + c];
-      }
+    transpose16_cols(x, rows, cols, y, cb * kB, std::min(cols, ce * kB));
   });
 }
 

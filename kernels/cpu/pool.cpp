@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "bf16_io_conv.hpp"
 #include "bias.hpp"
@@ -35,11 +37,22 @@ inline void store_first(float* p, int64_t n, __m256 v) {
 }
 // The same for bf16 storage: widened to float32 lanes on load, rounded to bf16 (bf16io::narrow's rule) on store.
 inline __m256 widen8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+// Fewer than 8: the whole pairs by a masked 32-bit load and an odd last value put into its lane, in registers. (Values
+// copied one by one into a buffer and loaded as one vector stall on store forwarding: under perf that load held a
+// fifth of the CNN's bf16 pool backward, whose 7-wide rows end each plane with one.)
+inline __m128i first_pairs(int64_t pairs) {
+  return _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(pairs)), _mm_setr_epi32(0, 1, 2, 3));
+}
 inline __m256 load_first(const uint16_t* p, int64_t n) {
   if (n >= 8) return widen8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  alignas(16) uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t i = 0; i < n; ++i) t[i] = p[i];
-  return widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+  if (n <= 0) return _mm256_setzero_ps();
+  const int64_t pairs = n / 2;
+  __m128i v = _mm_maskload_epi32(reinterpret_cast<const int*>(p), first_pairs(pairs));
+  if (n & 1) {
+    const __m128i at = _mm_cmpeq_epi32(_mm_set1_epi32(static_cast<int>(pairs)), _mm_setr_epi32(0, 1, 2, 3));
+    v = _mm_or_si128(v, _mm_and_si128(_mm_set1_epi32(p[n - 1]), at));
+  }
+  return widen8(v);
 }
 // Every value a max pool stores is one of its bf16 inputs (a maximum, a gradient, or +0), exact in bf16: its
 // upper 16 bits are its bf16 bits, so no rounding (which would give the same bits) is spent on it.
@@ -56,8 +69,20 @@ inline void store_first(uint16_t* p, int64_t n, __m256 v) {
 }
 // The first n of 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of
 // 8 windows).
+// On bf16 16 whole values are 8 32-bit lanes each holding one window's pair, the even column in the low half: the two
+// columns come out with a shift and a mask, and go back (interleave) with a shift and an or, where float32 needs
+// cross-lane shuffles.
 template <class T>
 inline void deinterleave(const T* p, int64_t n, __m256& even, __m256& odd) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (n >= 16 || (n > 0 && n % 2 == 0)) {  // fewer: the n / 2 pairs by a masked load
+      const __m256i v = n >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                : _mm256_maskload_epi32(reinterpret_cast<const int*>(p), first_lanes(n / 2));
+      even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+      return;
+    }
+  }
   const __m256 a = load_first(p, n), b = load_first(p + 8, n - 8);
   even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
   odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
@@ -65,6 +90,17 @@ inline void deinterleave(const T* p, int64_t n, __m256& even, __m256& odd) {
 // The inverse: p[2i] = even[i], p[2i + 1] = odd[i], the first n floats.
 template <class T>
 inline void interleave(T* p, int64_t n, __m256 even, __m256 odd) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (n >= 16 || (n > 0 && n % 2 == 0)) {  // exact bf16 values (store_first): their upper 16 bits
+      const __m256i hi = _mm256_and_si256(_mm256_castps_si256(odd), _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+      const __m256i v = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(even), 16), hi);
+      if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+      alignas(32) uint32_t t[8];  // no masked store: slow on AMD's cores
+      _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
+      for (int64_t i = 0; i < n / 2; ++i) std::memcpy(p + 2 * i, t + i, 4);
+      return;
+    }
+  }
   const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
   store_first(p, n, _mm256_permute2f128_ps(lo, hi, 0x20));
   store_first(p + 8, n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
@@ -195,19 +231,9 @@ void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& 
 // x > 0 there exactly when yv > 0, and every other position gets 0 from both ops.
 namespace {
 
-// A plane's sum for a fused BiasGrad: bias_grad's own function on float32, in double on bf16.
+// A plane's sum for a fused BiasGrad: bias_grad's own function (on bf16, widened in registers as bias_grad does).
 float plane_sum(const float* p, int64_t n) { return bias_plane_sum(p, n); }
-float plane_sum(const uint16_t* p, int64_t n) {
-  constexpr int64_t kChunk = 4096;  // widened a chunk at a time into float32, summed by bias_grad's function
-  float buf[kChunk];
-  double s = 0;
-  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int64_t m = std::min(kChunk, n - i0);
-    bf16io::widen(p + i0, buf, m);
-    s += bias_plane_sum(buf, m);
-  }
-  return static_cast<float>(s);
-}
+float plane_sum(const uint16_t* p, int64_t n) { return bias_plane_sum(p, n); }
 
 // T as max_pool_planes_t. On bf16 the general path (overlapping windows) would round each added gradient: run_pool_bf16
 // takes only the 2x2 stride-2 path here and widens the planes for the others.

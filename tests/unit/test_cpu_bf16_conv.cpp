@@ -264,10 +264,12 @@ TEST_CASE("cpu convolutions on bf16 storage match the reference within a bf16 ro
 TEST_CASE("cpu pooling on bf16 storage matches the reference", "[cpu][bf16]") {
   Cpu cpu(2);
   Device& d = *cpu.device;
-  // 2x2 stride 2 (the fast path) on odd and even planes, and a padded 3x3 stride-1 window (the general loops).
-  const PoolAttrs pools[] = {PoolAttrs{9, 16, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7},
-                             PoolAttrs{7, 12, 9, 11, 2, 2, 2, 2, 0, 0, 4, 5},
-                             PoolAttrs{7, 12, 7, 7, 3, 3, 1, 1, 1, 1, 7, 7}};
+  // 2x2 stride 2 (the fast path) on odd and even planes, and a padded 3x3 stride-1 window (the general loops). Planes
+  // of fewer than 8 outputs, and rows of an odd and an even count, take the partial loads and stores at a plane's end.
+  const PoolAttrs pools[] = {
+      PoolAttrs{9, 16, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7}, PoolAttrs{7, 12, 9, 11, 2, 2, 2, 2, 0, 0, 4, 5},
+      PoolAttrs{3, 5, 6, 6, 2, 2, 2, 2, 0, 0, 3, 3},    PoolAttrs{5, 3, 3, 15, 2, 2, 2, 2, 0, 0, 1, 7},
+      PoolAttrs{4, 3, 2, 12, 2, 2, 2, 2, 0, 0, 1, 6},   PoolAttrs{7, 12, 7, 7, 3, 3, 1, 1, 1, 1, 7, 7}};
   for (const auto& a : pools) {
     const std::string n = std::to_string(a.h) + "x" + std::to_string(a.w) + " k" + std::to_string(a.kh);
     check_op(d, OpKind::MaxPoolForward, a, {B}, {B}, n + " max forward");

@@ -288,3 +288,32 @@ TEST_CASE("cpu fuses bf16 batch norm with the ReLU next to it, forward and backw
     }
   }
 }
+
+TEST_CASE("cpu bias_grad sums bf16 planes as it sums their float32 copies, bit for bit", "[cpu][fusion][bf16]") {
+  // The fused max-pool backward computes each plane's sum for the bias gradient with the same function; planes longer
+  // than the kernels' 512-value tiles (a 28x28 image) must not be summed in pieces on one path and whole on the other.
+  // Magnitudes from 2^-12 to 2^8 make the float32 sums inexact, so a different order of the adds shows in the bits.
+  const BiasAttrs a{5, 3, 28 * 28};
+  const int64_t n = a.outer * a.channels * a.inner;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> e(-12.f, 8.f);
+  std::bernoulli_distribution sign(0.5);
+  Vec v(static_cast<size_t>(n));
+  for (auto& x : v) x = bf16_to_float(float_to_bf16((sign(gen) ? -1.f : 1.f) * std::exp2(e(gen))));
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    auto cpu = open_cpu(threads);
+    Device& d = *cpu.device;
+    Arena arena(d, {n, n, a.channels, a.channels});
+    const BufferView x16 = b16(arena, 0, n), &x32 = arena.view(1), &db16 = arena.view(2), &db32 = arena.view(3);
+    put16(d, x16, v);
+    d.copy_from_host(v.data(), x32);
+    d.run(OpCall{OpKind::BiasGrad, a, {x16}, {db16}, {}});
+    d.run(OpCall{OpKind::BiasGrad, a, {x32}, {db32}, {}});
+    Vec g16(static_cast<size_t>(a.channels)), g32(g16.size());
+    d.copy_to_host(db16, g16.data());
+    d.copy_to_host(db32, g32.data());
+    CHECK(std::memcmp(g16.data(), g32.data(), g16.size() * sizeof(float)) == 0);
+    CHECK(std::any_of(g32.begin(), g32.end(), [](float s) { return s != 0.f; }));
+  }
+}

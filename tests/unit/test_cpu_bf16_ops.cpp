@@ -256,6 +256,9 @@ std::vector<Case> cases() {
   c.push_back({OpKind::Gemm, ga, {b, b}, {b}, {}, true, "gemm"});
   ga.trans_a = true, ga.beta = 0.f;
   c.push_back({OpKind::Gemm, ga, {b, b}, {f}, {}, true, "gemm trans_a f32 out"});
+  GemmAttrs gr = ga;  // A's transposed copy with ragged tiles: 93 columns, 37 rows
+  gr.m = 93, gr.k = 37;
+  c.push_back({OpKind::Gemm, gr, {b, b}, {b}, {}, true, "gemm trans_a ragged"});
   GemmAttrs bg;
   bg.m = 64, bg.n = 64, bg.k = 32, bg.batch = 12;
   c.push_back({OpKind::BatchedGemm, bg, {b, b}, {b}, {}, true, "batched_gemm"});
