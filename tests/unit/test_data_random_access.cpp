@@ -1,7 +1,9 @@
 // Random access through the pipeline: shuffle and map over a source with random access give exactly what they give
 // over a streaming one, map's at(k) is its k-th next() at any worker count, a batch stage with a row share reads
 // only those rows, and saved positions restore exactly in either mode.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "test_data_support.hpp"
 
@@ -181,4 +183,33 @@ TEST_CASE("map workers default to auto and take a number or auto", "[data][rando
                         Catch::Contains("is \"many\": expected \"auto\" (half the cores, 2 to 4) or a number"));
   CHECK_THROWS_WITH(pipeline("{type = \"map\", workers = 0, ops = [{op = \"scale\", factor = 2.0}]}"),
                     Catch::Contains("must be in 1..256, got 0"));
+}
+
+TEST_CASE("a batch stage reuses the batches handed back and gives the same batches, other rows still zero",
+          "[data][random_access]") {
+  // One map worker: the rows are filled in place (with more, a map that crops reads ahead on its threads and the
+  // batch stage collects its examples, a path that builds every batch anew).
+  const std::string st = augment(1) + ", {type = \"shuffle\", buffer = 64}, {type = \"batch\"}";
+  for (const Build& share : {Build{}, Build{.rows_begin = 2, .rows_end = 6}}) {
+    CAPTURE(share.rows_end);
+    auto ref = pipeline(st, share);
+    auto s = pipeline(st, share);
+    const auto want = epoch(*ref, 1);
+    s->reset(1);
+    std::vector<Element> got;
+    size_t reused = 0;
+    const float* handed_back = nullptr;
+    while (auto b = s->next()) {
+      if (b->x.data.data() == handed_back) ++reused;
+      got.push_back(*b);
+      // NaN everywhere before it goes back: a row the stage does not write again shows.
+      std::fill(b->x.data.begin(), b->x.data.end(), std::numeric_limits<float>::quiet_NaN());
+      std::fill(b->y.data.begin(), b->y.data.end(), std::numeric_limits<float>::quiet_NaN());
+      handed_back = b->x.data.data();
+      s->recycle(std::move(*b));
+    }
+    REQUIRE(got.size() == 26);
+    CHECK(same(got, want));  // the rows outside a share are zero in both
+    CHECK(reused == 24);     // every full batch after the first (the last, smaller one needs other sizes)
+  }
 }

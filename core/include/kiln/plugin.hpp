@@ -17,7 +17,7 @@ namespace kiln {
 
 // Bumped on any change of a public interface a plugin compiles against.
 inline constexpr int kApiVersion =
-    11;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels,
+    12;  // 2: the op table (custom ops and kernels, CustomAttrs); 3: LayerNormAttrs, gelu/silu, LossAttrs::soft_labels,
          // StageContext::pipeline; 4: BatchedGemm, Permute (PermuteAttrs), SoftmaxAttrs::causal, GemmAttrs::batch; 5:
          // BatchNormAttrs, TensorRole::buffer, SumSquares, ClipByGlobalNorm; 6: ProcessGroup, Strategy::process_group,
          // Registry::add_process_group, Stage::label_names, GroupCommunicatorFactory, Registry::add_group_communicator;
@@ -27,7 +27,7 @@ inline constexpr int kApiVersion =
          // 9: mixed precision: BufferView::dtype, TensorInfo::dtype, OpKind::Cast (CastAttrs), OpDesc::low_precision
          // and f32_outputs, GradContext::dtype/new_tensor(shape, type); 10: Stage::random_access/at/reading,
          // StageStats::bytes_read, StageContext::decoded_budget/rows_begin/rows_end, the optimizer attributes'
-         // lr_scale; 11: Stage::fill, Runner::host_view
+         // lr_scale; 11: Stage::fill, Runner::host_view; 12: Stage::recycle
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "0.1.0"
 #endif

@@ -99,7 +99,11 @@ namespace {
 // Passes a pipeline's batches through unchanged after checking their inputs and labels; a bad value is a
 // DataError naming the source, the example (its position in the epoch as delivered) and the value.
 // Whether n floats are all finite: an exponent of all ones marks an infinity or a NaN. Checked as integers, without
-// a branch per value, so the check vectorizes: it runs on every input value of every batch before the step.
+// a branch per value, so the check vectorizes: it runs on every input value of every batch before the step. The core
+// is built for any x86-64 (SSE2); an AVX2 copy, chosen when the process starts, checks 8 values an instruction.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__APPLE__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 bool all_finite(const float* x, int64_t n) {
   uint32_t bad = 0;
   for (int64_t j = 0; j < n; ++j) {
@@ -143,6 +147,7 @@ class CheckedStage final : public Stage {
     if (b) check(*b);
     return b;
   }
+  void recycle(Element&& e) override { up_->recycle(std::move(e)); }
 
  private:
   void check(const Element& b) {

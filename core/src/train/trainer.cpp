@@ -90,6 +90,7 @@ bool TrainingRun::train_epoch(int64_t epoch) {
       if (nb && ts_.device_prefetch) runner_->prefetch(*nb);
     }
     train_step(e, *b);
+    train_data_->recycle(std::move(*b));  // its memory may hold a later batch
     b = std::move(nb);
     if (stop_mid_epoch(e, b)) return true;
   }
