@@ -67,43 +67,39 @@ inline void store_first(uint16_t* p, int64_t n, __m256 v) {
   _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
   for (int64_t i = 0; i < n; ++i) p[i] = t[i];
 }
-// The first n of 16 consecutive floats of a row split into the 8 even and the 8 odd ones, in order (the two columns of
-// 8 windows).
-// On bf16 16 whole values are 8 32-bit lanes each holding one window's pair, the even column in the low half: the two
-// columns come out with a shift and a mask, and go back (interleave) with a shift and an or, where float32 needs
-// cross-lane shuffles.
+// The first n of 16 consecutive values of a row split into the 8 even and the 8 odd ones, in order (the two columns
+// of 8 windows); n is twice the windows, so even. On bf16 the values are n / 2 32-bit lanes each holding one window's
+// pair, the even column in the low half: the columns come out with a shift and a mask, and go back (interleave) with a
+// shift and an or, where float32 needs cross-lane shuffles.
 template <class T>
 inline void deinterleave(const T* p, int64_t n, __m256& even, __m256& odd) {
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (n >= 16 || (n > 0 && n % 2 == 0)) {  // fewer: the n / 2 pairs by a masked load
-      const __m256i v = n >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                : _mm256_maskload_epi32(reinterpret_cast<const int*>(p), first_lanes(n / 2));
-      even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-      odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
-      return;
-    }
+    const __m256i v = n >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                              : _mm256_maskload_epi32(reinterpret_cast<const int*>(p), first_lanes(n / 2));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  } else {
+    const __m256 a = load_first(p, n), b = load_first(p + 8, n - 8);
+    even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+    odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
   }
-  const __m256 a = load_first(p, n), b = load_first(p + 8, n - 8);
-  even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
-  odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
 }
-// The inverse: p[2i] = even[i], p[2i + 1] = odd[i], the first n floats.
+// The inverse: p[2i] = even[i], p[2i + 1] = odd[i], the first n values (n even). bf16 lanes hold exact bf16 values
+// (store_first): their upper 16 bits.
 template <class T>
 inline void interleave(T* p, int64_t n, __m256 even, __m256 odd) {
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (n >= 16 || (n > 0 && n % 2 == 0)) {  // exact bf16 values (store_first): their upper 16 bits
-      const __m256i hi = _mm256_and_si256(_mm256_castps_si256(odd), _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-      const __m256i v = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(even), 16), hi);
-      if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
-      alignas(32) uint32_t t[8];  // no masked store: slow on AMD's cores
-      _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
-      for (int64_t i = 0; i < n / 2; ++i) std::memcpy(p + 2 * i, t + i, 4);
-      return;
-    }
+    const __m256i hi = _mm256_and_si256(_mm256_castps_si256(odd), _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+    const __m256i v = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(even), 16), hi);
+    if (n >= 16) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+    alignas(32) uint32_t t[8];  // no masked store: slow on AMD's cores
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
+    for (int64_t i = 0; i < n / 2; ++i) std::memcpy(p + 2 * i, t + i, 4);
+  } else {
+    const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+    store_first(p, n, _mm256_permute2f128_ps(lo, hi, 0x20));
+    store_first(p + 8, n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
   }
-  const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
-  store_first(p, n, _mm256_permute2f128_ps(lo, hi, 0x20));
-  store_first(p + 8, n - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
 // The next 8 windows of output row oy of a 2x2 stride-2 pool, from window ox on: how many lanes to load and store (8,
@@ -231,10 +227,6 @@ void max_pool_forward(const PoolAttrs& a, const float* x, float* y, ThreadPool& 
 // x > 0 there exactly when yv > 0, and every other position gets 0 from both ops.
 namespace {
 
-// A plane's sum for a fused BiasGrad: bias_grad's own function (on bf16, widened in registers as bias_grad does).
-float plane_sum(const float* p, int64_t n) { return bias_plane_sum(p, n); }
-float plane_sum(const uint16_t* p, int64_t n) { return bias_plane_sum(p, n); }
-
 // T as max_pool_planes_t. On bf16 the general path (overlapping windows) would round each added gradient: run_pool_bf16
 // takes only the 2x2 stride-2 path here and widens the planes for the others.
 template <class T>
@@ -293,8 +285,8 @@ void max_pool_backward_planes_t(const PoolAttrs& a, const T* x, const T* y, cons
           std::fill(d0 + 2 * a.ow, d0 + a.w, T{});  // an odd last column is in no window
           std::fill(d1 + 2 * a.ow, d1 + a.w, T{});
         }
-        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, T{});      // likewise an odd last row
-        if (plane_sums) plane_sums[p] = plane_sum(dxp, in_plane);  // while the plane is in cache
+        std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, T{});           // likewise an odd last row
+        if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);  // bias_grad's sum, while the plane is in cache
         continue;
       }
       std::fill(dxp, dxp + in_plane, T{});
@@ -311,7 +303,7 @@ void max_pool_backward_planes_t(const PoolAttrs& a, const T* x, const T* y, cons
               }
         next:;
         }
-      if (plane_sums) plane_sums[p] = plane_sum(dxp, in_plane);
+      if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);
     }
   }
 }
