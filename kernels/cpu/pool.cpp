@@ -128,6 +128,63 @@ inline void put_corners(T* d0, T* d1, int64_t ox, int64_t lanes, __m256 t0, __m2
 }
 #endif
 
+// The 2x2 stride-2 max pool forward on bf16 at 16 windows a vector, where the CPU has AVX-512 (BW, VL): a window's
+// pair in a row is one 32-bit lane, so a row of up to 16 windows is one masked load (the CNN's 14-wide rows one vector
+// instead of two overlapping ones), the columns split by a shift and a mask as above, and the stores masked (no
+// value-by-value tail). The same comparisons in the same order as the AVX2 and scalar paths, so the same bits. (The
+// backward pass written the same way was slower on the CNN's 7-wide rows, 0.91-0.98 against 0.73-0.78 ms a step, and
+// no faster on its 14-wide ones: it stays on AVX2.)
+#if defined(__AVX2__) && defined(__GNUC__)
+// GCC 12 warns that its own AVX-512 intrinsics' _mm512_undefined_* values may be used uninitialized (GCC bug 105593,
+// fixed in GCC 13): a false positive.
+#ifndef __clang__
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define KILN_POOL_AVX512 1
+#define KILN_POOL_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+bool pool_has_avx512() {
+  static const bool on =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return on;
+}
+KILN_POOL_AVX512_TARGET inline __mmask16 first16(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+// The four corners of the windows [ox, ox + n) of rows r0, r1 (top-left, top-right, bottom-left, bottom-right).
+KILN_POOL_AVX512_TARGET inline void corners16(const uint16_t* r0, const uint16_t* r1, __mmask16 k, __m512& t0,
+                                              __m512& t1, __m512& b0, __m512& b1) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i v0 = _mm512_maskz_loadu_epi32(k, r0), v1 = _mm512_maskz_loadu_epi32(k, r1);
+  t0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+  t1 = _mm512_castsi512_ps(_mm512_and_si512(v0, hi));
+  b0 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+  b1 = _mm512_castsi512_ps(_mm512_and_si512(v1, hi));
+}
+KILN_POOL_AVX512_TARGET void max_pool_planes_bf16_avx512(const PoolAttrs& a, const uint16_t* x, uint16_t* y, int64_t pb,
+                                                         int64_t pe) {
+  const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
+  for (int64_t p = pb; p < pe; ++p)
+    for (int64_t oy = 0; oy < a.oh; ++oy) {
+      const uint16_t* r0 = x + p * in_plane + 2 * oy * a.w;
+      uint16_t* yr = y + p * out_plane + oy * a.ow;
+      for (int64_t ox = 0; ox < a.ow; ox += 16) {
+        const __mmask16 k = first16(a.ow - ox);
+        __m512 t0, t1, b0, b1;
+        corners16(r0 + 2 * ox, r0 + a.w + 2 * ox, k, t0, t1, b0, b1);
+        __m512 m = t0;  // first element wins ties and NaN (ordered greater-than)
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(t1, m, _CMP_GT_OQ), t1);
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(b0, m, _CMP_GT_OQ), b0);
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(b1, m, _CMP_GT_OQ), b1);
+        _mm256_mask_storeu_epi16(yr + ox, k, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(m), 16)));
+      }
+    }
+}
+#ifndef __clang__
+#pragma GCC diagnostic pop
+#endif
+#endif
+
 struct Window {
   int64_t y0, y1, x0, x1;  // clipped to the image, [y0, y1) x [x0, x1)
   int64_t count() const { return std::max<int64_t>(y1 - y0, 0) * std::max<int64_t>(x1 - x0, 0); }
@@ -160,6 +217,10 @@ void max_pool_planes_t(const PoolAttrs& a, const T* x, T* y, int64_t pb, int64_t
   using bf16io::load;
   const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
+#ifdef KILN_POOL_AVX512
+  if constexpr (std::is_same_v<T, uint16_t>)
+    if (fast && pool_has_avx512()) return max_pool_planes_bf16_avx512(a, x, y, pb, pe);
+#endif
   for (int64_t p = pb; p < pe; ++p) {
     const T* xp = x + p * in_plane;
     T* yp = y + p * out_plane;

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "cpu_test_support.hpp"
@@ -80,8 +81,15 @@ TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, bit for bit the ops o
         const BufferView r = in_place ? y : b16(arena, 4, ny), p = b16(arena, 5, np);
         const BufferView& bias = arena.view(2);
         put16(d, x, random_vec(nx, gen));
-        put16(d, w, random_vec(nw, gen));
-        const Vec bv = random_vec(a.k, gen, -0.5f, 0.5f);
+        // Filters 3 and 5 are zero with subnormal biases: their outputs are the bias rounded to a bf16 subnormal
+        // (which vcvtneps2bf16 would flush to zero, so the fused path must round those itself), positive and negative.
+        Vec wv = random_vec(nw, gen);
+        std::fill(wv.begin() + 3 * nw / a.k, wv.begin() + 4 * nw / a.k, 0.f);
+        std::fill(wv.begin() + 5 * nw / a.k, wv.begin() + 6 * nw / a.k, 0.f);
+        put16(d, w, wv);
+        Vec bv = random_vec(a.k, gen, -0.5f, 0.5f);
+        bv[3] = 3e-40f;
+        bv[5] = -2e-40f;
         d.copy_from_host(bv.data(), bias);
         std::vector<OpCall> calls{{OpKind::Conv2dForward, a, {x, w}, {y}, {}},
                                   {OpKind::BiasAdd, BiasAttrs{a.n, a.k, a.oh * a.ow}, {y, bias}, {y}, {}},
@@ -102,6 +110,9 @@ TEST_CASE("cpu fuses a bf16 conv + bias + relu + max pool, bit for bit the ops o
           if (std::memcmp(&fy[i], &uy[i], sizeof(float)) != 0) ++bad;
         INFO(bad << " of " << uy.size() << " differ");
         CHECK(bad == 0);
+        const auto subnormals =
+            std::count_if(fy.begin(), fy.end(), [](float v) { return v != 0.f && std::abs(v) < 1e-38f; });
+        CHECK(subnormals >= (in_place ? 1 : 2) * a.n * a.oh * a.ow);
         // In place, y is the ReLU's output; apart, y keeps the negatives and the ReLU's output is exactly ReLU(y).
         const auto negatives = std::count_if(fy.begin(), fy.end(), [](float v) { return v < 0.f; });
         if (in_place) {
@@ -316,4 +327,57 @@ TEST_CASE("cpu bias_grad sums bf16 planes as it sums their float32 copies, bit f
     CHECK(std::memcmp(g16.data(), g32.data(), g16.size() * sizeof(float)) == 0);
     CHECK(std::any_of(g32.begin(), g32.end(), [](float s) { return s != 0.f; }));
   }
+}
+
+TEST_CASE("cpu max pool on bf16 gives the float32 path's bits: ties, zeros, -0 and NaN", "[cpu][fusion][bf16]") {
+  // A maximum of bf16 values is one of them, and the backward pass's gradients are dy's values or +0: the bf16 kernels
+  // (16 windows a vector where the CPU has AVX-512, 8 with AVX2) must store exactly what the float32 ones store for
+  // the same values. Values from a small set make ties (the first corner wins) and zeros of both signs common; a few
+  // NaNs test the ordered comparisons (a NaN first corner stays the maximum, a later one never replaces it). Rows of
+  // 19 windows take a whole vector and a masked tail, odd widths and heights an unpooled last column and row.
+  const PoolAttrs pools[] = {PoolAttrs{3, 5, 39, 38, 2, 2, 2, 2, 0, 0, 19, 19},
+                             PoolAttrs{4, 6, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14},
+                             PoolAttrs{5, 7, 14, 15, 2, 2, 2, 2, 0, 0, 7, 7}};
+  const float set[] = {-1.f, -0.f, 0.f, 0.5f, 1.f, 2.f, std::numeric_limits<float>::quiet_NaN()};
+  for (int threads : {1, 2})
+    for (const PoolAttrs& a : pools) {
+      CAPTURE(threads, a.h, a.w);
+      auto cpu = open_cpu(threads);
+      Device& d = *cpu.device;
+      const int64_t nx = a.n * a.c * a.h * a.w, ny = a.n * a.c * a.oh * a.ow;
+      std::mt19937 gen(5);
+      std::discrete_distribution<int> pick({20, 10, 20, 20, 20, 10, 1});
+      Vec x(static_cast<size_t>(nx)), dy = random_vec(ny, gen);
+      for (auto& v : x) v = set[pick(gen)];
+      for (auto& v : dy) v = bf16_to_float(float_to_bf16(v));
+      // 0-3: x, y, dy, dx in float32; 4-7 the same in bf16
+      Arena arena(d, {nx, ny, ny, nx, nx, ny, ny, nx});
+      BufferView f[4], h[4];
+      for (size_t i = 0; i < 4; ++i) f[i] = arena.view(i);
+      h[0] = b16(arena, 4, nx), h[1] = b16(arena, 5, ny), h[2] = b16(arena, 6, ny), h[3] = b16(arena, 7, nx);
+      d.copy_from_host(x.data(), f[0]);
+      d.copy_from_host(dy.data(), f[2]);
+      put16(d, h[0], x);
+      put16(d, h[2], dy);
+      for (const BufferView* t : {f, h}) {
+        d.run(OpCall{OpKind::MaxPoolForward, a, {t[0]}, {t[1]}, {}});
+        d.run(OpCall{OpKind::MaxPoolBackward, a, {t[0], t[1], t[2]}, {t[3]}, {}});
+      }
+      for (size_t i : {size_t{1}, size_t{3}}) {
+        Vec v32(f[i].bytes / 4);
+        d.copy_to_host(f[i], v32.data());
+        const Vec v16 = read16(d, h[i]);
+        size_t bad = 0;
+        for (size_t j = 0; j < v32.size(); ++j)
+          if (std::memcmp(&v32[j], &v16[j], sizeof(float)) != 0) ++bad;
+        INFO((i == 1 ? "y: " : "dx: ") << bad << " of " << v32.size() << " differ");
+        CHECK(bad == 0);
+        // The values make the cases the comment names happen.
+        const bool nans = std::any_of(v32.begin(), v32.end(), [](float v) { return std::isnan(v); });
+        const bool negative_zeros =
+            std::any_of(v32.begin(), v32.end(), [](float v) { return v == 0.f && std::signbit(v); });
+        CHECK(nans == (i == 1));
+        CHECK(negative_zeros == (i == 1));
+      }
+    }
 }
