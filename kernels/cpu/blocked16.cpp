@@ -120,12 +120,22 @@ KILN_BLOCKED16_AVX512 inline __m256i bias_row_avx512(const uint16_t* p, __m512 b
 template <bool Relu>
 KILN_BLOCKED16_AVX512 void from_blocked_bias_avx512(const uint16_t* s, uint16_t* t, int64_t hw, const float* b) {
   const __m512 bias = _mm512_loadu_ps(b);
-  for (int64_t p = 0; p + 16 <= hw; p += 16) {
+  int64_t p = 0;
+  for (; p + 16 <= hw; p += 16) {
     __m256i r[16], o[16];
     for (int i = 0; i < 16; ++i) r[i] = bias_row_avx512(s + (p + i) * 16, bias);
     transpose_regs(r, o);
     for (int c = 0; c < 16; ++c)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + c * hw + p), Relu ? relu_bits(o[c]) : o[c]);
+  }
+  // The last rem < 16 pixels (a 14x14 image's 4): the rows past them zero, never read, and masked stores, so neither
+  // the next image's blocks are read nor the next channel's first pixels overwritten.
+  if (const int64_t rem = hw - p; rem > 0) {
+    __m256i r[16], o[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < rem ? bias_row_avx512(s + (p + i) * 16, bias) : _mm256_setzero_si256();
+    transpose_regs(r, o);
+    const auto k = static_cast<__mmask16>((1u << rem) - 1u);
+    for (int c = 0; c < 16; ++c) _mm256_mask_storeu_epi16(t + c * hw + p, k, Relu ? relu_bits(o[c]) : o[c]);
   }
 }
 #if defined(__GNUC__) && !defined(__clang__)
@@ -156,7 +166,7 @@ void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* t
         from_blocked_bias_avx512<true>(s, t, hw, b);
       else
         from_blocked_bias_avx512<false>(s, t, hw, b);
-      p = hw / 16 * 16;
+      p = hw;
     } else if (has_avx2()) {
       const bool cvt = b && bf16io::has_bf16_cvt8();
       for (; p + 16 <= hw; p += 16) {
