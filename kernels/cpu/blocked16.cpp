@@ -50,8 +50,10 @@ __attribute__((target("avx2"), always_inline)) inline void load_rows(__m256i* r,
                                                                      std::index_sequence<I...>) {
   ((r[I] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + static_cast<int64_t>(I) * ss))), ...);
 }
-// The 16 x 16 transpose itself: rows r[0..15] in, row i of the transposed block out in o[i].
-__attribute__((target("avx2"), always_inline)) inline void transpose_regs(__m256i* r, __m256i* o) {
+// The 16 x 16 transpose itself, in place: rows r[0..15] in; out, row c of the transposed block is transposed_row(r, c).
+// (Returning the rows in an array instead let GCC turn the 16 stores of a contiguous destination, the to-blocked
+// direction, into a `rep movsq` copy of that array: 18% of the transpose's samples on the ResNet.)
+__attribute__((target("avx2"), always_inline)) inline void transpose_regs(__m256i* r) {
   __m256i t[16];
   // Within each 128-bit lane: an 8 x 8 transpose of rows 0-7 and of rows 8-15 (the low lane holds columns 0-7,
   // the high lane columns 8-15).
@@ -74,18 +76,20 @@ __attribute__((target("avx2"), always_inline)) inline void transpose_regs(__m256
       r[h + 2 * c + 1] = _mm256_unpackhi_epi64(u[c], u[4 + c]);  // column 2c+1
     }
   }
-  for (int c = 0; c < 8; ++c) {
-    o[c] = _mm256_permute2x128_si256(r[c], r[8 + c], 0x20);
-    o[c + 8] = _mm256_permute2x128_si256(r[c], r[8 + c], 0x31);
-  }
+}
+__attribute__((target("avx2"), always_inline)) inline __m256i transposed_row(const __m256i* r, int c) {
+  return c < 8 ? _mm256_permute2x128_si256(r[c], r[8 + c], 0x20) : _mm256_permute2x128_si256(r[c - 8], r[c], 0x31);
 }
 template <bool Bias, bool Relu>
 __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
                                                         const float* bias = nullptr, bool cvt = false) {
-  __m256i r[16], o[16];
+  __m256i r[16];
   load_rows(r, src, ss, std::make_index_sequence<16>());
-  transpose_regs(r, o);
-  for (int c = 0; c < 16; ++c) store_row<Bias, Relu>(o[c], dst + c * ds, bias, c, cvt);
+  transpose_regs(r);
+  for (int c = 0; c < 8; ++c) {
+    store_row<Bias, Relu>(transposed_row(r, c), dst + c * ds, bias, c, cvt);
+    store_row<Bias, Relu>(transposed_row(r, c + 8), dst + (c + 8) * ds, bias, c + 8, cvt);
+  }
 }
 
 // From the blocks with the bias, on AVX-512 with AVX512_BF16: in the blocked layout a row of 16 values is one pixel's
@@ -122,20 +126,25 @@ KILN_BLOCKED16_AVX512 void from_blocked_bias_avx512(const uint16_t* s, uint16_t*
   const __m512 bias = _mm512_loadu_ps(b);
   int64_t p = 0;
   for (; p + 16 <= hw; p += 16) {
-    __m256i r[16], o[16];
+    __m256i r[16];
     for (int i = 0; i < 16; ++i) r[i] = bias_row_avx512(s + (p + i) * 16, bias);
-    transpose_regs(r, o);
-    for (int c = 0; c < 16; ++c)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + c * hw + p), Relu ? relu_bits(o[c]) : o[c]);
+    transpose_regs(r);
+    for (int c = 0; c < 16; ++c) {
+      const __m256i v = transposed_row(r, c);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + c * hw + p), Relu ? relu_bits(v) : v);
+    }
   }
   // The last rem < 16 pixels (a 14x14 image's 4): the rows past them zero, never read, and masked stores, so neither
   // the next image's blocks are read nor the next channel's first pixels overwritten.
   if (const int64_t rem = hw - p; rem > 0) {
-    __m256i r[16], o[16];
+    __m256i r[16];
     for (int i = 0; i < 16; ++i) r[i] = i < rem ? bias_row_avx512(s + (p + i) * 16, bias) : _mm256_setzero_si256();
-    transpose_regs(r, o);
+    transpose_regs(r);
     const auto k = static_cast<__mmask16>((1u << rem) - 1u);
-    for (int c = 0; c < 16; ++c) _mm256_mask_storeu_epi16(t + c * hw + p, k, Relu ? relu_bits(o[c]) : o[c]);
+    for (int c = 0; c < 16; ++c) {
+      const __m256i v = transposed_row(r, c);
+      _mm256_mask_storeu_epi16(t + c * hw + p, k, Relu ? relu_bits(v) : v);
+    }
   }
 }
 #if defined(__GNUC__) && !defined(__clang__)
