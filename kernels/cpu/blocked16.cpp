@@ -92,12 +92,8 @@ __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int
   }
 }
 
-// From the blocks with the bias, on AVX-512 with AVX512_BF16: in the blocked layout a row of 16 values is one pixel's
-// 16 channels, so the bias is one vector for every row and is added before the transpose, 16 values an instruction,
-// rounded by vcvtneps2bf16 (a row holding a subnormal sum takes float_to_bf16's integer rounding, as
-// bf16_rows.hpp's store16_avx512 does): the AVX2 path's bits, with a quarter of its instructions.
-// GCC 12 warns that its own AVX-512 intrinsics' _mm512_undefined_* values may be used uninitialized (GCC bug
-// 105593, fixed in GCC 13): a false positive.
+// (GCC 12 warns that its own AVX-512 intrinsics' _mm512_undefined_* values may be used uninitialized, GCC bug
+// 105593, fixed in GCC 13: a false positive.)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -121,6 +117,10 @@ KILN_BLOCKED16_AVX512 inline __m256i bias_row_avx512(const uint16_t* p, __m512 b
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
   return _mm512_cvtepi32_epi16(r);
 }
+// From the blocks with the bias, on AVX-512 with AVX512_BF16: in the blocked layout a row of 16 values is one pixel's
+// 16 channels, so the bias is one vector for every row and is added before the transpose, 16 values an instruction,
+// rounded by vcvtneps2bf16 (a row holding a subnormal sum takes float_to_bf16's integer rounding, as
+// bf16_rows.hpp's store16_avx512 does): the AVX2 path's bits, in about a third of its instructions a row.
 template <bool Relu>
 KILN_BLOCKED16_AVX512 void from_blocked_bias_avx512(const uint16_t* s, uint16_t* t, int64_t hw, const float* b) {
   const __m512 bias = _mm512_loadu_ps(b);
