@@ -62,6 +62,25 @@ __attribute__((target("avx2"))) inline __m128i narrow8(__m256 x, bool cvt) {
   const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8));
 }
+// 16 floats rounded as to_bf16 (integer rounding, NaN kept quiet: subnormals too, which vcvtneps2bf16 flushes), for
+// AVX-512 code chosen at run time (cast.cpp, blocked16.cpp). (GCC 12 warns that its own AVX-512 intrinsics'
+// _mm512_undefined_* values may be used uninitialized, GCC bug 105593, fixed in GCC 13: a false positive.)
+#ifndef __clang__
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bw"))) inline __m256i narrow16_avx512(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+#ifndef __clang__
+#pragma GCC diagnostic pop
+#endif
 #endif
 inline void narrow(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;

@@ -109,13 +109,7 @@ KILN_BLOCKED16_AVX512 inline __m256i bias_row_avx512(const uint16_t* p, __m512 b
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), bias);
   if (_mm512_fpclass_ps_mask(v, 0x20) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
-  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16), one = _mm512_set1_epi32(1);
-  __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(hi, one)), 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
+  return bf16io::narrow16_avx512(v);
 }
 // From the blocks with the bias, on AVX-512 with AVX512_BF16: in the blocked layout a row of 16 values is one pixel's
 // 16 channels, so the bias is one vector for every row and is added before the transpose, 16 values an instruction,

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "bf16_io.hpp"
+#include "bf16_io_conv.hpp"
 #include "cpu_kernel.hpp"
 #include "kiln/half.hpp"
 #include "thread_pool.hpp"
@@ -21,16 +22,8 @@ namespace {
 #ifdef KILN_CAST_AVX512
 __attribute__((target("avx512f,avx512bw"))) void f32_to_bf16_avx512(const float* s, uint16_t* d, size_t n) {
   size_t i = 0;
-  const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(s + i);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, round), _mm512_and_si512(hi, one)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm512_cvtepi32_epi16(r));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), bf16io::narrow16_avx512(_mm512_loadu_ps(s + i)));
   for (; i < n; ++i) d[i] = float_to_bf16(s[i]);
 }
 __attribute__((target("avx512f,avx512bw"))) void bf16_to_f32_avx512(const uint16_t* s, float* d, size_t n) {
