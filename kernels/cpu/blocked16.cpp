@@ -80,16 +80,25 @@ __attribute__((target("avx2"), always_inline)) inline void transpose_regs(__m256
 __attribute__((target("avx2"), always_inline)) inline __m256i transposed_row(const __m256i* r, int c) {
   return c < 8 ? _mm256_permute2x128_si256(r[c], r[8 + c], 0x20) : _mm256_permute2x128_si256(r[c - 8], r[c], 0x31);
 }
+// Each 16-row side of a block (the source of the to-blocked direction, the destination of from-blocked) is 16 streams
+// hw values apart, more than the hardware prefetchers keep up with. Every other 16 pixels the 64-byte line
+// kAheadPixels further on in each row is asked for, for reading, or for writing (the stores' read-for-ownership).
+// Past a row's end that is the next row's start, past the last row the next block's: memory the next pixels use.
+// Blocks of 16 images from memory, one thread: to-blocked 256 x 32 x 28x28 3.2-3.5 -> 2.4-2.5 ms, from-blocked
+// 256 x 64 x 14x14 1.7-2.4 -> 1.0-1.1 ms (with the rows stored in order, below).
+constexpr int64_t kAheadPixels = 32;
+template <bool Write>
+__attribute__((always_inline)) inline void prefetch_rows(const uint16_t* row0, int64_t stride, int64_t p) {
+  if ((p & 31) != 0) return;
+  for (int64_t j = 0; j < 16; ++j) __builtin_prefetch(row0 + j * stride + p + kAheadPixels, Write ? 1 : 0);
+}
 template <bool Bias, bool Relu>
 __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
                                                         const float* bias = nullptr, bool cvt = false) {
   __m256i r[16];
   load_rows(r, src, ss, std::make_index_sequence<16>());
   transpose_regs(r);
-  for (int c = 0; c < 8; ++c) {
-    store_row<Bias, Relu>(transposed_row(r, c), dst + c * ds, bias, c, cvt);
-    store_row<Bias, Relu>(transposed_row(r, c + 8), dst + (c + 8) * ds, bias, c + 8, cvt);
-  }
+  for (int c = 0; c < 16; ++c) store_row<Bias, Relu>(transposed_row(r, c), dst + c * ds, bias, c, cvt);
 }
 
 // (GCC 12 warns that its own AVX-512 intrinsics' _mm512_undefined_* values may be used uninitialized, GCC bug
@@ -120,6 +129,7 @@ KILN_BLOCKED16_AVX512 void from_blocked_bias_avx512(const uint16_t* s, uint16_t*
   const __m512 bias = _mm512_loadu_ps(b);
   int64_t p = 0;
   for (; p + 16 <= hw; p += 16) {
+    prefetch_rows<true>(t, hw, p);
     __m256i r[16];
     for (int i = 0; i < 16; ++i) r[i] = bias_row_avx512(s + (p + i) * 16, bias);
     transpose_regs(r);
@@ -173,6 +183,10 @@ void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* t
     } else if (has_avx2()) {
       const bool cvt = b && bf16io::has_bf16_cvt8();
       for (; p + 16 <= hw; p += 16) {
+        if (dir == Reorder16::to_blocked)
+          prefetch_rows<false>(s, hw, p);
+        else
+          prefetch_rows<true>(t, hw, p);
         if (dir == Reorder16::to_blocked)
           transpose16x16_u16<false, false>(s + p, hw, t + p * 16, 16);
         else if (b && relu)
