@@ -30,11 +30,13 @@ constexpr int64_t kPrefetchBytes = 512;  // of each run ahead: the prefetchers t
 // the bf16 ResNet's batch-norm backward samples on its loads). The first kPrefetchBytes of the next sample's run are
 // asked for while this one is summed; the order of every sum stays as it was. (Whole runs were worse for float32:
 // 3 KB a run and stream, more requests than the prefetchers needed; 256-512 bytes were best in both precisions.)
-template <class T>
+// The passes that write a run (the normalization, dx) ask for the next run's first lines for writing, so that the
+// stores' read-for-ownership has begun too.
+template <bool Write = false, class T>
 inline void prefetch_run(const T* p, int64_t n) {
   const char* b = reinterpret_cast<const char*>(p);
   const int64_t bytes = std::min<int64_t>(n * static_cast<int64_t>(sizeof(T)), kPrefetchBytes);
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(b + i);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(b + i, Write ? 1 : 0);
 }
 
 // Per-channel sums over (n, inner) of f(x) for channels [cb, ce) with short runs: out[k] for channel cb + k.
@@ -209,6 +211,11 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
         for (int64_t o = 0; o < N; ++o) {
           const T* xr = x + (o * C + cb) * I;
           T* yr = y + (o * C + cb) * I;
+          if (o + 1 < N) {
+            prefetch_run(xr + C * I, I);
+            prefetch_run<true>(yr + C * I, I);
+            if (relu_out && relu_out != y) prefetch_run<true>(relu_out + (o * C + cb) * I + C * I, I);
+          }
           bf16io::store_all(yr, I, [&](int64_t i) { return load(xr[i]) * sc + sh; });
           if (relu_out) relu_of_stored(yr, relu_out + (o * C + cb) * I, I);
         }
@@ -282,6 +289,11 @@ void backward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, cons
                             [&](int64_t j) { return k1[j] * load(dyr[j]) - k2[j] * (load(xr[j]) - me[j]) - k3[j]; });
         } else {
           const float c1 = k1[0], c2 = k2[0], c3 = k3[0], mu = me[0];
+          if (o + 1 < N) {
+            prefetch_run(xr + C * I, I);
+            prefetch_run(dyr + C * I, I);
+            if (dx != dy) prefetch_run<true>(dxr + C * I, I);
+          }
           bf16io::store_all(dxr, I, [&](int64_t i) { return c1 * load(dyr[i]) - c2 * (load(xr[i]) - mu) - c3; });
         }
       }
