@@ -328,3 +328,47 @@ TEST_CASE("cpu cast to bf16 rounds as kiln/half.hpp does, bit for bit", "[cpu][b
   CHECK(bad_back == 0);
   d.free_block(blk);
 }
+
+TEST_CASE("cpu bf16 ReLU and add store the float32 arithmetic's bits: signed zeros, infinities, NaNs, subnormals",
+          "[cpu][bf16]") {
+  auto cpu = open_cpu(2);
+  Device& d = *cpu.device;
+  // Every bf16 bit pattern (signaling NaNs, which the store quiets, included), then random ones: 65536 + 4007 values,
+  // so both the vector loops and their scalar tails run on both threads.
+  std::vector<uint16_t> x(65536), z(65536);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(i);
+  std::mt19937 g(5);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xffff);
+  for (auto& v : z) v = static_cast<uint16_t>(bits(g));
+  while (x.size() < 65536 + 4007)
+    x.push_back(static_cast<uint16_t>(bits(g))), z.push_back(static_cast<uint16_t>(bits(g)));
+  const auto n = static_cast<int64_t>(x.size());
+  const size_t bytes = storage_bytes(n, DType::bf16);
+  Block* blk = d.allocate_block(bytes * 3);
+  const BufferView xb{blk, 0, bytes, DType::bf16}, zb{blk, bytes, bytes, DType::bf16},
+      yb{blk, 2 * bytes, bytes, DType::bf16};
+  d.copy_from_host(x.data(), xb);
+  d.copy_from_host(z.data(), zb);
+  std::vector<uint16_t> got(x.size());
+  auto count_bad = [&](auto expect) {
+    d.copy_to_host(yb, got.data());
+    size_t bad = 0;
+    for (size_t i = 0; i < x.size(); ++i) bad += got[i] != expect(i);
+    return bad;
+  };
+  auto f = [](uint16_t h) { return bf16_to_float(h); };
+  d.run(OpCall{OpKind::ActivationForward, ActivationAttrs{Activation::relu, n}, {xb}, {yb}, {}});
+  CHECK(count_bad([&](size_t i) { return float_to_bf16(f(x[i]) < 0.f ? 0.f : f(x[i])); }) == 0);
+  // Backward: y = x, dy = z.
+  d.run(OpCall{OpKind::ActivationBackward, ActivationAttrs{Activation::relu, n}, {xb, zb}, {yb}, {}});
+  CHECK(count_bad([&](size_t i) { return float_to_bf16(f(x[i]) > 0.f ? f(z[i]) : 0.f); }) == 0);
+  // add computes 0.5 x - 1.5 z in float32 and rounds once; the reference with and without a fused multiply-add
+  // (the compiler may contract either form), so that a wrong rounding or a lost NaN fails while contraction does not.
+  d.run(OpCall{OpKind::Add, ElementwiseAttrs{n, 0.5f, -1.5f}, {xb, zb}, {yb}, {}});
+  CHECK(count_bad([&](size_t i) {
+          const float a = 0.5f * f(x[i]), b = -1.5f * f(z[i]);
+          const uint16_t plain = float_to_bf16(a + b), fused = float_to_bf16(std::fma(0.5f, f(x[i]), b));
+          return got[i] == fused ? fused : plain;
+        }) == 0);
+  d.free_block(blk);
+}
