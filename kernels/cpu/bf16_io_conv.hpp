@@ -42,6 +42,13 @@ inline bool has_bf16_cvt8() {
   static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
   return on;
 }
+// AVX-512 F/BW/VL/DQ with AVX512_BF16: the kernels' 16-value forms (round16_avx512 below) run where this is true.
+inline bool has_avx512_bf16() {
+  static const bool on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512bf16");
+  return on;
+}
 __attribute__((target("avx2"))) inline __m128i narrow8(__m256 x, bool cvt) {
   const __m256i u = _mm256_castps_si256(x);
   if (cvt) {
@@ -77,6 +84,12 @@ __attribute__((target("avx512f,avx512bw"))) inline __m256i narrow16_avx512(__m51
       _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
   return _mm512_cvtepi32_epi16(r);
+}
+// The same bits where the CPU has AVX512_BF16: vcvtneps2bf16, unless a lane is subnormal (fpclass 0x20), which it
+// would flush to zero; then narrow16_avx512.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline __m256i round16_avx512(__m512 x) {
+  if (_mm512_fpclass_ps_mask(x, 0x20) == 0) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return narrow16_avx512(x);
 }
 #ifndef __clang__
 #pragma GCC diagnostic pop

@@ -108,17 +108,10 @@ __attribute__((target("avx2"))) void transpose16x16_u16(const uint16_t* src, int
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #define KILN_BLOCKED16_AVX512 __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-bool has_avx512_bf16() {
-  static const bool on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512bf16");
-  return on;
-}
 KILN_BLOCKED16_AVX512 inline __m256i bias_row_avx512(const uint16_t* p, __m512 bias) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)), bias);
-  if (_mm512_fpclass_ps_mask(v, 0x20) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
-  return bf16io::narrow16_avx512(v);
+  return bf16io::round16_avx512(v);
 }
 // From the blocks with the bias, on AVX-512 with AVX512_BF16: in the blocked layout a row of 16 values is one pixel's
 // 16 channels, so the bias is one vector for every row and is added before the transpose, 16 values an instruction,
@@ -174,7 +167,7 @@ void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* t
     const float* b = bias ? bias + 16 * (blk % blocks) : nullptr;
     int64_t p = 0;
 #ifdef KILN_CONV_AVX2_REORDER
-    if (b && dir == Reorder16::from_blocked && has_avx512_bf16()) {
+    if (b && dir == Reorder16::from_blocked && bf16io::has_avx512_bf16()) {
       if (relu)
         from_blocked_bias_avx512<true>(s, t, hw, b);
       else
