@@ -334,10 +334,13 @@ TEST_CASE("cpu max pool on bf16 gives the float32 path's bits: ties, zeros, -0 a
   // (16 windows a vector where the CPU has AVX-512, 8 with AVX2) must store exactly what the float32 ones store for
   // the same values. Values from a small set make ties (the first corner wins) and zeros of both signs common; a few
   // NaNs test the ordered comparisons (a NaN first corner stays the maximum, a later one never replaces it). Rows of
-  // 19 windows take a whole vector and a masked tail, odd widths and heights an unpooled last column and row.
-  const PoolAttrs pools[] = {PoolAttrs{3, 5, 39, 38, 2, 2, 2, 2, 0, 0, 19, 19},
-                             PoolAttrs{4, 6, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14},
-                             PoolAttrs{5, 7, 14, 15, 2, 2, 2, 2, 0, 0, 7, 7}};
+  // 19 windows take a whole vector and a masked tail, odd widths and heights an unpooled last column and row. Even
+  // widths up to 16 (14, 16, 2) take the AVX-512 backward that loads a row of windows' two image rows as one vector;
+  // there the fused backward with the ReLU's gradient must also equal the ops one by one.
+  const PoolAttrs pools[] = {
+      PoolAttrs{3, 5, 39, 38, 2, 2, 2, 2, 0, 0, 19, 19}, PoolAttrs{4, 6, 28, 28, 2, 2, 2, 2, 0, 0, 14, 14},
+      PoolAttrs{5, 7, 14, 15, 2, 2, 2, 2, 0, 0, 7, 7},   PoolAttrs{4, 6, 14, 14, 2, 2, 2, 2, 0, 0, 7, 7},
+      PoolAttrs{3, 5, 9, 16, 2, 2, 2, 2, 0, 0, 4, 8},    PoolAttrs{24, 8, 5, 2, 2, 2, 2, 2, 0, 0, 2, 1}};
   const float set[] = {-1.f, -0.f, 0.f, 0.5f, 1.f, 2.f, std::numeric_limits<float>::quiet_NaN()};
   for (int threads : {1, 2})
     for (const PoolAttrs& a : pools) {
@@ -379,5 +382,16 @@ TEST_CASE("cpu max pool on bf16 gives the float32 path's bits: ties, zeros, -0 a
         CHECK(nans == (i == 1));
         CHECK(negative_zeros == (i == 1));
       }
+      // The ReLU's gradient in the pool's backward (fused, [memory] inplace) against the two ops one by one.
+      const std::vector<OpCall> calls{
+          {OpKind::MaxPoolBackward, a, {h[0], h[1], h[2]}, {h[3]}, {}},
+          {OpKind::ActivationBackward, ActivationAttrs{Activation::relu, nx}, {h[0], h[3]}, {h[3]}, {}}};
+      for (const OpCall& c : calls) d.run(c);
+      const Vec want = read16(d, h[3]);
+      poison(d, h[3]);
+      CHECK(fused_runner(d).run_fused(calls) == 2);
+      const Vec got = read16(d, h[3]);
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+      CHECK(std::any_of(want.begin(), want.end(), [](float v) { return v != 0.f; }));
     }
 }
