@@ -68,6 +68,13 @@ inline bool has_avx512_rows() {
 }
 
 #define KILN_AVX512_ROWS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+// (GCC 12 warns that its own AVX-512 intrinsics' _mm512_undefined_* values are or may be used uninitialized, GCC
+// bug 105593, fixed in GCC 13: a false positive.)
+#ifndef __clang__
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 // 16 products' worth of the even/odd split of load16_eo at 512 bits: 32 bf16 values.
 KILN_AVX512_ROWS_TARGET inline void load32_eo(const bf16* p, __m512* even, __m512* odd) {
@@ -122,6 +129,9 @@ KILN_AVX512_ROWS_TARGET inline void softmax_backward_row_avx512(const bf16* y, c
     store16_avx512(dx + i, _mm512_mul_ps(load16_avx512(y + i), _mm512_sub_ps(load16_avx512(dy + i), d16)));
   map8_io2<true>(y + i, dy + i, dx + i, cols - i, [dot](v8f yv, v8f dv) { return yv * (dv - dot); });
 }
+#ifndef __clang__
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace kiln::cpu
