@@ -156,7 +156,7 @@ void relu_of_stored(const uint16_t* y, uint16_t* z, int64_t n) {
 // values a call. The ResNet's bf16 losses and weights after 12 steps are the AVX2 form's to the bit.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KILN_BN_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-bool bn_avx512_bf16() { return bf16io::has_avx512_bf16(); }
+using bf16io::has_avx512_bf16;
 #ifndef __clang__
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -195,7 +195,7 @@ KILN_BN_AVX512 void dx_run_avx512(const uint16_t* dy, const uint16_t* x, uint16_
 #pragma GCC diagnostic pop
 #endif
 #else
-bool bn_avx512_bf16() { return false; }
+bool has_avx512_bf16() { return false; }
 void normalize_run_avx512(const uint16_t*, uint16_t*, uint16_t*, int64_t, float, float) {}
 void dx_run_avx512(const uint16_t*, const uint16_t*, uint16_t*, int64_t, float, float, float, float) {}
 #endif
@@ -269,7 +269,7 @@ void forward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, const
             if (relu_out && relu_out != y) prefetch_run<true>(relu_out + (o * C + cb) * I + C * I, I);
           }
           if constexpr (std::is_same_v<T, uint16_t>) {
-            if (bn_avx512_bf16()) {
+            if (has_avx512_bf16()) {
               normalize_run_avx512(xr, yr, relu_out ? relu_out + (o * C + cb) * I : nullptr, I, sc, sh);
               continue;
             }
@@ -353,7 +353,7 @@ void backward_impl(const BatchNormAttrs& a, const T* x, const float* gamma, cons
             if (dx != dy) prefetch_run<true>(dxr + C * I, I);
           }
           if constexpr (std::is_same_v<T, uint16_t>) {
-            if (bn_avx512_bf16()) {
+            if (has_avx512_bf16()) {
               dx_run_avx512(dyr, xr, dxr, I, c1, c2, c3, mu);
               continue;
             }

@@ -176,13 +176,13 @@ void blocked16(Reorder16 dir, const Dims16& d, const uint16_t* from, uint16_t* t
     } else if (has_avx2()) {
       const bool cvt = b && bf16io::has_bf16_cvt8();
       for (; p + 16 <= hw; p += 16) {
-        if (dir == Reorder16::to_blocked)
+        if (dir == Reorder16::to_blocked) {
           prefetch_rows<false>(s, hw, p);
-        else
-          prefetch_rows<true>(t, hw, p);
-        if (dir == Reorder16::to_blocked)
           transpose16x16_u16<false, false>(s + p, hw, t + p * 16, 16);
-        else if (b && relu)
+          continue;
+        }
+        prefetch_rows<true>(t, hw, p);
+        if (b && relu)
           transpose16x16_u16<true, true>(s + p * 16, 16, t + p, hw, b, cvt);
         else if (b)
           transpose16x16_u16<true, false>(s + p * 16, 16, t + p, hw, b, cvt);

@@ -181,36 +181,48 @@ KILN_POOL_AVX512_TARGET void max_pool_planes_bf16_avx512(const PoolAttrs& a, con
       }
     }
 }
-// The 2x2 stride-2 max pool backward (with the ReLU's gradient) on bf16 for one plane whose rows are at most 16
-// values, an even count (the CNN's 14x14 planes, 7-wide rows of windows): a row of windows covers two image rows,
-// which are 2w consecutive values, so one masked load holds every window of the row, top pairs in 32-bit lanes
-// [0, ow), bottom pairs in [ow, 2 ow); y and dy go to both halves by one permute. The same comparisons and the same
-// first-match rule as the AVX2 path (ordered ==, the ReLU's y > 0), on masks, and dy's bits or +0 stored by one
-// masked store of the two rows: the AVX2 path's bits, where that path took two partial loads and stores per row.
-KILN_POOL_AVX512_TARGET void max_pool_backward_pairs_bf16_avx512(const PoolAttrs& a, const uint16_t* xp,
-                                                                 const uint16_t* yp, const uint16_t* gp, uint16_t* dxp,
-                                                                 bool relu_grad) {
-  const int64_t w = a.w, ow = a.ow;
+// The 2x2 stride-2 max pool backward (with the ReLU's gradient, and the bias gradient's plane sums) on bf16 for planes
+// [pb, pe) whose rows are at most 16 values, an even count (the CNN's 14x14 planes, 7-wide rows of windows): a row of
+// windows covers two image rows, which are 2w consecutive values, so one masked load holds every window of the row,
+// top pairs in 32-bit lanes [0, ow), bottom pairs in [ow, 2 ow); y and dy go to both halves by one permute. The same
+// comparisons and the same first-match rule as the AVX2 path (ordered ==, the ReLU's y > 0), on masks, and dy's bits
+// or +0 stored by one masked store of the two rows: the AVX2 path's bits, where that path took two partial loads and
+// stores per row.
+KILN_POOL_AVX512_TARGET void max_pool_backward_pairs_bf16_avx512(const PoolAttrs& a, const uint16_t* x,
+                                                                 const uint16_t* y, const uint16_t* dy, uint16_t* dx,
+                                                                 bool relu_grad, float* plane_sums, int64_t pb,
+                                                                 int64_t pe) {
+  const int64_t w = a.w, ow = a.ow, in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const auto kx = static_cast<__mmask32>(w == 16 ? 0xffffffffu : (1u << (2 * w)) - 1u);
   const auto ky = static_cast<__mmask16>((1u << ow) - 1u);
   const uint32_t m = (1u << ow) - 1u;
   alignas(64) int32_t lane[16];
   for (int j = 0; j < 16; ++j) lane[j] = static_cast<int32_t>(j < ow ? j : std::min<int64_t>(j - ow, ow - 1));
   const __m512i idx = _mm512_load_si512(lane), hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int64_t oy = 0; oy < a.oh; ++oy) {
-    const __m512i v = _mm512_maskz_loadu_epi16(kx, xp + 2 * oy * w);
-    const __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), od = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-    const __m512i yz = _mm512_permutexvar_epi32(idx, _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(ky, yp + oy * ow)));
-    const __m512i gz = _mm512_permutexvar_epi32(idx, _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(ky, gp + oy * ow)));
-    const __m512 yv = _mm512_castsi512_ps(_mm512_slli_epi32(yz, 16));
-    const uint32_t ee = _mm512_cmp_ps_mask(ev, yv, _CMP_EQ_OQ), eo = _mm512_cmp_ps_mask(od, yv, _CMP_EQ_OQ);
-    const uint32_t live = relu_grad ? _mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_GT_OQ) & m : m;
-    const uint32_t e0 = ee & m, e1 = eo & m, e2 = (ee >> ow) & m, e3 = (eo >> ow) & m;
-    const uint32_t g0 = e0 & live, g1 = e1 & ~e0 & live, g2 = e2 & ~(e0 | e1) & live, g3 = e3 & ~(e0 | e1 | e2) & live;
-    const auto me = static_cast<__mmask16>(g0 | (g2 << ow)), mo = static_cast<__mmask16>(g1 | (g3 << ow));
-    const __m512i out =
-        _mm512_or_si512(_mm512_maskz_mov_epi32(me, gz), _mm512_maskz_mov_epi32(mo, _mm512_slli_epi32(gz, 16)));
-    _mm512_mask_storeu_epi16(dxp + 2 * oy * w, kx, out);
+  for (int64_t p = pb; p < pe; ++p) {
+    const uint16_t *xp = x + p * in_plane, *yp = y + p * out_plane, *gp = dy + p * out_plane;
+    uint16_t* dxp = dx + p * in_plane;
+    for (int64_t oy = 0; oy < a.oh; ++oy) {
+      const __m512i v = _mm512_maskz_loadu_epi16(kx, xp + 2 * oy * w);
+      const __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)),
+                   od = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+      const __m512i yz =
+          _mm512_permutexvar_epi32(idx, _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(ky, yp + oy * ow)));
+      const __m512i gz =
+          _mm512_permutexvar_epi32(idx, _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(ky, gp + oy * ow)));
+      const __m512 yv = _mm512_castsi512_ps(_mm512_slli_epi32(yz, 16));
+      const uint32_t ee = _mm512_cmp_ps_mask(ev, yv, _CMP_EQ_OQ), eo = _mm512_cmp_ps_mask(od, yv, _CMP_EQ_OQ);
+      const uint32_t live = relu_grad ? _mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_GT_OQ) & m : m;
+      const uint32_t e0 = ee & m, e1 = eo & m, e2 = (ee >> ow) & m, e3 = (eo >> ow) & m;
+      const uint32_t g0 = e0 & live, g1 = e1 & ~e0 & live, g2 = e2 & ~(e0 | e1) & live,
+                     g3 = e3 & ~(e0 | e1 | e2) & live;
+      const auto me = static_cast<__mmask16>(g0 | (g2 << ow)), mo = static_cast<__mmask16>(g1 | (g3 << ow));
+      const __m512i out =
+          _mm512_or_si512(_mm512_maskz_mov_epi32(me, gz), _mm512_maskz_mov_epi32(mo, _mm512_slli_epi32(gz, 16)));
+      _mm512_mask_storeu_epi16(dxp + 2 * oy * w, kx, out);
+    }
+    std::fill(dxp + 2 * a.oh * w, dxp + in_plane, uint16_t{0});  // an odd last row is in no window
+    if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);
   }
 }
 #ifndef __clang__
@@ -330,24 +342,15 @@ void max_pool_backward_planes_t(const PoolAttrs& a, const T* x, const T* y, cons
   using bf16io::store;
   const int64_t in_plane = a.h * a.w, out_plane = a.oh * a.ow;
   const bool fast = is_2x2_s2(a);
-  {
 #ifdef KILN_POOL_AVX512
-    bool pairs = false;
-    if constexpr (std::is_same_v<T, uint16_t>) pairs = fast && a.w == 2 * a.ow && a.w <= 16 && pool_has_avx512();
+  if constexpr (std::is_same_v<T, uint16_t>)
+    if (fast && a.w == 2 * a.ow && a.w <= 16 && pool_has_avx512())
+      return max_pool_backward_pairs_bf16_avx512(a, x, y, dy, dx, relu_grad, plane_sums, pb, pe);
 #endif
+  {
     for (int64_t p = pb; p < pe; ++p) {
       const T* xp = x + p * in_plane;
       T* dxp = dx + p * in_plane;
-#ifdef KILN_POOL_AVX512
-      if constexpr (std::is_same_v<T, uint16_t>) {
-        if (pairs) {
-          max_pool_backward_pairs_bf16_avx512(a, xp, y + p * out_plane, dy + p * out_plane, dxp, relu_grad);
-          std::fill(dxp + 2 * a.oh * a.w, dxp + in_plane, T{});  // an odd last row is in no window
-          if (plane_sums) plane_sums[p] = bias_plane_sum(dxp, in_plane);
-          continue;
-        }
-      }
-#endif
       if (fast) {  // disjoint windows: write each window's 4 gradients directly, first match wins, no branches
         for (int64_t oy = 0; oy < a.oh; ++oy) {
           const T* r0 = xp + 2 * oy * a.w;
